@@ -1,0 +1,40 @@
+"""The one error handler: domain errors and HTTP errors become {"type", "detail"} JSON."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from services.errors import StrataError
+
+log = logging.getLogger(__name__)
+
+
+def _body(type_: str, detail: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"type": type_, "detail": detail}, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StrataError)
+    async def _strata(_: Request, exc: StrataError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return _body(exc.type, exc.detail, exc.status_code, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
+        return _body("invalid_input", "; ".join(parts) or "invalid request", 422)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        slug = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _body(slug, str(exc.detail), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _body("internal_error", "internal error; see the server log", 500)

@@ -1,0 +1,50 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from api.schemas import Health, Readiness
+from services.config import get_settings
+from services.db.session import session_scope
+from workers.app import COORDINATOR_QUEUE, GPU_QUEUE, broker_url
+from workers.registry import live_workers, queue_depths, redis_client
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health, summary="The API process is up")
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+def _readiness() -> tuple[bool, Readiness]:
+    db = redis_state = "ok"
+    workers: dict[str, int] = {"gpu": 0, "coordinator": 0}
+    queues: dict[str, int] = {}
+    try:
+        with session_scope() as session:
+            session.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001
+        db = f"error: {type(exc).__name__}"
+    try:
+        client = redis_client(broker_url(get_settings()))
+        client.ping()
+        for w in live_workers(client):
+            workers[w.kind] = workers.get(w.kind, 0) + 1
+        queues = queue_depths(client, [COORDINATOR_QUEUE, GPU_QUEUE])
+    except Exception as exc:  # noqa: BLE001
+        redis_state = f"error: {type(exc).__name__}"
+    ok = db == "ok" and redis_state == "ok" and workers["gpu"] > 0 and workers["coordinator"] > 0
+    return ok, Readiness(status="ready" if ok else "not_ready", database=db, redis=redis_state, workers=workers,
+                         queues=queues)
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}},
+            summary="Database, Redis, a coordinator and at least one GPU worker are up")
+async def readyz() -> JSONResponse:
+    ok, body = await run_in_threadpool(_readiness)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

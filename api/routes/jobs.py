@@ -1,0 +1,154 @@
+"""Jobs: upload, status, list, cancel, download outputs."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import SessionDep, StationDep
+from api.schemas import ErrorOut, JobList, JobOut
+from api.uploads import receive_multipart
+from services.config import get_settings
+from services.db.models import new_id
+from services.errors import BadInput, NotARawFile, RangeNotSatisfiable, UploadTooLarge
+from services.jobs import service
+from services.raw.errors import BadRawFile
+from services.raw.probe import probe_raw
+from services.storage import get_storage
+from workers.tasks import enqueue_ingest
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+ERRORS: dict[int | str, dict] = {
+    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 416, 422)
+}
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["frames"],
+                    "properties": {
+                        "frames": {"type": "array", "items": {"type": "string", "format": "binary"},
+                                   "description": "RAW files: 1 for IQ3_S, 2-16 for a multi-shot stack."},
+                        "camera": {"type": "string", "enum": ["IQ3_S", "IQ2_XS"],
+                                   "description": "Omit to detect from make/model and frame count."},
+                        "recipe": {"type": "string", "default": "tiff16"},
+                        "priority": {"type": "string", "enum": ["interactive", "batch"],
+                                     "default": "interactive"},
+                        "sha256": {"type": "array", "items": {"type": "string"},
+                                   "description": "Optional, one per frame in order; a mismatch is refused."},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _one(fields: dict[str, list[str]], name: str) -> str | None:
+    values = [v for v in fields.get(name, []) if v.strip()]
+    if len(values) > 1:
+        raise BadInput(f"form field {name!r} given {len(values)} times")
+    return values[0] if values else None
+
+
+@router.post("", status_code=202, response_model=JobOut, responses=ERRORS, openapi_extra=UPLOAD_BODY,
+             summary="Upload a shot (multipart) and queue it")
+async def create_job(request: Request, session: SessionDep, station: StationDep) -> JobOut:
+    settings = get_settings()
+    storage = get_storage()
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > settings.max_upload_bytes * settings.max_frames + (1 << 20):
+        raise UploadTooLarge(f"request of {int(length)} bytes exceeds the upload limit")
+    job_id = new_id()
+    prefix = f"jobs/{job_id}"
+    try:
+        form = await receive_multipart(
+            request.headers.get("content-type", ""), request.stream(), storage, prefix,
+            max_bytes=settings.max_upload_bytes, max_files=settings.max_frames,
+        )
+        files = []
+        for name, key, sha, size in form.files:
+            try:
+                probe = await run_in_threadpool(probe_raw, storage.local_path(key))
+            except BadRawFile as exc:
+                raise NotARawFile(f"{name}: {exc.reason}") from exc
+            files.append(service.ReceivedFile(name=name, storage_key=key, sha256=sha, bytes=size,
+                                              model=f"{probe.make} {probe.model}".strip()))
+        sha_values = [v for raw in form.fields.get("sha256", []) for v in raw.split(",") if v.strip()]
+        job = service.create_job(
+            session, station, job_id, files, camera=_one(form.fields, "camera"),
+            recipe=_one(form.fields, "recipe"), priority=_one(form.fields, "priority"), sha256=sha_values,
+        )
+    except BaseException:
+        await run_in_threadpool(storage.delete_prefix, prefix)
+        raise
+    enqueue_ingest(job.id, job.priority)
+    return JobOut.of(service.get_job(session, station, job.id))
+
+
+@router.get("", response_model=JobList, responses=ERRORS, summary="List this station's jobs, newest first")
+def list_jobs(
+    session: SessionDep,
+    station: StationDep,
+    status: Annotated[str | None, Query(description="queued|running|done|failed|cancelled")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> JobList:
+    jobs, next_cursor = service.list_jobs(session, station, status=status, limit=limit, cursor=cursor)
+    return JobList(jobs=[JobOut.of(j) for j in jobs], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="Job status")
+def get_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
+    return JobOut.of(service.get_job(session, station, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS, summary="Cancel a job")
+def cancel_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
+    return JobOut.of(service.cancel_job(session, station, job_id))
+
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int]:
+    """A single ``bytes=a-b`` range as [start, end)."""
+    m = _RANGE.match(header.strip())
+    if not m or (not m.group(1) and not m.group(2)):
+        raise RangeNotSatisfiable(f"unsupported Range {header!r}; use one bytes=start-end range")
+    if m.group(1):
+        start = int(m.group(1))
+        end = min(int(m.group(2)) + 1, size) if m.group(2) else size
+    else:
+        start, end = max(size - int(m.group(2)), 0), size
+    if start >= size or start >= end:
+        raise RangeNotSatisfiable(f"range {header!r} is outside the {size}-byte output")
+    return start, end
+
+
+@router.get("/{job_id}/outputs/{name}", responses={**ERRORS, 200: {"content": {"image/tiff": {}}}},
+            response_class=Response, summary="Download an output (Range supported)")
+def download_output(
+    job_id: str, name: str, session: SessionDep, station: StationDep,
+    range_header: Annotated[str | None, Header(alias="range")] = None,
+) -> Response:
+    out = service.output_of(service.get_job(session, station, job_id), name)
+    storage = get_storage()
+    size = storage.size(out.storage_key)
+    headers = {"Accept-Ranges": "bytes", "ETag": f'"{out.sha256}"',
+               "Content-Disposition": f'attachment; filename="{out.name}"'}
+    if range_header:
+        start, end = _parse_range(range_header, size)
+        headers.update({"Content-Range": f"bytes {start}-{end - 1}/{size}", "Content-Length": str(end - start)})
+        return StreamingResponse(storage.iter_chunks(out.storage_key, start, end), status_code=206,
+                                 media_type=out.media_type, headers=headers)
+    headers["Content-Length"] = str(size)
+    return StreamingResponse(storage.iter_chunks(out.storage_key), media_type=out.media_type, headers=headers)

@@ -1,0 +1,86 @@
+"""Response schemas of the public v1 API."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel, Field
+
+from services.db.models import Job
+
+
+class FrameOut(BaseModel):
+    name: str
+    sha256: str
+    bytes: int
+
+
+class ShardOut(BaseModel):
+    index: int
+    phase: int
+    kind: str = Field(description="strip | frame_group")
+    worker: str | None
+    gpu: str | None
+    status: str = Field(description="pending | running | done | failed")
+    attempts: int
+    seconds: float | None
+
+
+class OutputOut(BaseModel):
+    name: str
+    url: str
+    sha256: str
+    bytes: int
+
+
+class JobOut(BaseModel):
+    id: str
+    status: str = Field(description="queued | running | done | failed | cancelled")
+    camera: str
+    recipe: str
+    priority: str
+    progress: float = Field(ge=0, le=1)
+    stage: str
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    frames: list[FrameOut]
+    shards: list[ShardOut]
+    outputs: list[OutputOut]
+    error: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(
+            id=job.id, status=job.status, camera=job.camera, recipe=job.recipe, priority=job.priority,
+            progress=round(min(max(job.progress, 0.0), 1.0), 4), stage=job.stage, created_at=job.created_at,
+            started_at=job.started_at, finished_at=job.finished_at,
+            frames=[FrameOut(name=f.name, sha256=f.sha256, bytes=f.bytes) for f in job.frames],
+            shards=[ShardOut(index=s.index, phase=s.phase, kind=s.kind, worker=s.worker, gpu=s.gpu, status=s.status,
+                             attempts=s.attempts, seconds=s.seconds) for s in job.shards],
+            outputs=[OutputOut(name=o.name, url=f"/v1/jobs/{job.id}/outputs/{o.name}", sha256=o.sha256,
+                               bytes=o.bytes) for o in job.outputs],
+            error=job.error,
+        )
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page.")
+
+
+class ErrorOut(BaseModel):
+    type: str
+    detail: str
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="ready | not_ready")
+    database: str
+    redis: str
+    workers: dict[str, int]
+    queues: dict[str, int] = Field(default_factory=dict)

@@ -1,0 +1,169 @@
+"""Streaming multipart reception: RAW frames go straight to storage in chunks, hashed while written.
+
+Starlette's form parser spools whole files to a temporary file first; this parser writes each chunk to its
+final storage object (invisible until complete), enforces the per-file size limit as bytes arrive, and keeps
+memory flat whatever the upload size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
+
+from services.errors import BadInput, UploadTooLarge
+from services.jobs.service import safe_name
+from services.storage import Storage
+
+MAX_FIELD_BYTES = 64 * 1024
+
+
+@dataclass
+class _FilePart:
+    name: str
+    key: str
+    ctx: AbstractContextManager[BinaryIO]
+    handle: BinaryIO
+    digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+    size: int = 0
+
+
+@dataclass
+class ReceivedForm:
+    files: list[tuple[str, str, str, int]]  # (name, storage key, sha256, bytes), in upload order
+    fields: dict[str, list[str]]
+
+
+class _Receiver:
+    def __init__(self, storage: Storage, prefix: str, max_bytes: int, max_files: int, file_field: str) -> None:
+        self.storage, self.prefix = storage, prefix
+        self.max_bytes, self.max_files, self.file_field = max_bytes, max_files, file_field
+        self.headers: dict[bytes, bytes] = {}
+        self._hname = b""
+        self._hvalue = b""
+        self.current: _FilePart | None = None
+        self.field_name: str | None = None
+        self.field_value = bytearray()
+        self.files: list[tuple[str, str, str, int]] = []
+        self.fields: dict[str, list[str]] = {}
+        self.open_parts: list[_FilePart] = []
+        self.error: Exception | None = None
+        self.pending: list[bytes] = []
+
+    # python-multipart callbacks (synchronous; file writes are batched per network chunk)
+    def on_part_begin(self) -> None:
+        self.headers = {}
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._hname += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._hvalue += data[start:end]
+
+    def on_header_end(self) -> None:
+        self.headers[self._hname.lower()] = self._hvalue
+        self._hname = self._hvalue = b""
+
+    def on_headers_finished(self) -> None:
+        _, options = parse_options_header(self.headers.get(b"content-disposition", b""))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        filename = options.get(b"filename")
+        if filename is not None:
+            if name != self.file_field:
+                raise BadInput(f"unexpected file field {name!r}; upload RAW files under {self.file_field!r}")
+            if len(self.files) + 1 > self.max_files:
+                raise BadInput(f"too many frames: at most {self.max_files} per job")
+            index = len(self.files) + len(self.open_parts)
+            clean = safe_name(filename.decode("utf-8", "replace"), index)
+            key = f"{self.prefix}/frames/{index:02d}_{clean}"
+            ctx = self.storage.writer(key)
+            part = _FilePart(name=clean, key=key, ctx=ctx, handle=ctx.__enter__())
+            self.open_parts.append(part)
+            self.current = part
+        else:
+            self.current = None
+            self.field_name = name
+            self.field_value = bytearray()
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self.current is not None:
+            self.current.size += len(chunk)
+            if self.current.size > self.max_bytes:
+                raise UploadTooLarge(
+                    f"frame {self.current.name!r} exceeds the per-file limit of {self.max_bytes // (1 << 20)} MiB"
+                )
+            self.current.digest.update(chunk)
+            self.current.handle.write(chunk)
+        else:
+            self.field_value += chunk
+            if len(self.field_value) > MAX_FIELD_BYTES:
+                raise BadInput(f"form field {self.field_name!r} is too long")
+
+    def on_part_end(self) -> None:
+        if self.current is not None:
+            part = self.current
+            part.ctx.__exit__(None, None, None)  # publish the complete file
+            self.open_parts.remove(part)
+            self.files.append((part.name, part.key, part.digest.hexdigest(), part.size))
+            self.current = None
+        elif self.field_name is not None:
+            self.fields.setdefault(self.field_name, []).append(self.field_value.decode("utf-8", "replace"))
+            self.field_name = None
+
+    def abort(self, exc: BaseException) -> None:
+        for part in self.open_parts:
+            part.ctx.__exit__(type(exc), exc, None)  # removes the partial file
+        self.open_parts.clear()
+
+
+async def receive_multipart(
+    content_type: str,
+    stream: AsyncIterator[bytes],
+    storage: Storage,
+    prefix: str,
+    *,
+    max_bytes: int,
+    max_files: int,
+    file_field: str = "frames",
+) -> ReceivedForm:
+    """Parse a multipart body from ``stream``; files land in storage under ``prefix``/frames/.
+
+    On any error the partial files are removed and the error propagates (the caller deletes the prefix).
+    """
+    ctype, options = parse_options_header(content_type)
+    if ctype != b"multipart/form-data" or b"boundary" not in options:
+        raise BadInput("expected a multipart/form-data body with RAW files under the field 'frames'")
+    rx = _Receiver(storage, prefix, max_bytes, max_files, file_field)
+    parser = MultipartParser(
+        options[b"boundary"],
+        callbacks={  # type: ignore[arg-type]
+            "on_part_begin": rx.on_part_begin,
+            "on_header_field": rx.on_header_field,
+            "on_header_value": rx.on_header_value,
+            "on_header_end": rx.on_header_end,
+            "on_headers_finished": rx.on_headers_finished,
+            "on_part_data": rx.on_part_data,
+            "on_part_end": rx.on_part_end,
+        },
+    )
+    try:
+        async for chunk in stream:
+            if chunk:
+                await run_in_threadpool(parser.write, chunk)
+        parser.finalize()
+        if rx.open_parts:
+            raise BadInput("the upload ended before a frame was complete")
+    except BaseException as exc:
+        rx.abort(exc)
+        if isinstance(exc, (BadInput, UploadTooLarge)):
+            raise
+        if isinstance(exc, Exception) and not isinstance(exc, OSError):
+            raise BadInput(f"malformed multipart body: {exc}") from exc
+        raise
+    return ReceivedForm(files=rx.files, fields=rx.fields)

@@ -1,0 +1,110 @@
+"""HTTP client side of `strata submit`: streaming upload with progress, polling, download."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+
+class SubmitError(Exception):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _ProgressReader:
+    """A file wrapper that reports bytes read to a progress bar (httpx streams it in chunks)."""
+
+    def __init__(self, path: Path, progress: Progress, task: int) -> None:
+        self.f = open(path, "rb")  # noqa: SIM115 - closed by the caller
+        self.progress, self.task = progress, task
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n if n and n > 0 else 1 << 20)
+        self.progress.advance(self.task, len(data))  # type: ignore[arg-type]
+        return data
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self.read(1 << 20):
+            yield chunk
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _error(resp: httpx.Response) -> SubmitError:
+    try:
+        body = resp.json()
+        return SubmitError(f"{resp.status_code} {body.get('type')}: {body.get('detail')}")
+    except ValueError:
+        return SubmitError(f"{resp.status_code}: {resp.text[:200]}")
+
+
+def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, recipe: str, priority: str,
+                wait: bool, out_dir: Path, timeout: float, console: Console) -> list[Path]:
+    """Upload ``files`` as one job; with ``wait``, poll until it ends and download the outputs."""
+    headers = {"Authorization": f"Bearer {token}"}
+    data: dict[str, str | list[str]] = {"recipe": recipe, "priority": priority,
+                                        "sha256": [_sha256(p) for p in files]}
+    if camera:
+        data["camera"] = camera
+    total = sum(p.stat().st_size for p in files)
+    with httpx.Client(base_url=api, headers=headers, timeout=httpx.Timeout(60, read=600)) as client, Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console
+    ) as progress:
+        task = progress.add_task("upload", total=total)
+        readers = [_ProgressReader(p, progress, task) for p in files]
+        try:
+            resp = client.post("/v1/jobs", data=data,
+                               files=[("frames", (p.name, r, "application/octet-stream"))
+                                      for p, r in zip(files, readers, strict=True)])
+        except httpx.HTTPError as exc:
+            raise SubmitError(f"cannot reach {api}: {exc}") from exc
+        finally:
+            for r in readers:
+                r.close()
+        if resp.status_code != 202:
+            raise _error(resp)
+        job = resp.json()
+        console.print(f"job {job['id']} queued ({job['camera']}, {len(job['frames'])} frame(s))")
+        if not wait:
+            return []
+        bar = progress.add_task("render", total=1.0)
+        deadline = time.monotonic() + timeout
+        while job["status"] in ("queued", "running"):
+            if time.monotonic() > deadline:
+                raise SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
+            time.sleep(0.5)
+            r = client.get(f"/v1/jobs/{job['id']}")
+            if r.status_code != 200:
+                raise _error(r)
+            job = r.json()
+            progress.update(bar, completed=job["progress"], description=f"render: {job['stage']}")
+        if job["status"] != "done":
+            raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        saved = []
+        for o in job["outputs"]:
+            dest = out_dir / o["name"]
+            with client.stream("GET", o["url"]) as r:
+                if r.status_code != 200:
+                    raise _error(r)
+                with open(dest, "wb") as f:
+                    for chunk in r.iter_bytes(1 << 20):
+                        f.write(chunk)
+            if _sha256(dest) != o["sha256"]:
+                raise SubmitError(f"downloaded {dest} does not match its sha256")
+            saved.append(dest)
+        return saved

@@ -1,0 +1,256 @@
+"""The `strata` command line: serve, workers, submit, synth, token, db."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from services.config import get_settings
+
+app = typer.Typer(help="Strata: asynchronous RAW render service.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+token_app = typer.Typer(help="Station tokens.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+app.add_typer(db_app, name="db")
+console = Console(stderr=True)
+
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]
+
+
+def _use_data_dir(data_dir: Path | None) -> Path:
+    """Point the settings (and every child process) at ``data_dir``."""
+    if data_dir is not None:
+        os.environ["STRATA_DATA_DIR"] = str(data_dir.resolve())
+        get_settings.cache_clear()
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return settings.data_dir
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+@db_app.command("upgrade")
+def db_upgrade(data_dir: DataDir = None) -> None:
+    """Create or upgrade the database schema (Alembic)."""
+    _use_data_dir(data_dir)
+    from services.db.migrate import upgrade
+
+    upgrade()
+    console.print("database is at the latest revision")
+
+
+@token_app.command("create")
+def token_create(
+    station: Annotated[str, typer.Option("--station", help="Capture station name.")],
+    data_dir: DataDir = None,
+    rotate: Annotated[bool, typer.Option("--rotate", help="Replace the token of an existing station.")] = False,
+) -> None:
+    """Create a capture station and print its token (shown once, stored hashed) on the last line."""
+    _use_data_dir(data_dir)
+    from services.db.migrate import upgrade
+    from services.db.session import session_scope
+    from services.errors import Conflict
+    from services.stations import create_station_token
+
+    upgrade()
+    try:
+        with session_scope() as session:
+            token = create_station_token(session, station, replace=rotate)
+    except Conflict as exc:
+        raise _fail(exc.detail) from exc
+    console.print(f"station {station!r}: keep this token, it is not shown again")
+    print(token)
+
+
+def ensure_local_token() -> Path:
+    """The embedded setup's station token: created on first start, kept in <data-dir>/local-token."""
+    from services.db.session import session_scope
+    from services.errors import Unauthorized
+    from services.stations import authenticate, create_station_token
+
+    settings = get_settings()
+    path = settings.token_file
+    if path.exists():
+        with session_scope() as session:
+            try:
+                authenticate(session, path.read_text().strip())
+                return path
+            except Unauthorized:
+                pass
+    with session_scope() as session:
+        token = create_station_token(session, "local", replace=True)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="API bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="API port.")] = 8000,
+    data_dir: DataDir = None,
+    workers: Annotated[bool, typer.Option(help="Also start the coordinator and GPU workers.")] = True,
+) -> None:
+    """Run everything on this machine: API, coordinator, one worker per GPU, and Redis if none is configured."""
+    import httpx
+
+    from services.db.migrate import upgrade
+    from workers.launcher import ProcSpec, Supervisor, free_port, redis_spec, worker_specs
+
+    data = _use_data_dir(data_dir).resolve()
+    os.environ["STRATA_DATA_DIR"] = str(data)
+    settings = get_settings()
+    specs: list[ProcSpec] = []
+    redis_proc = None
+    if not settings.redis_url:
+        rport = free_port()
+        redis_proc = Supervisor([redis_spec(data, rport)], log_dir=data / "logs")
+        redis_proc.start()
+        os.environ["STRATA_REDIS_URL"] = f"redis://127.0.0.1:{rport}/0"
+        get_settings.cache_clear()
+        settings = get_settings()
+        _wait_redis(settings.redis_url or "", 15)
+        console.print(f"started a private Redis on 127.0.0.1:{rport} (data in {data / 'redis'})")
+    upgrade()
+    token_path = ensure_local_token()
+    specs.append(ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
+                                  "--host", host, "--port", str(port), "--log-level", "warning"],
+                          {"STRATA_MIGRATE_ON_START": "false"}))
+    if workers:
+        specs += worker_specs(settings)
+    sup = Supervisor(specs, log_dir=data / "logs")
+    sup.start()
+    url = f"http://{host}:{port}"
+    console.print(f"Strata API on {url} (docs at {url}/docs); logs in {data / 'logs'}")
+    console.print(f"local station token: {token_path}")
+    ready = False
+    for _ in range(120):
+        try:
+            ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            ready = False
+        if ready:
+            break
+        time.sleep(0.5)
+    console.print("[green]ready[/green]" if ready else "[yellow]not ready yet; see /readyz and the logs[/yellow]")
+    try:
+        sup.run_forever()
+    finally:
+        if redis_proc is not None:
+            redis_proc.stop()
+        console.print("stopped")
+
+
+def _wait_redis(url: str, timeout: float) -> None:
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            return
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@app.command("workers")
+def workers_cmd(
+    gpus: Annotated[str | None, typer.Option(help="GPU ids, e.g. 0,1 (default: STRATA_GPU_ID or all).")] = None,
+    coordinator: Annotated[bool, typer.Option(help="Also run a coordinator on this host.")] = False,
+    gpu_workers: Annotated[bool, typer.Option("--gpu-workers/--no-gpu-workers")] = True,
+    data_dir: DataDir = None,
+) -> None:
+    """Start one Celery worker per GPU (pinned with CUDA_VISIBLE_DEVICES), supervised; CPU worker(s) without GPUs."""
+    from workers.launcher import Supervisor, worker_specs
+
+    _use_data_dir(data_dir)
+    settings = get_settings()
+    ids = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
+    specs = worker_specs(settings, gpus=ids, coordinator=coordinator, gpu_workers=gpu_workers)
+    for s in specs:
+        console.print(f"{s.name}: CUDA_VISIBLE_DEVICES={s.env.get('CUDA_VISIBLE_DEVICES', '-')}")
+    Supervisor(specs).run_forever()
+
+
+@app.command()
+def coordinator(data_dir: DataDir = None) -> None:
+    """Start the coordinator worker (decode, plan, fuse, finalize/TIFF) on this host."""
+    workers_cmd(gpus=None, coordinator=True, gpu_workers=False, data_dir=data_dir)
+
+
+@app.command()
+def synth(
+    camera: Annotated[str, typer.Option(help="IQ3_S or IQ2_XS.")] = "IQ3_S",
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("synth"),
+    scale: Annotated[float, typer.Option(help="Linear size relative to the real sensor.")] = 0.1,
+    frames: Annotated[int | None, typer.Option(help="Frames in a stack (IQ2_XS, default 4).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    noise: Annotated[float, typer.Option(help="Shot-noise level (0 = noise-free).")] = 0.002,
+    cfa: Annotated[str, typer.Option(help="RGGB, BGGR, GRBG or GBRG.")] = "RGGB",
+) -> None:
+    """Write realistic synthetic DNGs plus the ground truth they were made from."""
+    from services.raw.synth import synthesize_shot
+
+    try:
+        shot = synthesize_shot(camera.upper(), out, scale=scale, frames=frames, seed=seed, noise=noise,
+                               cfa=cfa.upper())
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+    for f in shot.files:
+        print(f)
+    console.print(f"ground truth: {shot.ground_truth}")
+
+
+@app.command()
+def submit(
+    files: Annotated[list[Path], typer.Argument(help="RAW file(s) of one shot.", exists=True, dir_okay=False)],
+    camera: Annotated[str | None, typer.Option(help="IQ3_S or IQ2_XS (default: detect).")] = None,
+    recipe: Annotated[str, typer.Option(help="Output recipe.")] = "tiff16",
+    priority: Annotated[str, typer.Option(help="interactive or batch.")] = "interactive",
+    wait: Annotated[bool, typer.Option(help="Wait for the job and download its outputs.")] = True,
+    out: Annotated[Path, typer.Option("--out", help="Where to save outputs.")] = Path("."),
+    api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
+    token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
+    data_dir: DataDir = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the job.")] = 3600,
+) -> None:
+    """Upload a shot with a progress bar, wait for it, download the TIFF(s)."""
+    from cli.client import SubmitError, submit_shot
+
+    _use_data_dir(data_dir)
+    settings = get_settings()
+    tok = token or settings.token
+    if not tok and settings.token_file.exists():
+        tok = settings.token_file.read_text().strip()
+    if not tok:
+        raise _fail(f"no token: pass --token, set STRATA_TOKEN, or run `strata serve` (it writes "
+                    f"{settings.token_file})")
+    try:
+        paths = submit_shot(api or settings.api_url, tok, files, camera=camera, recipe=recipe,
+                            priority=priority, wait=wait, out_dir=out, timeout=timeout, console=console)
+    except SubmitError as exc:
+        raise _fail(str(exc)) from exc
+    for p in paths:
+        print(p)
+
+
+def main() -> None:  # pragma: no cover
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

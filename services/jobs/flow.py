@@ -1,0 +1,358 @@
+"""The job state machine: ingest -> GPU phases (frame groups, strips) -> finalize.
+
+Every step is idempotent and decided from database rows, never from a queue counter: a task that runs twice
+writes the same arrays (atomically) and counts once. The functions return what the caller must enqueue after
+the commit, so this module knows nothing about Celery.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from services.config import Settings
+from services.db.models import Job, Output, Shard, utcnow
+from services.errors import NotFound
+from services.export.recipes import get_recipe
+from services.export.tiff import write_tiff
+from services.jobs.cameras import PROFILES
+from services.jobs.planner import parse_split_ratio, plan_frame_groups, plan_strips, strip_count
+from services.pipeline.render import RenderParams, render_strip
+from services.pipeline.shot import shot_render_params
+from services.pipeline.stack import fuse_groups, merge_frame_group
+from services.raw.decode import decode_raw
+from services.raw.errors import RawError
+from services.raw.meta import RawMeta
+from services.storage import Storage
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class ShardTicket:
+    """What the queue needs to dispatch a shard: its id, the job's priority, an optional GPU slot."""
+
+    shard_id: int
+    priority: str
+    slot: int | None
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    job_id: str
+    priority: str
+    phase_complete: bool
+# Progress budget: decode, GPU phases, encode.
+DECODE_SHARE, ENCODE_SHARE = 0.1, 0.1
+
+
+def raw_key(job_id: str, index: int) -> str:
+    return f"jobs/{job_id}/raw/{index:02d}.npy"
+
+
+def shard_key(job_id: str, phase: int, kind: str, index: int) -> str:
+    return f"jobs/{job_id}/p{phase}/{kind}_{index:03d}.npy"
+
+
+def _load_job(session: Session, job_id: str, *, lock: bool = False) -> Job:
+    stmt = select(Job).where(Job.id == job_id)
+    if lock:
+        stmt = stmt.with_for_update()
+    job = session.scalars(stmt).one_or_none()
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def fail_job(session: Session, job_id: str, reason: str) -> None:
+    """Mark a job failed with a reason (no-op when it already ended)."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(ACTIVE))
+        .values(status="failed", error=reason, stage="failed", finished_at=utcnow())
+    )
+    session.commit()
+
+
+# --------------------------------------------------------------------------------------------- ingest
+
+
+def _decode_frames(job: Job, storage: Storage, settings: Settings) -> list[RawMeta]:
+    """Decode every frame in a sandboxed child process (several at once)."""
+
+    def decode_one(index: int) -> RawMeta:
+        with storage.path_writer(raw_key(job.id, index)) as tmp:
+            return decode_raw(
+                storage.local_path(job.frames[index].storage_key),
+                tmp,
+                timeout_s=settings.decode_timeout_s,
+                memory_mb=settings.decode_memory_mb,
+            )
+
+    workers = max(1, min(len(job.frames), 4))
+    with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
+        return list(pool.map(decode_one, range(len(job.frames))))
+
+
+def _tickets(job: Job, shards: list[Shard]) -> list[ShardTicket]:
+    return [ShardTicket(s.id, job.priority, s.payload.get("gpu_slot")) for s in shards]
+
+
+def ingest_job(
+    session: Session, storage: Storage, settings: Settings, job_id: str, n_workers: int
+) -> list[ShardTicket]:
+    """Decode, compute the shared shot parameters once, plan phase 0; returns shard ids to dispatch."""
+    job = _load_job(session, job_id)
+    if job.status not in ACTIVE:
+        return []
+    if job.phase >= 0:  # an earlier ingest committed its plan: re-dispatch what is still pending
+        return _pending_shards(session, job)
+    job.status, job.stage = "running", "decoding"
+    job.started_at = job.started_at or utcnow()
+    session.commit()
+
+    try:
+        metas = _decode_frames(job, storage, settings)
+    except RawError as exc:
+        fail_job(session, job_id, f"decode failed: {exc.reason}")
+        return []
+    ref = metas[0]
+    for i, m in enumerate(metas[1:], start=1):
+        if (m.width, m.height, m.cfa) != (ref.width, ref.height, ref.cfa):
+            fail_job(session, job_id, f"frame {i} ({m.width}x{m.height} {m.cfa}) does not match frame 0 "
+                                      f"({ref.width}x{ref.height} {ref.cfa})")
+            return []
+
+    params = shot_render_params(ref, storage.load_array(raw_key(job_id, 0)))
+    profile = PROFILES[job.camera]
+    ratios = parse_split_ratio(settings.split_ratio)
+    plan: list[dict] = []
+    if profile.split_strategy == "frame_group":
+        plan.append({"kind": "frame_group"})
+        plan.append({"kind": "strip", "source": f"jobs/{job_id}/fused.npy", "normalized": True,
+                     "noise_scale": 1.0 / len(metas)})
+    else:
+        plan.append({"kind": "strip", "source": raw_key(job_id, 0), "normalized": False, "noise_scale": 1.0})
+
+    job = _load_job(session, job_id)
+    if job.status not in ACTIVE or job.phase >= 0:
+        return []
+    job.params = {
+        **job.params,
+        "frames": {str(i): m.to_dict() for i, m in enumerate(metas)},
+        "render": params.to_dict(),
+        "plan": plan,
+        "n_workers": n_workers,
+        "ratios": ratios,
+        "size": [ref.height, ref.width],
+    }
+    shards = _plan_phase(job, 0, n_workers, ratios, settings)
+    session.add_all(shards)
+    job.phase = 0
+    job.stage = "aligning" if plan[0]["kind"] == "frame_group" else "enhancing"
+    job.progress = DECODE_SHARE
+    session.commit()
+    return _tickets(job, shards)
+
+
+def _plan_phase(job: Job, phase: int, n_workers: int, ratios: list[float] | None, settings: Settings) -> list[Shard]:
+    spec = job.params["plan"][phase]
+    height = int(job.params["size"][0])
+    use_ratio = ratios if ratios and len(ratios) == n_workers else None
+    if spec["kind"] == "frame_group":
+        groups = plan_frame_groups(len(job.frames), n_workers, use_ratio)
+        return [Shard(job_id=job.id, phase=phase, index=i, kind="frame_group",
+                      payload={"frames": g, "gpu_slot": i if use_ratio else None})
+                for i, g in enumerate(groups)]
+    n = len(use_ratio) if use_ratio else strip_count(height, settings.strip_rows, n_workers,
+                                                      settings.strips_per_worker)
+    strips = plan_strips(height, n, use_ratio)
+    return [Shard(job_id=job.id, phase=phase, index=i, kind="strip",
+                  payload={"y0": y0, "y1": y1, "gpu_slot": i if use_ratio else None})
+            for i, (y0, y1) in enumerate(strips)]
+
+
+def _pending_shards(session: Session, job: Job) -> list[ShardTicket]:
+    return _tickets(job, list(session.scalars(
+        select(Shard).where(Shard.job_id == job.id, Shard.phase == job.phase, Shard.status != "done")
+    )))
+
+
+# --------------------------------------------------------------------------------------------- shards
+
+
+def _phase_render_params(job: Job, spec: dict) -> RenderParams:
+    params = RenderParams.from_dict(job.params["render"])
+    scale = float(spec.get("noise_scale", 1.0))
+    return replace(params, noise_shot=params.noise_shot * scale, noise_read=params.noise_read * scale)
+
+
+def compute_shard(job: Job, shard: Shard, storage: Storage, device: str) -> None:
+    """Run one shard's GPU work and store its result (atomically, same bytes every time)."""
+    spec = job.params["plan"][shard.phase]
+    out_key = shard_key(job.id, shard.phase, shard.kind, shard.index)
+    if shard.kind == "strip":
+        source = storage.load_array(spec["source"])
+        result = render_strip(source, shard.payload["y0"], shard.payload["y1"], _phase_render_params(job, spec),
+                              device=device, normalized=bool(spec["normalized"]))
+    else:
+        indices = list(shard.payload["frames"])
+        metas = {i: RawMeta.from_dict(job.params["frames"][str(i)]) for i in [0, *indices]}
+        frames = [(storage.load_array(raw_key(job.id, i)), metas[i]) for i in indices]
+        reference = (storage.load_array(raw_key(job.id, 0)), metas[0])
+        result = merge_frame_group(reference, frames, device=device)
+    storage.save_array(out_key, result)
+
+
+def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str, gpu: str, device: str,
+              delay_s: float = 0.0) -> ShardOutcome:
+    """Run a shard unless it is done already; the outcome says whether its phase is now complete."""
+    shard = session.get(Shard, shard_id)
+    if shard is None:
+        raise NotFound(f"shard {shard_id} not found")
+    job = _load_job(session, shard.job_id)
+    if job.status not in ACTIVE or job.phase != shard.phase:
+        return ShardOutcome(job.id, job.priority, False)
+    if shard.status != "done":
+        shard.status, shard.worker, shard.gpu = "running", worker, gpu
+        shard.attempts += 1
+        shard.started_at = utcnow()
+        session.commit()
+        t0 = time.perf_counter()
+        if delay_s:
+            time.sleep(delay_s)
+        compute_shard(job, shard, storage, device)
+        seconds = time.perf_counter() - t0
+        session.execute(
+            update(Shard).where(Shard.id == shard_id, Shard.status != "done")
+            .values(status="done", seconds=seconds, finished_at=utcnow(), worker=worker, gpu=gpu, error=None)
+        )
+        session.commit()
+        log.info("shard %s/%s/%s done on %s (gpu %s) in %.2fs", job.id, shard.phase, shard.index, worker, gpu,
+                 seconds)
+    total, done = session.execute(
+        select(func.count(), func.count().filter(Shard.status == "done"))
+        .where(Shard.job_id == job.id, Shard.phase == shard.phase)
+    ).one()
+    n_phases = len(job.params["plan"])
+    progress = DECODE_SHARE + (1 - DECODE_SHARE - ENCODE_SHARE) * (shard.phase + done / total) / n_phases
+    session.execute(update(Job).where(Job.id == job.id, Job.progress < progress).values(progress=progress))
+    session.commit()
+    return ShardOutcome(job.id, job.priority, done == total)
+
+
+def record_shard_failure(session: Session, shard_id: int, reason: str, *, final: bool) -> None:
+    """Note a failed attempt; after the last one the shard and its job fail with the reason."""
+    shard = session.get(Shard, shard_id)
+    if shard is None:
+        return
+    shard.error = reason
+    if final:
+        shard.status = "failed"
+        session.commit()
+        fail_job(session, shard.job_id, f"shard {shard.phase}/{shard.index} ({shard.kind}) failed: {reason}")
+    else:
+        shard.status = "pending"
+        session.commit()
+
+
+# --------------------------------------------------------------------------------------------- advance
+
+
+def advance_job(session: Session, storage: Storage, settings: Settings, job_id: str) -> list[ShardTicket]:
+    """Move a job whose current phase is complete to the next phase (or finalize it).
+
+    Returns shard ids to dispatch. Safe to call any number of times: the phase moves with a conditional
+    UPDATE, so exactly one caller creates the next phase's shards.
+    """
+    job = _load_job(session, job_id)
+    if job.status not in ACTIVE or job.phase < 0:
+        return []
+    plan = job.params["plan"]
+    phase = job.phase
+    if phase < len(plan):
+        remaining = session.scalar(
+            select(func.count()).where(Shard.job_id == job_id, Shard.phase == phase, Shard.status != "done")
+        )
+        if remaining:
+            return []
+    if phase + 1 < len(plan):
+        if plan[phase]["kind"] == "frame_group":
+            job.stage = "fusing"
+            session.commit()
+            n_groups = session.scalar(select(func.count()).where(Shard.job_id == job_id, Shard.phase == phase))
+            groups = [storage.load_array(shard_key(job_id, phase, "frame_group", i)) for i in range(n_groups or 0)]
+            storage.save_array(plan[phase + 1]["source"], fuse_groups(groups))
+        claimed = session.execute(
+            update(Job).where(Job.id == job_id, Job.phase == phase, Job.status.in_(ACTIVE))
+            .values(phase=phase + 1, stage="enhancing")
+        ).rowcount
+        if not claimed:
+            session.rollback()
+            return []
+        job = _load_job(session, job_id)
+        shards = _plan_phase(job, phase + 1, int(job.params["n_workers"]), job.params.get("ratios"), settings)
+        session.add_all(shards)
+        session.commit()
+        return _tickets(job, shards)
+    # The last GPU phase is done (or a finalize was interrupted): finalize.
+    if phase < len(plan):
+        claimed = session.execute(
+            update(Job).where(Job.id == job_id, Job.phase == phase, Job.status.in_(ACTIVE))
+            .values(phase=len(plan), stage="encoding")
+        ).rowcount
+        session.commit()
+        if not claimed:
+            return []
+    finalize_job(session, storage, settings, job_id)
+    return []
+
+
+def finalize_job(session: Session, storage: Storage, settings: Settings, job_id: str) -> None:
+    """Stitch the strips, write the TIFF with a thread pool, record the output, mark the job done."""
+    job = _load_job(session, job_id)
+    last = len(job.params["plan"]) - 1
+    height, width = (int(v) for v in job.params["size"])
+    strips = session.scalars(
+        select(Shard).where(Shard.job_id == job_id, Shard.phase == last).order_by(Shard.index)
+    ).all()
+    image = np.empty((height, width, 3), dtype=np.uint16)  # [H, W, RGB]
+    for s in strips:
+        image[s.payload["y0"]:s.payload["y1"]] = storage.load_array(shard_key(job_id, last, "strip", s.index))
+    recipe = get_recipe(job.recipe)
+    name = f"{Path(job.frames[0].name).stem}.tif"
+    key = f"jobs/{job_id}/out/{name}"
+    sha, size = write_tiff(storage, key, image, colour_space=recipe.colour_space, compression=recipe.compression,
+                           threads=settings.tiff_threads)
+    existing = session.scalars(select(Output).where(Output.job_id == job_id, Output.name == name)).one_or_none()
+    if existing is None:
+        session.add(Output(job_id=job_id, name=name, storage_key=key, sha256=sha, bytes=size))
+    else:
+        existing.sha256, existing.bytes = sha, size
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
+        .values(status="done", stage="done", progress=1.0, finished_at=utcnow())
+    )
+    session.commit()
+    for prefix in ("raw", "fused.npy", *(f"p{p}" for p in range(last + 1))):
+        storage.delete_prefix(f"jobs/{job_id}/{prefix}")
+    log.info("job %s done: %s (%d bytes)", job_id, name, size)
+
+
+def elapsed(job: Job) -> float | None:
+    if job.started_at is None:
+        return None
+    end = job.finished_at or dt.datetime.now(dt.UTC)
+    start = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=dt.UTC)
+    end = end if end.tzinfo else end.replace(tzinfo=dt.UTC)
+    return (end - start).total_seconds()

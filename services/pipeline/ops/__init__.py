@@ -1,0 +1,40 @@
+"""Pure image operations over torch tensors (no I/O, no global device); shapes are documented per function."""
+
+from services.pipeline.ops.cfa import CFA_PATTERNS, cfa_channels, cfa_masks, white_balance
+from services.pipeline.ops.colour import (
+    SRGB_TO_XYZ_D65,
+    apply_matrix,
+    camera_to_srgb_matrix,
+    srgb_decode,
+    srgb_encode,
+    to_uint16,
+)
+from services.pipeline.ops.demosaic import BILINEAR_RADIUS, MALVAR_RADIUS, demosaic_bilinear, demosaic_malvar
+from services.pipeline.ops.denoise import denoise_lee
+from services.pipeline.ops.levels import normalize_levels
+from services.pipeline.ops.merge import accumulate_frames, estimate_shift, shift_mosaic
+from services.pipeline.ops.sharpen import sharpen, sharpen_radius
+
+__all__ = [
+    "BILINEAR_RADIUS",
+    "CFA_PATTERNS",
+    "MALVAR_RADIUS",
+    "SRGB_TO_XYZ_D65",
+    "accumulate_frames",
+    "apply_matrix",
+    "camera_to_srgb_matrix",
+    "cfa_channels",
+    "cfa_masks",
+    "demosaic_bilinear",
+    "demosaic_malvar",
+    "denoise_lee",
+    "estimate_shift",
+    "normalize_levels",
+    "sharpen",
+    "sharpen_radius",
+    "shift_mosaic",
+    "srgb_decode",
+    "srgb_encode",
+    "to_uint16",
+    "white_balance",
+]

@@ -1,0 +1,33 @@
+"""Entry checks shared by the pipeline ops (kornia style: the error names the shape received)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_image(x: Tensor, channels: int, name: str = "input") -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``x`` is a floating (B, channels, H, W) tensor."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 4 or x.shape[1] != channels:
+        raise ValueError(f"{name} must have shape (B, {channels}, H, W), got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+
+
+def check_min_size(x: Tensor, radius: int, name: str = "input") -> None:
+    """Reflect padding by ``radius`` needs H and W greater than ``radius``."""
+    h, w = x.shape[-2:]
+    if h <= radius or w <= radius:
+        raise ValueError(f"{name} must be larger than {radius} pixels on each side, got {tuple(x.shape)}")
+
+
+def as_vector(values: Tensor | float | object, like: Tensor, n: int, name: str) -> Tensor:
+    """A scalar or ``n`` values (sequence, numpy or tensor) as an (n,) tensor on ``like``'s device/dtype."""
+    v = torch.as_tensor(values, dtype=like.dtype, device=like.device).flatten()
+    if v.numel() == 1:
+        v = v.expand(n)
+    if v.shape != (n,):
+        raise ValueError(f"{name} must be a scalar or {n} values, got shape {tuple(v.shape)}")
+    return v

@@ -1,0 +1,45 @@
+"""Bayer colour-filter-array helpers. A CFA is named by its 2x2 pattern read row-major ("RGGB", ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from services.pipeline.ops._checks import as_vector, check_image
+
+CFA_PATTERNS: tuple[str, ...] = ("RGGB", "BGGR", "GRBG", "GBRG")
+_CHANNEL = {"R": 0, "G": 1, "B": 2}
+
+
+def cfa_channels(cfa: str) -> tuple[int, int, int, int]:
+    """Channel index (0 R, 1 G, 2 B) of the four 2x2 sites, row-major: (0,0), (0,1), (1,0), (1,1)."""
+    if not isinstance(cfa, str) or cfa.upper() not in CFA_PATTERNS:
+        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
+    c = [_CHANNEL[ch] for ch in cfa.upper()]
+    return c[0], c[1], c[2], c[3]
+
+
+def site_map(values: Tensor, h: int, w: int) -> Tensor:
+    """Tile a (2, 2) per-site tensor to (H, W): out[y, x] = values[y % 2, x % 2]."""
+    if values.shape != (2, 2):
+        raise ValueError(f"per-site values must have shape (2, 2), got {tuple(values.shape)}")
+    return values.repeat((h + 1) // 2, (w + 1) // 2)[:h, :w]  # (H, W)
+
+
+def cfa_masks(cfa: str, h: int, w: int, device: torch.device | str | None = None,
+              dtype: torch.dtype = torch.float32) -> Tensor:
+    """One-hot colour masks (3, H, W): mask[c, y, x] = 1 where site (y, x) records channel c."""
+    sites = torch.tensor(cfa_channels(cfa), device=device).view(2, 2)
+    channel = site_map(sites, h, w)  # (H, W) channel index per pixel
+    wanted = torch.arange(3, device=device).view(3, 1, 1)
+    return (channel.unsqueeze(0) == wanted).to(dtype)  # (3, H, W)
+
+
+def white_balance(mosaic: Tensor, gains: Tensor | Sequence[float], cfa: str) -> Tensor:
+    """Multiply each site of a (B, 1, H, W) mosaic by the gain of its channel; gains are (R, G, B)."""
+    check_image(mosaic, 1, "mosaic")
+    g = as_vector(gains, mosaic, 3, "gains")  # (3,)
+    per_site = g[list(cfa_channels(cfa))].view(2, 2)  # (2, 2)
+    return mosaic * site_map(per_site, *mosaic.shape[-2:])  # (B, 1, H, W)

@@ -1,0 +1,78 @@
+"""Small linear filters built from sums of shifted slices of a reflect-padded image.
+
+Every output pixel is computed with the same float operations in the same order whatever the size of the
+tensor (no convolution algorithm picked by shape, no reduction trees), so a strip of a frame renders
+bit-identically to the same rows of the whole frame once the halo covers the receptive field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def reflect_pad(x: Tensor, radius: int) -> Tensor:
+    """Reflect-pad the last two dims of (B, C, H, W) by ``radius``; reflection keeps the CFA parity."""
+    if radius == 0:
+        return x
+    return F.pad(x, (radius, radius, radius, radius), mode="reflect")
+
+
+def shifted(padded: Tensor, radius: int, dy: int, dx: int) -> Tensor:
+    """View (B, C, H, W) of ``padded`` (B, C, H+2r, W+2r) whose pixel (y, x) is image pixel (y+dy, x+dx)."""
+    h = padded.shape[-2] - 2 * radius
+    w = padded.shape[-1] - 2 * radius
+    return padded[..., radius + dy : radius + dy + h, radius + dx : radius + dx + w]
+
+
+def _filter_1d(padded: Tensor, weights: Sequence[float], axis: int) -> Tensor:
+    """Correlate along ``axis`` (-2 rows, -1 columns) a tensor already padded by len(weights)//2 on it."""
+    radius = len(weights) // 2
+    n = padded.shape[axis] - 2 * radius
+    out: Tensor | None = None
+    for k, wk in enumerate(weights):
+        tap = padded.narrow(axis, k, n)
+        term = tap * wk
+        out = term if out is None else out + term
+    assert out is not None
+    return out
+
+
+def separable_filter(x: Tensor, weights: Sequence[float]) -> Tensor:
+    """Filter (B, C, H, W) with the odd-length 1-D kernel ``weights`` along rows then columns (reflect)."""
+    radius = len(weights) // 2
+    if len(weights) % 2 != 1:
+        raise ValueError(f"kernel length must be odd, got {len(weights)}")
+    if radius == 0:
+        return x * weights[0]
+    rows = F.pad(x, (0, 0, radius, radius), mode="reflect")  # (B, C, H+2r, W)
+    y = _filter_1d(rows, weights, axis=-2)  # (B, C, H, W)
+    cols = F.pad(y, (radius, radius, 0, 0), mode="reflect")  # (B, C, H, W+2r)
+    return _filter_1d(cols, weights, axis=-1)
+
+
+def box_mean(x: Tensor, radius: int) -> Tensor:
+    """Mean over a (2r+1)^2 window, reflect padding; (B, C, H, W) -> (B, C, H, W)."""
+    size = 2 * radius + 1
+    return separable_filter(x, [1.0] * size) * (1.0 / (size * size))
+
+
+def local_min_max(x: Tensor, radius: int = 1) -> tuple[Tensor, Tensor]:
+    """Minimum and maximum over a (2r+1)^2 window (reflect padding); exact, order-independent."""
+    padded = reflect_pad(x, radius)
+    size = 2 * radius + 1
+    hi = F.max_pool2d(padded, size, stride=1)
+    lo = -F.max_pool2d(-padded, size, stride=1)
+    return lo, hi
+
+
+def gaussian_weights(sigma: float, radius: int) -> list[float]:
+    """Normalised 1-D Gaussian taps for offsets -radius..radius (python floats, computed in float64)."""
+    if sigma <= 0:
+        raise ValueError(f"sigma must be positive, got {sigma}")
+    offsets = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    g = torch.exp(-0.5 * (offsets / sigma) ** 2)
+    return (g / g.sum()).tolist()

@@ -1,0 +1,170 @@
+"""Shard-level rendering used by the GPU workers: numpy mosaic in, 16-bit sRGB numpy out.
+
+Order: normalise levels -> white balance -> Malvar demosaic -> Lee denoise -> unsharp mask -> camera->sRGB
+matrix -> sRGB transfer -> uint16. Every op computes each pixel from its neighbourhood with a fixed sequence
+of float operations, so a strip rendered with :func:`halo_rows` extra rows on each side is bit-identical to
+the same rows of the whole-frame render.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from services.pipeline.ops import (
+    MALVAR_RADIUS,
+    apply_matrix,
+    cfa_channels,
+    demosaic_malvar,
+    denoise_lee,
+    normalize_levels,
+    sharpen,
+    sharpen_radius,
+    srgb_encode,
+    to_uint16,
+    white_balance,
+)
+
+DENOISE_RADIUS = 2
+SHARPEN_SIGMA = 1.0
+# Malvar interpolation averages neighbours, so the 5x5 local variance of demosaiced noise is below the
+# mosaic's ``shot * m + read``: measured on flat fields with equal noise in all channels, 0.86 (R, B) and
+# 0.71 (G). The noise model is scaled by these (R, G, B) before the Lee filter.
+DEMOSAIC_NOISE_FACTORS: tuple[float, float, float] = (0.86, 0.71, 0.86)
+
+RECEPTIVE_RADIUS: int = MALVAR_RADIUS + DENOISE_RADIUS + sharpen_radius(SHARPEN_SIGMA)
+
+
+def halo_rows() -> int:
+    """Rows a strip reads beyond each cut: :data:`RECEPTIVE_RADIUS` rounded up to even (keeps CFA parity)."""
+    return RECEPTIVE_RADIUS + (RECEPTIVE_RADIUS % 2)
+
+
+@dataclass(frozen=True)
+class RenderParams:
+    """Everything a shard needs to render, shared by all shards of a shot (JSON-able via :meth:`to_dict`)."""
+
+    cfa: str
+    black: tuple[float, float, float, float]  # per 2x2 CFA site, row-major
+    white: float
+    gains: tuple[float, float, float]  # white-balance gains R, G, B
+    rgb_cam: tuple[tuple[float, ...], ...]  # 3x3 white-balanced camera RGB -> linear sRGB
+    noise_shot: float  # noise variance = shot * signal + read, normalised mosaic units
+    noise_read: float
+    sharpen_amount: float = 0.5
+
+    def __post_init__(self) -> None:
+        cfa_channels(self.cfa)
+        if len(self.black) != 4:
+            raise ValueError(f"black must hold 4 values, got {len(self.black)}")
+        if len(self.gains) != 3 or min(self.gains) <= 0:
+            raise ValueError(f"gains must be 3 positive values, got {self.gains}")
+        if np.asarray(self.rgb_cam).shape != (3, 3):
+            raise ValueError(f"rgb_cam must be 3x3, got shape {np.asarray(self.rgb_cam).shape}")
+        if any(b >= self.white for b in self.black):
+            raise ValueError(f"white {self.white} must exceed every black level {self.black}")
+        if self.noise_shot < 0 or self.noise_read < 0:
+            raise ValueError(f"noise must be >= 0, got shot={self.noise_shot} read={self.noise_read}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists)."""
+        d = asdict(self)
+        d["black"] = list(self.black)
+        d["gains"] = list(self.gains)
+        d["rgb_cam"] = [list(row) for row in self.rgb_cam]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RenderParams:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        return cls(
+            cfa=str(d["cfa"]),
+            black=tuple(float(v) for v in d["black"]),  # type: ignore[arg-type]
+            white=float(d["white"]),
+            gains=tuple(float(v) for v in d["gains"]),  # type: ignore[arg-type]
+            rgb_cam=tuple(tuple(float(v) for v in row) for row in d["rgb_cam"]),
+            noise_shot=float(d["noise_shot"]),
+            noise_read=float(d["noise_read"]),
+            **({"sharpen_amount": float(d["sharpen_amount"])} if "sharpen_amount" in d else {}),
+        )
+
+
+def _noise_per_channel(params: RenderParams) -> tuple[list[float], list[float]]:
+    """Shot/read noise of each white-balanced channel: ``g * shot`` and ``g^2 * read``, demosaic-scaled."""
+    pairs = list(zip(DEMOSAIC_NOISE_FACTORS, params.gains, strict=True))
+    shot = [f * g * params.noise_shot for f, g in pairs]
+    read = [f * g * g * params.noise_read for f, g in pairs]
+    return shot, read
+
+
+def _to_tensor(mosaic: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host (H, W) array -> device tensor, keeping uint16 narrow across the bus."""
+    arr = np.ascontiguousarray(mosaic)
+    if not arr.flags.writeable:  # read-only memmap: torch wants a writable buffer; rows are read once
+        arr = arr.copy()
+    if arr.dtype == np.uint16:
+        return torch.from_numpy(arr).to(device).to(torch.int32)  # int32: uint16 has few kernels
+    return torch.from_numpy(arr).to(device)
+
+
+@torch.inference_mode()
+def render_mosaic(mosaic: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
+                  normalized: bool = False) -> np.ndarray:
+    """Render a (H, W) Bayer mosaic to (H, W, 3) uint16 sRGB-encoded.
+
+    ``mosaic`` is raw counts (uint16, levels from ``params``) or, with ``normalized=True``, float values
+    already in [0, 1] (e.g. a merged stack). Row 0 and column 0 must be CFA phase (0, 0).
+    """
+    if mosaic.ndim != 2:
+        raise ValueError(f"mosaic must be (H, W), got {mosaic.shape}")
+    dev = torch.device(device)
+    x = _to_tensor(mosaic, dev)  # (H, W)
+    # (H, W) float32 in [0, 1]
+    x = x.to(torch.float32) if normalized else normalize_levels(x, params.black, params.white)
+    x = white_balance(x[None, None], params.gains, params.cfa)  # (1, 1, H, W)
+    rgb = demosaic_malvar(x, params.cfa)  # (1, 3, H, W)
+    shot, read = _noise_per_channel(params)
+    rgb = denoise_lee(rgb, shot, read, radius=DENOISE_RADIUS)
+    rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)
+    rgb = apply_matrix(rgb, params.rgb_cam)  # (1, 3, H, W) linear sRGB
+    out = to_uint16(srgb_encode(rgb))[0].permute(1, 2, 0)  # (H, W, 3)
+    return out.contiguous().cpu().numpy()
+
+
+def render_strip(source: np.ndarray, y0: int, y1: int, params: RenderParams,
+                 device: torch.device | str = "cpu", normalized: bool = False) -> np.ndarray:
+    """Render rows [y0, y1) of the full (H, W) ``source`` (may be a ``np.memmap``): (y1 - y0, W, 3) uint16.
+
+    Reads only rows [y0 - halo, y1 + halo) clipped to the frame, so stitched strips equal the whole-frame
+    render. ``y0`` must be even so the strip keeps the frame's CFA phase.
+    """
+    if source.ndim != 2:
+        raise ValueError(f"source must be (H, W), got {source.shape}")
+    h = source.shape[0]
+    if not 0 <= y0 < y1 <= h:
+        raise ValueError(f"strip rows [{y0}, {y1}) must be a non-empty range inside 0..{h}")
+    if y0 % 2:
+        raise ValueError(f"strip must start on an even row (CFA parity), got y0={y0}")
+    top, bottom = rows_needed(y0, y1, h)
+    rendered = render_mosaic(np.asarray(source[top:bottom]), params, device, normalized)
+    return rendered[y0 - top : y1 - top]
+
+
+def rows_needed(y0: int, y1: int, height: int) -> tuple[int, int]:
+    """The source rows [top, bottom) that :func:`render_strip` reads for output rows [y0, y1)."""
+    halo = halo_rows()
+    return max(0, y0 - halo), min(height, y1 + halo)
+
+
+__all__ = [
+    "DEMOSAIC_NOISE_FACTORS",
+    "RECEPTIVE_RADIUS",
+    "RenderParams",
+    "halo_rows",
+    "render_mosaic",
+    "render_strip",
+    "rows_needed",
+]

@@ -1,0 +1,113 @@
+"""RAW decoding in a child process, so that a LibRaw crash, hang or memory blow-up becomes a RawDecodeError.
+
+``subprocess`` rather than ``multiprocessing``: callers may be daemonic Celery pool processes, which may not
+have children of their own through multiprocessing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from services.raw.errors import RawDecodeError
+from services.raw.meta import RawMeta
+
+# The child command without its arguments; tests replace it with a child that crashes or hangs.
+CHILD_COMMAND: list[str] = [sys.executable, "-m", "services.raw.decode_child"]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_STDERR_TAIL = 500
+# How running out of address space shows when it hits the child before it can report (e.g. at import).
+_OOM_SIGNS = (
+    "memoryerror",
+    "cannot allocate memory",
+    "bad_alloc",
+    "failed to map segment",
+    "memory allocation",
+    "out of memory",
+)
+
+
+def _limit_resources(memory_mb: int) -> None:
+    """preexec_fn of the child: cap its address space and disable core dumps."""
+    limit = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    # One BLAS/OpenMP thread: their per-thread arenas would eat the address-space limit for nothing.
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _failure_reason(report: dict[str, str] | None, returncode: int, stderr: str, memory_mb: int) -> str:
+    if report is not None and "error" in report:
+        kind, message = report["error"], report.get("message", "")
+        if kind == "memory":
+            return f"out of memory (limit {memory_mb} MiB): {message}"
+        if kind == "unsupported":
+            return message.split(": ", 1)[-1]
+        if kind == "libraw":
+            return f"LibRaw: {message}"
+        return f"decoder failed: {message}"
+    if returncode < 0:
+        return f"LibRaw crashed (signal {_signal_name(-returncode)})"
+    tail = stderr.strip()[-_STDERR_TAIL:]
+    if any(sign in tail.lower() for sign in _OOM_SIGNS):
+        return f"out of memory (limit {memory_mb} MiB)"
+    return f"decoder exited with code {returncode}: {tail or 'no message'}"
+
+
+def decode_raw(path: Path, out_npy: Path, *, timeout_s: float = 300.0, memory_mb: int = 8192) -> RawMeta:
+    """Decode ``path`` in a child process; write its visible Bayer mosaic (uint16 .npy) to ``out_npy``.
+
+    Returns the frame's metadata. Raises ``RawDecodeError`` if the decoder fails, crashes, exceeds
+    ``memory_mb`` of address space or runs longer than ``timeout_s`` seconds.
+    """
+    path, out_npy = Path(path), Path(out_npy)
+    with tempfile.TemporaryDirectory(prefix="strata-decode-") as tmp:
+        out_json = Path(tmp) / "meta.json"
+        proc = subprocess.Popen(
+            [*CHILD_COMMAND, str(path), str(out_npy), str(out_json)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=_child_env(),
+            preexec_fn=lambda: _limit_resources(memory_mb),
+            start_new_session=True,  # so a timeout kills the child's whole process group
+        )
+        try:
+            _, stderr_bytes = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RawDecodeError(f"decode timed out after {timeout_s:g}s") from None
+        stderr = stderr_bytes.decode("utf-8", "replace")
+        report: dict[str, str] | None = None
+        if out_json.exists():
+            try:
+                report = json.loads(out_json.read_text())
+            except (OSError, ValueError):
+                report = None
+        if proc.returncode != 0 or report is None or "meta" not in report:
+            out_npy.unlink(missing_ok=True)
+            out_npy.with_name(out_npy.name + ".part").unlink(missing_ok=True)
+            raise RawDecodeError(_failure_reason(report, proc.returncode, stderr, memory_mb))
+        if not out_npy.exists():
+            raise RawDecodeError("decoder reported success but wrote no pixels")
+        return RawMeta.from_dict(report["meta"])  # type: ignore[arg-type]

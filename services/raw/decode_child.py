@@ -1,0 +1,168 @@
+"""Child process of :func:`services.raw.decode.decode_raw`: LibRaw runs here, so a crash spares the caller.
+
+Usage: ``python -m services.raw.decode_child <raw> <out.npy> <out.json>``. On success writes the visible
+Bayer image as a C-contiguous uint16 .npy and ``{"meta": RawMeta.to_dict()}``; on a handled failure writes
+``{"error": kind, "message": text}`` (kind: "libraw", "memory", "unsupported", "error") and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EXIT_OK = 0
+EXIT_HANDLED_ERROR = 1
+
+
+class UnsupportedSensor(Exception):
+    """The sensor is not a 2x2 Bayer RGB sensor (X-Trans, Foveon, CMYG, monochrome ...)."""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    part = path.with_name(path.name + ".part")
+    part.write_bytes(data)
+    os.replace(part, path)
+
+
+def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    part = path.with_name(path.name + ".part")
+    with part.open("wb") as f:
+        np.save(f, np.ascontiguousarray(array, dtype=np.uint16))
+    os.replace(part, path)
+
+
+def _black_levels_from_dng(
+    values: list[float], repeat: tuple[int, int], top: int, left: int
+) -> tuple[float, float, float, float] | None:
+    """Per 2x2 site black levels of the visible image from DNG BlackLevel/BlackLevelRepeatDim."""
+    rows, cols = repeat
+    if rows not in (1, 2) or cols not in (1, 2) or len(values) != rows * cols:
+        return None
+    site = [values[((y + top) % rows) * cols + (x + left) % cols] for y in (0, 1) for x in (0, 1)]
+    return (site[0], site[1], site[2], site[3])
+
+
+def _neutral_from_wb(wb: list[float]) -> tuple[float, float, float] | None:
+    r, g, b = (float(v) for v in wb[:3])
+    if min(r, g, b) <= 0:
+        return None
+    return (g / r, 1.0, g / b)  # neutral = 1 / wb normalised to green = 1
+
+
+def _matrix_from_rgb_cam(rgb_cam: np.ndarray) -> list[list[float]]:
+    """XYZ -> camera matrix (rows normalised to unit sRGB-white response) from LibRaw's camera -> sRGB."""
+    from services.raw.colour import srgb_to_xyz_matrix
+
+    cam_rgb = np.linalg.inv(np.asarray(rgb_cam, dtype=np.float64)[:, :3])
+    return (cam_rgb @ np.linalg.inv(srgb_to_xyz_matrix())).tolist()
+
+
+def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
+    """Decode ``raw_path`` with LibRaw, save its visible mosaic to ``out_npy``, return RawMeta as a dict."""
+    import rawpy
+
+    from services.raw.dng import read_dng_tags
+    from services.raw.meta import CFA_PATTERNS, NoiseProfile, RawMeta
+
+    with rawpy.imread(str(raw_path)) as raw:
+        pattern = raw.raw_pattern
+        desc = raw.color_desc.decode("ascii", "replace")
+        if raw.raw_type != rawpy.RawType.Flat or pattern is None or pattern.shape != (2, 2):
+            layout = "none" if pattern is None else f"{pattern.shape[0]}x{pattern.shape[1]}"
+            raise UnsupportedSensor(f"unsupported sensor layout ({raw.raw_type.name}, CFA {layout}, {desc})")
+        if raw.num_colors != 3 or desc[:3] != "RGB":
+            raise UnsupportedSensor(f"unsupported sensor layout (colours {desc!r}); only RGB Bayer is supported")
+        sites = raw.raw_colors_visible[:2, :2]  # colour index 3 is the second green
+        cfa = "".join(desc[int(c)] for c in sites.ravel())
+        if cfa not in CFA_PATTERNS:
+            raise UnsupportedSensor(f"unsupported sensor layout (2x2 pattern {cfa})")
+        mosaic = raw.raw_image_visible
+        height, width = mosaic.shape
+        _save_npy_atomic(out_npy, mosaic)
+        per_channel = raw.black_level_per_channel  # LibRaw's black + cblack[c]
+        s00, s01, s10, s11 = (float(per_channel[int(c)]) for c in sites.ravel())
+        black_levels = (s00, s01, s10, s11)
+        white_level = float(raw.white_level)
+        rgb_xyz = np.asarray(raw.rgb_xyz_matrix, dtype=np.float64)[:3]
+        color_matrix = rgb_xyz.tolist() if np.any(rgb_xyz) else _matrix_from_rgb_cam(raw.color_matrix)
+        neutral = _neutral_from_wb(list(raw.camera_whitebalance))
+        top, left = raw.sizes.top_margin, raw.sizes.left_margin
+
+    make = model = ""
+    noise: NoiseProfile | None = None
+    with raw_path.open("rb") as f:
+        is_tiff = f.read(4) in (b"II*\x00", b"MM\x00*")
+    tags = read_dng_tags(raw_path) if is_tiff else None
+    if tags is not None:
+        make, model = tags["make"], tags["model"]
+        if tags["color_matrix"] is not None and len(tags["color_matrix"]) == 9:
+            cm = tags["color_matrix"]
+            color_matrix = [cm[0:3], cm[3:6], cm[6:9]]
+        if tags["as_shot_neutral"] is not None and len(tags["as_shot_neutral"]) >= 3:
+            n = tags["as_shot_neutral"]
+            neutral = (n[0], n[1], n[2])
+        if tags["noise_profile"] is not None and len(tags["noise_profile"]) >= 2:
+            noise = NoiseProfile(shot=tags["noise_profile"][0], read=tags["noise_profile"][1])
+        area_top, area_left = tags["active_area_origin"]
+        black_levels = (
+            _black_levels_from_dng(tags["black_level"], tags["black_level_repeat"], top - area_top, left - area_left)
+            or black_levels
+        )
+        if tags["white_level"] is not None:
+            white_level = tags["white_level"]
+
+    c0, c1, c2 = color_matrix
+    meta = RawMeta(
+        width=int(width),
+        height=int(height),
+        cfa=cfa,
+        black_levels=black_levels,
+        white_level=white_level,
+        color_matrix=(tuple(c0), tuple(c1), tuple(c2)),
+        as_shot_neutral=neutral,
+        make=make,
+        model=model,
+        noise_profile=noise,
+    )
+    return meta.to_dict()
+
+
+def _classify(exc: BaseException) -> str:
+    import rawpy
+
+    if isinstance(exc, MemoryError | rawpy.LibRawUnsufficientMemoryError | rawpy.LibRawTooBigError):
+        return "memory"
+    if isinstance(exc, UnsupportedSensor):
+        return "unsupported"
+    if isinstance(exc, rawpy.LibRawError):
+        return "libraw"
+    return "error"
+
+
+def main(argv: list[str]) -> int:
+    """Entry point; returns the process exit code."""
+    if len(argv) != 3:
+        print("usage: python -m services.raw.decode_child <raw> <out.npy> <out.json>", file=sys.stderr)
+        return 2
+    raw_path, out_npy, out_json = (Path(a) for a in argv)
+    try:
+        result: dict[str, Any] = {"meta": extract(raw_path, out_npy)}
+        code = EXIT_OK
+    except Exception as exc:  # reported to the parent, which raises RawDecodeError
+        detail = exc.args[0] if len(exc.args) == 1 else str(exc)
+        if isinstance(detail, bytes):  # rawpy passes LibRaw's message as bytes
+            detail = detail.decode("utf-8", "replace")
+        result = {"error": _classify(exc), "message": f"{type(exc).__name__}: {detail}"}
+        print(result["message"], file=sys.stderr)
+        code = EXIT_HANDLED_ERROR
+    _write_atomic(out_json, json.dumps(result).encode())
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,217 @@
+"""Minimal uncompressed DNG 1.4 writer for Bayer mosaics (tifffile), readable by LibRaw/rawpy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tifffile
+
+from services.raw.meta import CFA_PATTERNS, NoiseProfile
+
+# TIFF/EP and DNG tag codes used here.
+TAG_MAKE = 271
+TAG_MODEL = 272
+TAG_CFA_REPEAT_PATTERN_DIM = 33421
+TAG_CFA_PATTERN = 33422
+TAG_DNG_VERSION = 50706
+TAG_DNG_BACKWARD_VERSION = 50707
+TAG_UNIQUE_CAMERA_MODEL = 50708
+TAG_CFA_PLANE_COLOR = 50710
+TAG_CFA_LAYOUT = 50711
+TAG_BLACK_LEVEL_REPEAT_DIM = 50713
+TAG_BLACK_LEVEL = 50714
+TAG_WHITE_LEVEL = 50717
+TAG_ACTIVE_AREA = 50829
+TAG_COLOR_MATRIX_1 = 50721
+TAG_AS_SHOT_NEUTRAL = 50728
+TAG_CALIBRATION_ILLUMINANT_1 = 50778
+TAG_NOISE_PROFILE = 51041
+
+PHOTOMETRIC_CFA = 32803
+ILLUMINANT_D65 = 21
+_CFA_COLOUR_CODE = {"R": 0, "G": 1, "B": 2}  # TIFF/EP CFAPattern colour codes
+
+TagTuple = tuple[int, str, int, Any, bool]
+
+
+def _rational(value: float, *, signed: bool) -> tuple[int, int]:
+    """(numerator, denominator) with the largest power-of-ten denominator whose numerator fits 32 bits."""
+    limit = 2**31 - 1 if signed else 2**32 - 1
+    if not signed and value < 0:
+        raise ValueError(f"RATIONAL cannot hold a negative value: {value}")
+    for exponent in range(9, -1, -1):
+        den = 10**exponent
+        num = round(value * den)
+        if abs(num) <= limit:
+            return num, den
+    raise ValueError(f"value {value} does not fit a 32-bit rational")
+
+
+def _rationals(values: Sequence[float], *, signed: bool) -> list[int]:
+    flat: list[int] = []
+    for v in values:
+        flat.extend(_rational(float(v), signed=signed))
+    return flat
+
+
+def _ascii_tag(code: int, text: str) -> TagTuple:
+    return (code, "s", 0, text, True)
+
+
+def dng_tags(
+    *,
+    cfa: str,
+    black_level: int,
+    white_level: int,
+    color_matrix: np.ndarray,
+    as_shot_neutral: Sequence[float],
+    make: str,
+    model: str,
+    noise_profile: NoiseProfile | None,
+) -> list[TagTuple]:
+    """The DNG tags of the raw IFD as tifffile ``extratags``."""
+    if cfa not in CFA_PATTERNS:
+        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
+    cm = np.asarray(color_matrix, dtype=np.float64)
+    if cm.shape != (3, 3):
+        raise ValueError(f"color_matrix must be (3, 3), got {cm.shape}")
+    neutral = [float(v) for v in as_shot_neutral]
+    if len(neutral) != 3 or min(neutral) <= 0:
+        raise ValueError(f"as_shot_neutral needs 3 positive values, got {neutral}")
+    if not 0 <= black_level < white_level <= 65535:
+        raise ValueError(f"need 0 <= black_level < white_level <= 65535, got {black_level}, {white_level}")
+    tags: list[TagTuple] = [
+        _ascii_tag(TAG_MAKE, make),
+        _ascii_tag(TAG_MODEL, model),
+        (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
+        (TAG_CFA_PATTERN, "B", 4, tuple(_CFA_COLOUR_CODE[c] for c in cfa), True),
+        (TAG_DNG_VERSION, "B", 4, (1, 4, 0, 0), True),
+        (TAG_DNG_BACKWARD_VERSION, "B", 4, (1, 3, 0, 0), True),
+        _ascii_tag(TAG_UNIQUE_CAMERA_MODEL, f"{make} {model}".strip()),
+        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True),
+        (TAG_CFA_LAYOUT, "H", 1, 1, True),
+        (TAG_BLACK_LEVEL_REPEAT_DIM, "H", 2, (1, 1), True),
+        (TAG_BLACK_LEVEL, "I", 1, int(black_level), True),
+        (TAG_WHITE_LEVEL, "I", 1, int(white_level), True),
+        (TAG_COLOR_MATRIX_1, "2i", 9, _rationals(cm.ravel().tolist(), signed=True), True),
+        (TAG_AS_SHOT_NEUTRAL, "2I", 3, _rationals(neutral, signed=False), True),
+        (TAG_CALIBRATION_ILLUMINANT_1, "H", 1, ILLUMINANT_D65, True),
+    ]
+    if noise_profile is not None:
+        tags.append((TAG_NOISE_PROFILE, "d", 2, (float(noise_profile.shot), float(noise_profile.read)), True))
+    return tags
+
+
+def write_dng(
+    path: Path,
+    mosaic: np.ndarray,
+    *,
+    cfa: str,
+    black_level: int,
+    white_level: int,
+    color_matrix: np.ndarray,
+    as_shot_neutral: Sequence[float],
+    make: str,
+    model: str,
+    noise_profile: NoiseProfile | None = None,
+) -> None:
+    """Write a (H, W) uint16 Bayer mosaic as an uncompressed DNG 1.4, atomically (temp file + rename).
+
+    ``cfa`` is the 2x2 pattern read row-major from the top-left pixel; ``color_matrix`` is ColorMatrix1
+    (XYZ -> camera, D65 calibration); ``as_shot_neutral`` the camera RGB of the scene white.
+    """
+    mosaic = np.asarray(mosaic)
+    if mosaic.ndim != 2 or mosaic.dtype != np.uint16:
+        raise ValueError(f"mosaic must be (H, W) uint16, got {mosaic.shape} {mosaic.dtype}")
+    if mosaic.shape[0] < 2 or mosaic.shape[1] < 2:
+        raise ValueError(f"mosaic must be at least 2x2, got {mosaic.shape}")
+    tags = dng_tags(
+        cfa=cfa,
+        black_level=black_level,
+        white_level=white_level,
+        color_matrix=color_matrix,
+        as_shot_neutral=as_shot_neutral,
+        make=make,
+        model=model,
+        noise_profile=noise_profile,
+    )
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with tifffile.TiffWriter(tmp, bigtiff=False) as tif:
+            tif.write(
+                np.ascontiguousarray(mosaic),
+                photometric=PHOTOMETRIC_CFA,
+                planarconfig="contig",
+                compression=None,
+                subfiletype=0,
+                software=False,
+                metadata=None,
+                rowsperstrip=max(1, (1 << 20) // (2 * mosaic.shape[1])),
+                extratags=tags,
+            )
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _find_tag(pages: Sequence[tifffile.TiffPage], code: int) -> tifffile.TiffTag | None:
+    """``code`` from the first page that has it (raw IFD first, then IFD0)."""
+    for page in pages:
+        tag = page.tags.get(code)
+        if tag is not None:
+            return tag
+    return None
+
+
+def _tag_floats(tag: tifffile.TiffTag | None) -> list[float] | None:
+    """Numeric tag values as floats; tifffile gives (S)RATIONALs as flat (num, den, ...) pairs."""
+    if tag is None:
+        return None
+    values = np.atleast_1d(np.asarray(tag.value, dtype=np.float64)).ravel()
+    if int(tag.dtype) in (5, 10):  # RATIONAL, SRATIONAL
+        values = values[0::2] / values[1::2]
+    return values.tolist()
+
+
+def _tag_text(tag: tifffile.TiffTag | None) -> str:
+    if tag is None:
+        return ""
+    value = tag.value.decode("ascii", "replace") if isinstance(tag.value, bytes) else str(tag.value)
+    return value.strip("\x00 ").strip()
+
+
+def read_dng_tags(path: Path) -> dict[str, Any] | None:
+    """Exact DNG colour/level tags of the main raw IFD, or None if ``path`` is not a DNG.
+
+    Keys: ``make``, ``model``, ``color_matrix`` (9 floats, row-major, or None), ``as_shot_neutral``,
+    ``noise_profile`` (floats or None), ``black_level`` (floats), ``black_level_repeat`` ((rows, cols)),
+    ``white_level`` (float or None), ``active_area_origin`` ((top, left), the origin of the black pattern).
+    """
+    with tifffile.TiffFile(path) as tif:
+        ifd0 = tif.pages.first
+        if TAG_DNG_VERSION not in ifd0.tags:
+            return None
+        candidates = [ifd0]
+        if ifd0.pages is not None:
+            candidates += [p for p in ifd0.pages if isinstance(p, tifffile.TiffPage)]
+        raw = next((p for p in candidates if int(p.photometric) == PHOTOMETRIC_CFA and int(p.subfiletype) == 0), ifd0)
+        pages = [raw, ifd0]
+        white = _tag_floats(_find_tag([raw], TAG_WHITE_LEVEL))
+        repeat = _tag_floats(_find_tag([raw], TAG_BLACK_LEVEL_REPEAT_DIM)) or [1.0, 1.0]
+        active = _tag_floats(_find_tag([raw], TAG_ACTIVE_AREA)) or [0.0, 0.0]
+        return {
+            "make": _tag_text(_find_tag(pages, TAG_MAKE)),
+            "model": _tag_text(_find_tag(pages, TAG_MODEL)),
+            "color_matrix": _tag_floats(_find_tag(pages, TAG_COLOR_MATRIX_1)),
+            "as_shot_neutral": _tag_floats(_find_tag(pages, TAG_AS_SHOT_NEUTRAL)),
+            "noise_profile": _tag_floats(_find_tag(pages, TAG_NOISE_PROFILE)),
+            "black_level": _tag_floats(_find_tag([raw], TAG_BLACK_LEVEL)) or [0.0],
+            "black_level_repeat": (int(repeat[0]), int(repeat[-1])),
+            "white_level": None if not white else white[0],
+            "active_area_origin": (int(active[0]), int(active[1])),
+        }

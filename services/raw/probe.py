@@ -1,0 +1,157 @@
+"""Cheap, safe RAW sniffing for the API process: magic bytes and TIFF structure only, never LibRaw."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import tifffile
+
+from services.raw.errors import BadRawFile
+
+PHOTOMETRIC_CFA = 32803
+PHOTOMETRIC_LINEAR_RAW = 34892
+TAG_CFA_PATTERN_EP = 33422
+TAG_CFA_PATTERN_EXIF = 41730
+TAG_DNG_VERSION = 50706
+_MAX_IFDS = 256  # guards against absurd or looping IFD chains
+
+# Make (upper-case prefix) -> format name of the TIFF-based RAW families LibRaw reads.
+_TIFF_RAW_MAKES = {
+    "NIKON": "NEF",
+    "SONY": "ARW",
+    "PENTAX": "PEF",
+    "RICOH": "PEF",
+    "SAMSUNG": "SRW",
+    "CANON": "CR2",
+    "KODAK": "DCR",
+    "LEAF": "MOS",
+    "MAMIYA": "MEF",
+    "PHASE ONE": "IIQ",
+    "HASSELBLAD": "3FR",
+    "EPSON": "ERF",
+    "MINOLTA": "MRW",
+    "KONICA MINOLTA": "MRW",
+}
+
+
+@dataclass
+class RawProbe:
+    """What the probe learnt about an upload; width/height are 0 when the format is not parsed."""
+
+    make: str
+    model: str
+    width: int
+    height: int
+    format: str
+
+
+def probe_raw(path: Path) -> RawProbe:
+    """Recognise a RAW file by its signature and, for TIFF-based RAWs, check its structure.
+
+    Raises ``BadRawFile`` ("not a RAW file: ..." or "truncated: ...") and nothing else for bad input.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(64)
+    except OSError as exc:
+        raise BadRawFile(f"cannot read upload: {exc.strerror or exc}") from exc
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return _probe_tiff(path, size, head)
+    other = _probe_by_magic(head)
+    if other is None:
+        raise BadRawFile(f"not a RAW file: unrecognised signature {head[:8]!r}")
+    return other
+
+
+def _probe_by_magic(head: bytes) -> RawProbe | None:
+    if head.startswith(b"FUJIFILMCCD-RAW"):
+        model = head[28:60].split(b"\x00", 1)[0].decode("ascii", "replace").strip()
+        return RawProbe(make="Fujifilm", model=model, width=0, height=0, format="RAF")
+    if head[4:8] == b"ftyp" and head[8:12] == b"crx ":
+        return RawProbe(make="Canon", model="", width=0, height=0, format="CR3")
+    if head.startswith(b"IIU\x00"):
+        return RawProbe(make="Panasonic", model="", width=0, height=0, format="RW2")
+    if head[:4] in (b"IIRO", b"IIRS", b"MMOR"):
+        return RawProbe(make="Olympus", model="", width=0, height=0, format="ORF")
+    return None
+
+
+def _walk(pages: tifffile.TiffPages, depth: int = 0) -> Iterator[tifffile.TiffPage]:
+    """Every IFD of a chain and, depth-first, of its SubIFDs."""
+    for page in pages:
+        if not isinstance(page, tifffile.TiffPage):
+            continue
+        yield page
+        sub = page.pages
+        if sub is not None and depth < 4:
+            yield from _walk(sub, depth + 1)
+
+
+def _is_raw_ifd(page: tifffile.TiffPage) -> bool:
+    tags = page.tags
+    return (
+        int(page.photometric) in (PHOTOMETRIC_CFA, PHOTOMETRIC_LINEAR_RAW)
+        or TAG_CFA_PATTERN_EP in tags
+        or TAG_CFA_PATTERN_EXIF in tags
+    )
+
+
+def _ascii_tag(page: tifffile.TiffPage, code: int) -> str:
+    tag = page.tags.get(code)
+    if tag is None or not isinstance(tag.value, str | bytes):
+        return ""
+    value = tag.value.decode("ascii", "replace") if isinstance(tag.value, bytes) else tag.value
+    return value.strip("\x00 ").strip()
+
+
+def _probe_tiff(path: Path, size: int, head: bytes) -> RawProbe:
+    order: Literal["little", "big"] = "little" if head[:2] == b"II" else "big"
+    first_ifd = int.from_bytes(head[4:8], order)
+    if len(head) < 8 or first_ifd + 2 > size:
+        raise BadRawFile(f"truncated: first IFD at byte {first_ifd} but the file has {size} bytes")
+    try:
+        with tifffile.TiffFile(path) as tif:
+            ifds = []
+            for page in _walk(tif.pages):
+                ifds.append(page)
+                if len(ifds) > _MAX_IFDS:
+                    raise BadRawFile(f"not a RAW file: more than {_MAX_IFDS} IFDs")
+            first = ifds[0] if ifds else None
+            for page in ifds:
+                for offset, count in zip(page.dataoffsets, page.databytecounts, strict=False):
+                    if count and offset + count > size:
+                        raise BadRawFile(
+                            f"truncated: IFD at {page.offset} has data up to byte {offset + count} "
+                            f"but the file has {size} bytes"
+                        )
+            make = _ascii_tag(first, 271) if first is not None else ""
+            model = _ascii_tag(first, 272) if first is not None else ""
+            is_dng = any(TAG_DNG_VERSION in page.tags for page in ifds)
+            raw_ifds = [p for p in ifds if _is_raw_ifd(p)]
+    except BadRawFile:
+        raise
+    except Exception as exc:  # tifffile raises many types on corrupt input
+        raise BadRawFile(f"not a RAW file: unreadable TIFF structure ({type(exc).__name__}: {exc})") from exc
+
+    is_cr2 = head[8:10] == b"CR"
+    if not raw_ifds and not is_cr2:
+        raise BadRawFile("not a RAW file: a TIFF without a CFA or linear-raw image")
+    if is_dng:
+        fmt = "DNG"
+    elif is_cr2:
+        fmt = "CR2"
+    else:
+        upper = make.upper()
+        fmt = next((name for prefix, name in _TIFF_RAW_MAKES.items() if upper.startswith(prefix)), "TIFF-RAW")
+    width = height = 0
+    if raw_ifds:
+        main = max(raw_ifds, key=lambda p: (int(p.subfiletype) == 0, p.imagewidth * p.imagelength))
+        width, height = int(main.imagewidth), int(main.imagelength)
+    elif is_cr2 and len(ifds) > 3:
+        width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
+    return RawProbe(make=make, model=model, width=width, height=height, format=fmt)

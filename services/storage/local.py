@@ -1,0 +1,76 @@
+"""Local-directory storage (shared filesystem when several hosts are used)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from services.storage.base import Storage
+
+
+class LocalStorage(Storage):
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root not in path.parents:
+            raise ValueError(f"storage key escapes the root: {key!r}")
+        return path
+
+    @contextmanager
+    def path_writer(self, key: str) -> Iterator[Path]:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".part-{uuid.uuid4().hex[:8]}-{path.name}")  # same suffix: tools append none
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        with self.path_writer(key) as tmp, open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
+    def open(self, key: str) -> BinaryIO:
+        return open(self._path(key), "rb")
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
+
+    def local_path(self, key: str) -> Path:
+        path = self._path(key)
+        if not path.is_file():
+            raise FileNotFoundError(key)
+        return path
+
+    def delete_prefix(self, prefix: str) -> None:
+        path = self._path(prefix)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_file():
+            path.unlink(missing_ok=True)
+
+    def iter_chunks(self, key: str, start: int = 0, end: int | None = None, chunk: int = 1 << 20) -> Iterator[bytes]:
+        with self.open(key) as f:
+            f.seek(start)
+            remaining = (end if end is not None else self.size(key)) - start
+            while remaining > 0:
+                data = f.read(min(chunk, remaining))
+                if not data:
+                    break
+                remaining -= len(data)
+                yield data

@@ -1,0 +1,100 @@
+"""Shared fixtures: real Redis, real database (SQLite, and PostgreSQL when STRATA_TEST_DATABASE_URL is set)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Settings are read once per process: point everything at a private test area before any import uses them.
+_TEST_ROOT = Path(tempfile.mkdtemp(prefix="strata-tests-"))
+os.environ.setdefault("STRATA_REDIS_URL", os.environ.get("STRATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/13"))
+os.environ["STRATA_DATA_DIR"] = str(_TEST_ROOT / "var")
+os.environ["STRATA_LOG_LEVEL"] = "WARNING"
+
+PG_URL = os.environ.get("STRATA_TEST_DATABASE_URL")
+BACKENDS = ["sqlite"] + (["postgresql"] if PG_URL else [])
+
+
+def backend_url(backend: str, root: Path) -> str:
+    if backend == "postgresql":
+        assert PG_URL
+        return PG_URL
+    return f"sqlite:///{root / 'strata.db'}"
+
+
+def reset_database(url: str) -> None:
+    """An empty, fully migrated database."""
+    from sqlalchemy import MetaData, create_engine, text
+
+    from services.db.migrate import upgrade
+
+    if url.startswith("sqlite"):
+        Path(url.split("///", 1)[1]).unlink(missing_ok=True)
+    else:
+        engine = create_engine(url)
+        meta = MetaData()
+        meta.reflect(engine)
+        with engine.begin() as conn:
+            meta.drop_all(conn)
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+        engine.dispose()
+    upgrade(url)
+
+
+def configure(url: str, data_dir: Path) -> None:
+    """Point this process's settings, engine and storage at ``url`` and ``data_dir``."""
+    from services.config import get_settings
+    from services.db.session import reset_engine
+    from services.storage import get_storage
+
+    os.environ["STRATA_DATABASE_URL"] = url
+    os.environ["STRATA_DATA_DIR"] = str(data_dir)
+    get_settings.cache_clear()
+    get_storage.cache_clear()
+    reset_engine()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    url = os.environ["STRATA_REDIS_URL"]
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError as exc:  # pragma: no cover - the machine provides Redis
+        pytest.fail(f"tests need a Redis at {url} (set STRATA_TEST_REDIS_URL): {exc}")
+    return url
+
+
+@pytest.fixture(params=BACKENDS)
+def db(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str) -> Iterator[str]:
+    """A fresh migrated database of each backend, with settings pointed at it and a private data dir."""
+    url = backend_url(request.param, tmp_path)
+    configure(url, tmp_path / "var")
+    reset_database(url)
+    yield url
+    from services.db.session import reset_engine
+
+    reset_engine()
+
+
+@pytest.fixture(scope="session")
+def synth_dir() -> Path:
+    """Synthetic shots made once per test session with the real `synthesize_shot`."""
+    from services.raw.synth import synthesize_shot
+
+    root = _TEST_ROOT / "synth"
+    synthesize_shot("IQ3_S", root / "iq3s", scale=0.1, seed=1, noise=0.0005)
+    synthesize_shot("IQ2_XS", root / "iq2xs", scale=0.1, frames=4, seed=2, noise=0.0005)
+    return root
+
+
+def psnr(a, b) -> float:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    mse = float(np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2))
+    return 10 * float(np.log10(1.0 / max(mse, 1e-20)))

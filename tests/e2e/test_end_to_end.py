@@ -1,0 +1,255 @@
+"""End to end through real parts: uvicorn API, real Redis, real Celery worker processes (a coordinator and two
+GPU-queue workers on the CPU), synthetic DNGs from `strata synth` that LibRaw decodes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tifffile
+
+from tests.conftest import BACKENDS, backend_url, configure, psnr, reset_database
+
+pytestmark = pytest.mark.e2e
+
+# PSNR floor against the ground truth, for the low-noise synthetic shots (noise 0.0005) at 0.1 scale. The
+# pipeline reaches ~35 dB noise-free on this content (Malvar demosaic); a real fault lands far below 25 dB:
+# a wrong CFA phase or white balance ~15-20 dB, a one-pixel stack misregistration or a colour-matrix error
+# ~20-24 dB. 30 dB leaves room for noise and the demosaic while catching every one of those.
+MIN_PSNR_DB = 30.0
+SHARD_DELAY_S = 0.4  # failure drill: every shard pauses, so a worker can be killed mid-shard
+VISIBILITY_S = 6  # an unacknowledged shard of a killed worker is redelivered after this
+
+
+@dataclass
+class Stack:
+    url: str
+    headers: dict[str, str]
+    supervisor: object
+    redis_url: str
+    env: dict[str, str]
+
+
+def _free_port() -> int:
+    from workers.launcher import free_port
+
+    return free_port()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_url: str
+          ) -> Iterator[Stack]:
+    import redis
+
+    from services.db.session import session_scope
+    from services.stations import create_station_token
+    from workers.launcher import ProcSpec, Supervisor, worker_specs
+
+    root = tmp_path_factory.mktemp(f"e2e-{request.param}")
+    url = backend_url(request.param, root)
+    # A Redis database of our own, emptied, so no stale message reaches these workers.
+    e2e_redis = redis_url.rsplit("/", 1)[0] + "/14"
+    redis.Redis.from_url(e2e_redis).flushdb()
+    env = {"STRATA_DATABASE_URL": url, "STRATA_DATA_DIR": str(root / "var"), "STRATA_REDIS_URL": e2e_redis,
+           "STRATA_CPU_WORKERS": "2", "STRATA_TORCH_THREADS": "1", "STRATA_FAULT_SHARD_DELAY_S": str(SHARD_DELAY_S),
+           "STRATA_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S), "STRATA_WORKER_HEARTBEAT_S": "1",
+           "STRATA_MIGRATE_ON_START": "false", "STRATA_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+    configure(url, root / "var")
+    reset_database(url)
+    with session_scope() as session:
+        token = create_station_token(session, "e2e")
+    os.environ.update(env)
+    from services.config import get_settings
+
+    get_settings.cache_clear()
+    port = _free_port()
+    specs = [ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host",
+                              "127.0.0.1", "--port", str(port), "--log-level", "warning"])]
+    specs += worker_specs(get_settings())
+    sup = Supervisor(specs, env=env, log_dir=root / "logs")
+    sup.start()
+    base = f"http://127.0.0.1:{port}"
+    ready = {}
+    for _ in range(240):
+        try:
+            r = httpx.get(f"{base}/readyz", timeout=2)
+            ready = r.json()
+            if r.status_code == 200 and ready["workers"].get("gpu", 0) >= 2:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    else:
+        sup.stop()
+        logs = "\n".join(p.read_text()[-2000:] for p in (root / "logs").glob("*.log"))
+        pytest.fail(f"service did not become ready: {ready}\n{logs}")
+    yield Stack(base, {"Authorization": f"Bearer {token}"}, sup, e2e_redis, env)
+    sup.stop()
+
+
+def _synth(out: Path, camera: str, *extra: str) -> list[Path]:
+    """Synthesise a shot through the real command line."""
+    cmd = [sys.executable, "-m", "cli.main", "synth", "--camera", camera, "--out", str(out), "--scale", "0.1",
+           "--noise", "0.0005", *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return [Path(line) for line in done.stdout.split() if line.endswith(".dng")]
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    root = tmp_path_factory.mktemp("shots")
+    return {"IQ3_S": _synth(root / "iq3s", "IQ3_S", "--seed", "11"),
+            "IQ2_XS": _synth(root / "iq2xs", "IQ2_XS", "--frames", "4", "--seed", "12")}
+
+
+def _submit(stack: Stack, files: list[Path], **fields: str) -> dict:
+    with httpx.Client(base_url=stack.url, headers=stack.headers, timeout=60) as c:
+        r = c.post("/v1/jobs", files=[("frames", (p.name, p.read_bytes())) for p in files], data=fields)
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def _wait(stack: Stack, job_id: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=stack.url, headers=stack.headers, timeout=30) as c:
+        while time.monotonic() < deadline:
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            if job["status"] not in ("queued", "running"):
+                return job
+            time.sleep(0.2)
+    pytest.fail(f"job {job_id} did not finish: {job}")
+
+
+def _download(stack: Stack, job: dict) -> tuple[bytes, np.ndarray]:
+    out = job["outputs"][0]
+    data = httpx.get(stack.url + out["url"], headers=stack.headers, timeout=60).content
+    assert hashlib.sha256(data).hexdigest() == out["sha256"] and len(data) == out["bytes"]
+    return data, tifffile.imread(io.BytesIO(data))
+
+
+def _ground_truth(files: list[Path]) -> np.ndarray:
+    return tifffile.imread(files[0].parent / "ground_truth.tif")
+
+
+def _check_tiff(data: bytes, image: np.ndarray, truth: np.ndarray) -> float:
+
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
+        page = tif.pages[0]
+        assert page.bitspersample == 16 and page.samplesperpixel == 3 and page.is_tiled
+        assert page.tags.get(34675) is not None  # ICC profile embedded
+    assert image.dtype == np.uint16 and image.shape == truth.shape
+    return psnr(image / 65535.0, truth / 65535.0)
+
+
+def test_iq3s_frame_end_to_end(stack: Stack, shots: dict[str, list[Path]]) -> None:
+    job = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
+    assert job["status"] == "done", job["error"]
+    assert job["camera"] == "IQ3_S" and job["progress"] == 1.0
+    strips = [s for s in job["shards"] if s["kind"] == "strip"]
+    assert len(strips) >= 2 and all(s["status"] == "done" for s in strips)
+    assert len({s["worker"] for s in strips}) == 2, "both GPU-queue workers should have taken strips"
+    data, image = _download(stack, job)
+    assert _check_tiff(data, image, _ground_truth(shots["IQ3_S"])) > MIN_PSNR_DB
+
+
+def test_iq2xs_stack_end_to_end(stack: Stack, shots: dict[str, list[Path]]) -> None:
+    job = _wait(stack, _submit(stack, shots["IQ2_XS"])["id"])
+    assert job["status"] == "done", job["error"]
+    assert job["camera"] == "IQ2_XS"
+    groups = [s for s in job["shards"] if s["kind"] == "frame_group"]
+    assert len(groups) == 2 and len({s["worker"] for s in groups}) == 2
+    data, image = _download(stack, job)
+    assert _check_tiff(data, image, _ground_truth(shots["IQ2_XS"])) > MIN_PSNR_DB
+
+
+def test_stitched_strips_equal_the_one_piece_render(stack: Stack, shots: dict[str, list[Path]]) -> None:
+    """The TIFF the service stitched from strips equals rendering the whole frame at once (≤ 1 LSB)."""
+    from services.pipeline.render import render_mosaic
+    from services.pipeline.shot import shot_render_params
+    from services.raw.decode import decode_raw
+
+    job = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
+    _, image = _download(stack, job)
+    tmp = shots["IQ3_S"][0].parent / "whole.npy"
+    meta = decode_raw(shots["IQ3_S"][0], tmp)
+    mosaic = np.load(tmp)
+    whole = render_mosaic(mosaic, shot_render_params(meta, mosaic), device="cpu")
+    assert int(np.abs(whole.astype(np.int32) - image.astype(np.int32)).max()) <= 1
+
+
+def test_range_download(stack: Stack, shots: dict[str, list[Path]]) -> None:
+    job = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
+    url = stack.url + job["outputs"][0]["url"]
+    full = httpx.get(url, headers=stack.headers).content
+    part = httpx.get(url, headers={**stack.headers, "Range": "bytes=100-199"})
+    assert part.status_code == 206 and part.content == full[100:200]
+    assert part.headers["content-range"] == f"bytes 100-199/{len(full)}"
+    tail = httpx.get(url, headers={**stack.headers, "Range": "bytes=-10"})
+    assert tail.content == full[-10:]
+    bad = httpx.get(url, headers={**stack.headers, "Range": f"bytes={len(full) + 5}-"})
+    assert bad.status_code == 416 and bad.json()["type"] == "range_not_satisfiable"
+
+
+def test_decoder_crash_fails_the_job_not_the_worker(stack: Stack, tmp_path: Path, shots: dict[str, list[Path]]
+                                                    ) -> None:
+    """A file that passes the upload check but that LibRaw cannot decode fails its job with a reason."""
+    import struct
+
+    good = shots["IQ3_S"][0].read_bytes()
+    # Corrupt the pixel data's strip offset to point into the header: a structurally valid TIFF whose
+    # CFA image LibRaw cannot make sense of; the coordinator must survive and report it.
+    bad = tmp_path / "odd.dng"
+    data = bytearray(good)
+    with tifffile.TiffFile(shots["IQ3_S"][0]) as tif:
+        page = tif.pages[0]
+        width_tag = page.tags["ImageWidth"]
+        offset = width_tag.valueoffset
+        data[offset:offset + 4] = struct.pack("<I", 1)
+    bad.write_bytes(bytes(data))
+    job = _wait(stack, _submit(stack, [bad])["id"])
+    assert job["status"] in ("failed", "done")
+    if job["status"] == "failed":
+        assert job["error"]
+    # The workers keep serving.
+    again = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
+    assert again["status"] == "done"
+
+
+def test_worker_killed_mid_shard_job_completes_identically(stack: Stack, shots: dict[str, list[Path]]) -> None:
+    from workers.registry import live_workers, redis_client
+
+    reference = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
+    ref_data, ref_image = _download(stack, reference)
+
+    job_id = _submit(stack, shots["IQ3_S"])["id"]
+    victim = None
+    deadline = time.monotonic() + 60
+    with httpx.Client(base_url=stack.url, headers=stack.headers, timeout=30) as c:
+        while victim is None and time.monotonic() < deadline:
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            running = [s for s in job["shards"] if s["status"] == "running" and s["worker"]]
+            if running:
+                victim = running[0]["worker"]
+            else:
+                time.sleep(0.05)
+    assert victim, "no shard was seen running"
+    info = {w.name: w for w in live_workers(redis_client(stack.redis_url))}[victim]
+    os.kill(info.pid, signal.SIGKILL)  # no chance to clean up or acknowledge
+
+    job = _wait(stack, job_id, timeout=180)
+    assert job["status"] == "done", job["error"]
+    assert any(s["attempts"] >= 2 for s in job["shards"]), "the killed shard should have run again"
+    data, image = _download(stack, job)
+    assert np.array_equal(image, ref_image)
+    assert hashlib.sha256(data).hexdigest() == hashlib.sha256(ref_data).hexdigest()

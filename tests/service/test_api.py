@@ -1,0 +1,168 @@
+"""The REST API against a real database (SQLite and PostgreSQL) and a real Redis; no workers needed."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+from fastapi.testclient import TestClient
+
+from services.config import get_settings
+from services.db.session import session_scope
+from services.stations import create_station_token
+
+
+@pytest.fixture
+def client(db: str) -> Iterator[TestClient]:
+    from api.app import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+def _token(name: str) -> dict[str, str]:
+    with session_scope() as session:
+        return {"Authorization": f"Bearer {create_station_token(session, name)}"}
+
+
+@pytest.fixture
+def auth(client: TestClient) -> dict[str, str]:
+    return _token("station-a")
+
+
+def _frame(synth_dir: Path) -> bytes:
+    return (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+
+
+def _storage_files() -> list[Path]:
+    root = get_settings().resolved_storage_dir
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def _job_count(client: TestClient, auth: dict[str, str]) -> int:
+    return len(client.get("/v1/jobs", headers=auth).json()["jobs"])
+
+
+def test_health(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_openapi_documents_the_upload(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert {"frames", "camera", "recipe", "priority", "sha256"} <= set(body["properties"])
+
+
+@pytest.mark.parametrize("header", [None, "Bearer nope", "Basic abc"])
+def test_missing_or_bad_token_is_401(client: TestClient, header: str | None) -> None:
+    headers = {"Authorization": header} if header else {}
+    r = client.get("/v1/jobs", headers=headers)
+    assert r.status_code == 401
+    assert r.json()["type"] == "unauthorized"
+
+
+def test_upload_creates_a_queued_job(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    data = _frame(synth_dir)
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("frame_00.dng", data))],
+                    data={"sha256": hashlib.sha256(data).hexdigest(), "priority": "batch"})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["camera"] == "IQ3_S" and job["priority"] == "batch"
+    assert job["frames"] == [{"name": "frame_00.dng", "sha256": hashlib.sha256(data).hexdigest(),
+                              "bytes": len(data)}]
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth).json()["id"] == job["id"]
+    stored = [p for p in _storage_files() if p.name.endswith("frame_00.dng")]
+    assert len(stored) == 1 and stored[0].read_bytes() == data
+
+
+def test_stations_see_only_their_own_jobs(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    job = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))]).json()
+    other = _token("station-b")
+    assert client.get(f"/v1/jobs/{job['id']}", headers=other).status_code == 404
+    assert client.get("/v1/jobs", headers=other).json()["jobs"] == []
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=other).status_code == 404
+
+
+def test_list_pages_newest_first(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    ids = [client.post("/v1/jobs", headers=auth, files=[("frames", (f"{i}.dng", _frame(synth_dir)))]).json()["id"]
+           for i in range(5)]
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = client.get("/v1/jobs", headers=auth, params=params).json()
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == ids[::-1]
+    assert client.get("/v1/jobs", headers=auth, params={"status": "done"}).json()["jobs"] == []
+    assert client.get("/v1/jobs", headers=auth, params={"status": "bogus"}).status_code == 422
+    assert client.get("/v1/jobs", headers=auth, params={"cursor": "!!"}).status_code == 422
+
+
+def test_cancel(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    job = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))]).json()
+    r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth)
+    assert r.status_code == 409 and r.json()["type"] == "conflict"
+
+
+def _png_bytes() -> bytes:
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, np.zeros((8, 8, 3), np.uint8), photometric="rgb")
+    return buf.getvalue()
+
+
+BAD_UPLOADS = {
+    "text file": (lambda d: [("frames", ("notes.dng", b"this is not a raw file\n" * 100))], {}, 422,
+                  "not_a_raw_file"),
+    "plain rgb tiff": (lambda d: [("frames", ("image.tif", _png_bytes()))], {}, 422, "not_a_raw_file"),
+    "truncated dng": (lambda d: [("frames", ("cut.dng", d[: len(d) // 2]))], {}, 422, "not_a_raw_file"),
+    "wrong checksum": (lambda d: [("frames", ("a.dng", d))], {"sha256": "0" * 64}, 422, "checksum_mismatch"),
+    "unknown camera": (lambda d: [("frames", ("a.dng", d))], {"camera": "IQ9_Z"}, 422, "unknown_camera"),
+    "unknown recipe": (lambda d: [("frames", ("a.dng", d))], {"recipe": "jpeg8"}, 422, "invalid_input"),
+    "bad priority": (lambda d: [("frames", ("a.dng", d))], {"priority": "urgent"}, 422, "invalid_input"),
+    "stack for single-frame camera": (lambda d: [("frames", ("a.dng", d)), ("frames", ("b.dng", d))],
+                                      {"camera": "IQ3_S"}, 422, "invalid_input"),
+    "no frames": (lambda d: [("other", ("a.dng", d))], {}, 422, "invalid_input"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_UPLOADS))
+def test_bad_uploads_are_refused_cleanly(client: TestClient, auth: dict[str, str], synth_dir: Path,
+                                         case: str) -> None:
+    files, data, status, type_ = BAD_UPLOADS[case]
+    r = client.post("/v1/jobs", headers=auth, files=files(_frame(synth_dir)), data=data)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["type"] == type_ and body["detail"]
+    assert _storage_files() == []  # nothing half-written is left
+    assert _job_count(client, auth) == 0
+    assert client.get("/healthz").status_code == 200  # and the service keeps serving
+
+
+def test_oversized_upload_is_413(client: TestClient, auth: dict[str, str], synth_dir: Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(get_settings(), "max_upload_mb", 1)
+    data = _frame(synth_dir)
+    assert len(data) > 1 << 20
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("big.dng", data))])
+    assert r.status_code == 413 and r.json()["type"] == "upload_too_large"
+    assert _storage_files() == []
+    assert _job_count(client, auth) == 0
+
+
+def test_not_multipart_is_422(client: TestClient, auth: dict[str, str]) -> None:
+    r = client.post("/v1/jobs", headers={**auth, "Content-Type": "application/json"}, content=b"{}")
+    assert r.status_code == 422 and r.json()["type"] == "invalid_input"
+
+
+def test_unknown_job_and_output_are_404(client: TestClient, auth: dict[str, str]) -> None:
+    assert client.get("/v1/jobs/doesnotexist", headers=auth).json()["type"] == "not_found"
+    assert client.get("/v1/jobs/doesnotexist/outputs/x.tif", headers=auth).status_code == 404

@@ -1,0 +1,108 @@
+"""decode_raw: LibRaw in a child process; failures, crashes and hangs become RawDecodeError."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from services.raw import decode
+from services.raw.colour import as_shot_neutral
+from services.raw.decode import decode_raw
+from services.raw.dng import (
+    PHOTOMETRIC_CFA,
+    TAG_BLACK_LEVEL,
+    TAG_BLACK_LEVEL_REPEAT_DIM,
+    dng_tags,
+    write_dng,
+)
+from services.raw.errors import RawDecodeError
+from services.raw.meta import NoiseProfile, RawMeta
+from services.raw.synth import COLOR_MATRIX, synthesize_shot
+
+
+def test_decodes_synthetic_frame(tmp_path: Path) -> None:
+    shot = synthesize_shot("IQ2_XS", tmp_path / "shot", scale=0.02, frames=2, cfa="GRBG")
+    out = tmp_path / "frame.npy"
+    meta = decode_raw(shot.files[1], out)
+    pixels = np.load(out)
+    assert pixels.dtype == np.uint16 and pixels.flags.c_contiguous
+    assert pixels.shape == (meta.height, meta.width) == (146, 138)
+    assert meta.cfa == "GRBG"
+    assert meta.black_levels == (1024.0,) * 4 and meta.white_level == 65535.0
+    assert meta.color_matrix == tuple(tuple(row) for row in COLOR_MATRIX.tolist())
+    assert meta.as_shot_neutral == pytest.approx(tuple(as_shot_neutral(COLOR_MATRIX)), rel=1e-8)
+    assert (meta.make, meta.model) == ("Phase One", "IQ2_XS")
+    assert meta.noise_profile == NoiseProfile(shot=0.002, read=2e-6)
+    assert RawMeta.from_dict(meta.to_dict()) == meta
+    assert not (tmp_path / "frame.npy.part").exists()
+
+
+def test_exact_pixels_and_per_site_black_levels(tmp_path: Path) -> None:
+    """A 2x2 BlackLevel pattern maps to sites; pixels come back bit-exact."""
+    mosaic = np.random.default_rng(2).integers(0, 65535, (30, 42)).astype(np.uint16)
+    path, out = tmp_path / "x.dng", tmp_path / "x.npy"
+    write_dng(
+        path,
+        mosaic,
+        cfa="BGGR",
+        black_level=0,
+        white_level=65535,
+        color_matrix=COLOR_MATRIX,
+        as_shot_neutral=(0.5, 1.0, 0.8),
+        make="Test",
+        model="Pattern",
+    )
+    tags = [t for t in dng_tags(
+        cfa="BGGR", black_level=0, white_level=65535, color_matrix=COLOR_MATRIX,
+        as_shot_neutral=(0.5, 1.0, 0.8), make="Test", model="Pattern", noise_profile=None,
+    ) if t[0] not in (TAG_BLACK_LEVEL, TAG_BLACK_LEVEL_REPEAT_DIM)]  # fmt: skip
+    tags += [(TAG_BLACK_LEVEL_REPEAT_DIM, "H", 2, (2, 2), True), (TAG_BLACK_LEVEL, "I", 4, (510, 520, 530, 540), True)]
+    tifffile.imwrite(path, mosaic, photometric=PHOTOMETRIC_CFA, extratags=tags, metadata=None)
+    meta = decode_raw(path, out)
+    np.testing.assert_array_equal(np.load(out), mosaic)
+    assert meta.cfa == "BGGR"
+    assert meta.black_levels == (510.0, 520.0, 530.0, 540.0)
+    assert meta.as_shot_neutral == (0.5, 1.0, 0.8)
+    assert meta.noise_profile is None
+
+
+def test_truncated_dng_is_decode_error(tmp_path: Path) -> None:
+    shot = synthesize_shot("IQ3_S", tmp_path / "shot", scale=0.02)
+    data = shot.files[0].read_bytes()
+    cut = tmp_path / "cut.dng"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(RawDecodeError, match="^LibRaw: "):
+        decode_raw(cut, tmp_path / "cut.npy", timeout_s=60)
+    assert not (tmp_path / "cut.npy").exists()
+
+
+def test_text_file_is_decode_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a raw file\n" * 100)
+    with pytest.raises(RawDecodeError, match="^LibRaw: "):
+        decode_raw(path, tmp_path / "notes.npy", timeout_s=60)
+
+
+def test_crashing_child_becomes_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decode, "CHILD_COMMAND", [sys.executable, "-c", "import os; os.abort()"])
+    with pytest.raises(RawDecodeError, match=r"LibRaw crashed \(signal SIGABRT\)"):
+        decode_raw(tmp_path / "x.dng", tmp_path / "x.npy")
+
+
+def test_hanging_child_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decode, "CHILD_COMMAND", [sys.executable, "-c", "import time; time.sleep(60)"])
+    start = time.monotonic()
+    with pytest.raises(RawDecodeError, match="decode timed out after 1s"):
+        decode_raw(tmp_path / "x.dng", tmp_path / "x.npy", timeout_s=1.0)
+    assert time.monotonic() - start < 10
+
+
+def test_memory_limit_becomes_error(tmp_path: Path) -> None:
+    shot = synthesize_shot("IQ3_S", tmp_path / "shot", scale=0.02)
+    with pytest.raises(RawDecodeError, match=r"out of memory \(limit 64 MiB\)"):
+        decode_raw(shot.files[0], tmp_path / "x.npy", memory_mb=64)

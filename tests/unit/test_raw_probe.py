@@ -1,0 +1,131 @@
+"""probe_raw: accepts RAW signatures and sound TIFF RAWs, rejects everything else with BadRawFile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+from PIL import Image
+
+from services.raw.dng import PHOTOMETRIC_CFA, write_dng
+from services.raw.errors import BadRawFile
+from services.raw.probe import probe_raw
+from services.raw.synth import COLOR_MATRIX
+
+
+@pytest.fixture
+def dng(tmp_path: Path) -> Path:
+    path = tmp_path / "frame.dng"
+    mosaic = np.random.default_rng(0).integers(0, 65535, (40, 60)).astype(np.uint16)
+    write_dng(
+        path,
+        mosaic,
+        cfa="RGGB",
+        black_level=1024,
+        white_level=65535,
+        color_matrix=COLOR_MATRIX,
+        as_shot_neutral=(0.6, 1.0, 0.7),
+        make="Phase One",
+        model="IQ2_XS",
+    )
+    return path
+
+
+def test_accepts_dng(dng: Path) -> None:
+    probe = probe_raw(dng)
+    assert (probe.format, probe.make, probe.model, probe.width, probe.height) == (
+        "DNG",
+        "Phase One",
+        "IQ2_XS",
+        60,
+        40,
+    )
+
+
+def test_rejects_truncated_dng(dng: Path, tmp_path: Path) -> None:
+    data = dng.read_bytes()
+    cut = tmp_path / "cut.dng"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadRawFile, match="^truncated"):
+        probe_raw(cut)
+
+
+def test_rejects_tiff_header_only(tmp_path: Path) -> None:
+    path = tmp_path / "header.dng"
+    path.write_bytes(b"II*\x00\x00\x10\x00\x00")
+    with pytest.raises(BadRawFile, match="^truncated"):
+        probe_raw(path)
+
+
+def test_rejects_corrupt_ifd(tmp_path: Path) -> None:
+    path = tmp_path / "junk.dng"
+    path.write_bytes(b"II*\x00\x08\x00\x00\x00" + b"\xff" * 64)
+    with pytest.raises(BadRawFile):
+        probe_raw(path)
+
+
+def test_rejects_rgb_tiff(tmp_path: Path) -> None:
+    path = tmp_path / "photo.tif"
+    tifffile.imwrite(path, np.zeros((16, 16, 3), np.uint16), photometric="rgb")
+    with pytest.raises(BadRawFile, match="^not a RAW file"):
+        probe_raw(path)
+
+
+@pytest.mark.parametrize("suffix", ["png", "jpeg"])
+def test_rejects_ordinary_images(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"photo.{suffix}"
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(path)
+    with pytest.raises(BadRawFile, match="^not a RAW file"):
+        probe_raw(path)
+
+
+@pytest.mark.parametrize("content", [b"", b"hello, this is not a raw file\n"])
+def test_rejects_text_and_empty_files(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(BadRawFile, match="^not a RAW file"):
+        probe_raw(path)
+
+
+def test_missing_file_is_bad_raw(tmp_path: Path) -> None:
+    with pytest.raises(BadRawFile):
+        probe_raw(tmp_path / "nope.dng")
+
+
+def test_tiff_based_vendor_raw(tmp_path: Path) -> None:
+    path = tmp_path / "shot.nef"
+    tifffile.imwrite(
+        path,
+        np.zeros((24, 32), np.uint16),
+        photometric=PHOTOMETRIC_CFA,
+        extratags=[(271, "s", 0, "NIKON CORPORATION", True), (272, "s", 0, "NIKON D850", True)],
+    )
+    probe = probe_raw(path)
+    assert (probe.format, probe.make, probe.model, probe.width, probe.height) == (
+        "NEF",
+        "NIKON CORPORATION",
+        "NIKON D850",
+        32,
+        24,
+    )
+
+
+@pytest.mark.parametrize(
+    ("head", "fmt", "make"),
+    [
+        (b"FUJIFILMCCD-RAW 0201FF383501" + b"X-T5".ljust(32, b"\x00"), "RAF", "Fujifilm"),
+        (b"\x00\x00\x00\x18ftypcrx \x00\x00\x00\x01", "CR3", "Canon"),
+        (b"IIU\x00\x08\x00\x00\x00", "RW2", "Panasonic"),
+        (b"IIRO\x08\x00\x00\x00", "ORF", "Olympus"),
+        (b"MMOR\x00\x00\x00\x08", "ORF", "Olympus"),
+    ],
+)
+def test_recognises_other_raw_signatures(tmp_path: Path, head: bytes, fmt: str, make: str) -> None:
+    path = tmp_path / "shot.raw"
+    path.write_bytes(head + bytes(256))
+    probe = probe_raw(path)
+    assert (probe.format, probe.make, probe.width, probe.height) == (fmt, make, 0, 0)
+    if fmt == "RAF":
+        assert probe.model == "X-T5"

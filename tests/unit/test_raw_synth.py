@@ -1,0 +1,123 @@
+"""Synthetic shots: sizes, determinism, shifts, ground truth and the colour contract, read back by LibRaw."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rawpy
+import tifffile
+
+from services.raw import synth
+from services.raw.colour import camera_rgb_matrix, srgb_decode, srgb_encode
+from services.raw.dng import read_dng_tags
+from services.raw.synth import CAMERAS, shot_size, synthesize_shot
+
+SCALE = 0.02  # IQ3_S -> 154 x 206
+
+
+def test_shot_size_rounds_down_to_even() -> None:
+    assert shot_size("IQ3_S", 0.1) == (772, 1030)
+    assert shot_size("IQ2_XS", 0.1) == (690, 730)
+    assert shot_size("IQ3_S", 1.0) == CAMERAS["IQ3_S"]
+    with pytest.raises(ValueError):
+        shot_size("IQ4", 0.1)
+
+
+def test_iq3_single_frame_files(tmp_path: Path) -> None:
+    shot = synthesize_shot("IQ3_S", tmp_path, scale=SCALE)
+    width, height = shot_size("IQ3_S", SCALE)
+    assert [f.name for f in shot.files] == ["frame_00.dng"]
+    assert shot.shifts == [(0.0, 0.0)]
+    gt = tifffile.imread(shot.ground_truth)
+    linear = np.load(tmp_path / "ground_truth_linear.npy")
+    assert gt.shape == (height, width, 3) and gt.dtype == np.uint16
+    assert linear.shape == (height, width, 3) and linear.dtype == np.float32
+    assert linear.min() >= 0.0 and linear.max() <= 0.9
+    np.testing.assert_allclose(srgb_decode(gt / 65535.0), linear, atol=2e-4)
+    tags = read_dng_tags(shot.files[0])
+    assert tags is not None and (tags["make"], tags["model"]) == ("Phase One", "IQ3_S")
+    with rawpy.imread(str(shot.files[0])) as raw:
+        assert raw.raw_image_visible.shape == (height, width)
+    with pytest.raises(ValueError):
+        synthesize_shot("IQ3_S", tmp_path, scale=SCALE, frames=2)
+
+
+def test_iq2_stack_and_shifts(tmp_path: Path) -> None:
+    shot = synthesize_shot("IQ2_XS", tmp_path, scale=SCALE, frames=3, max_shift=1.0)
+    assert [f.name for f in shot.files] == ["frame_00.dng", "frame_01.dng", "frame_02.dng"]
+    assert shot.shifts[0] == (0.0, 0.0) and len(shot.shifts) == 3
+    assert all(abs(dy) <= 1.0 and abs(dx) <= 1.0 for dy, dx in shot.shifts)
+    assert len({s for s in shot.shifts}) == 3
+    tags = read_dng_tags(shot.files[2])
+    assert tags is not None and tags["model"] == "IQ2_XS"
+    assert tags["noise_profile"] == [0.002, synth.READ_NOISE_FACTOR * 0.002**2]
+    for bad in (1, 17):
+        with pytest.raises(ValueError):
+            synthesize_shot("IQ2_XS", tmp_path / "bad", scale=SCALE, frames=bad)
+
+
+def test_deterministic_from_seed(tmp_path: Path) -> None:
+    a = synthesize_shot("IQ2_XS", tmp_path / "a", scale=SCALE, frames=2, seed=7)
+    b = synthesize_shot("IQ2_XS", tmp_path / "b", scale=SCALE, frames=2, seed=7)
+    c = synthesize_shot("IQ2_XS", tmp_path / "c", scale=SCALE, frames=2, seed=8)
+    assert a.shifts == b.shifts != c.shifts
+    for fa, fb, fc in zip(a.files, b.files, c.files, strict=True):
+        assert fa.read_bytes() == fb.read_bytes() != fc.read_bytes()
+    assert a.ground_truth.read_bytes() == b.ground_truth.read_bytes()
+
+
+def test_renderer_shift_convention() -> None:
+    """frame_k(y, x) == frame_0(y - dy, x - dx): content moves by +shift."""
+    scene = synth._make_scene(np.random.default_rng(3), 64, 80)
+    base = synth._render(scene, 0.0, 0.0)
+    moved = synth._render(scene, 2.0, -3.0)
+    np.testing.assert_allclose(moved[2:, :-3], base[:-2, 3:], atol=1e-4)
+
+
+@pytest.mark.parametrize("cfa", ["RGGB", "GBRG"])
+def test_noise_free_shot_inverts_to_ground_truth(tmp_path: Path, cfa: str) -> None:
+    """gains = 1/neutral, rgb = inv(cam_rgb_n) @ (gains * c) recovers the linear truth (checked at CFA sites)."""
+    shot = synthesize_shot("IQ3_S", tmp_path, scale=SCALE, noise=0.0, cfa=cfa)
+    truth = np.load(tmp_path / "ground_truth_linear.npy").astype(np.float64)  # [H, W, 3]
+    tags = read_dng_tags(shot.files[0])
+    assert tags is not None
+    cam_rgb_n = camera_rgb_matrix(np.reshape(tags["color_matrix"], (3, 3)))
+    neutral = np.asarray(tags["as_shot_neutral"])
+    with rawpy.imread(str(shot.files[0])) as raw:
+        x = (raw.raw_image_visible - raw.black_level_per_channel[0]) / (raw.white_level - 1024.0)  # [H, W]
+        channel = np.array(["RGB".index(raw.color_desc.decode()[c]) for c in raw.raw_colors_visible.ravel()])
+    channel = channel.reshape(x.shape)
+    # White-balanced camera RGB of the truth, with the measured raw value substituted at each CFA site.
+    balanced = truth @ cam_rgb_n.T  # [H, W, 3]
+    site = np.take_along_axis(balanced, channel[..., None], axis=2)[..., 0]
+    measured = x / neutral[channel]  # gains * c
+    np.testing.assert_allclose(measured, site, atol=2e-5)  # 16-bit quantisation: 0.5 / 64511 / min(neutral)
+    np.put_along_axis(balanced, channel[..., None], measured[..., None], axis=2)
+    recovered = balanced @ np.linalg.inv(cam_rgb_n).T  # [H, W, 3]
+    np.testing.assert_allclose(recovered, truth, atol=1e-4)
+
+
+def test_noise_follows_profile(tmp_path: Path) -> None:
+    noise = 0.002
+    clean = synthesize_shot("IQ3_S", tmp_path / "clean", scale=SCALE, noise=0.0, seed=5)
+    noisy = synthesize_shot("IQ3_S", tmp_path / "noisy", scale=SCALE, noise=noise, seed=5)
+    with rawpy.imread(str(clean.files[0])) as a, rawpy.imread(str(noisy.files[0])) as b:
+        x = (a.raw_image_visible.astype(np.float64) - 1024) / (65535 - 1024)
+        y = (b.raw_image_visible.astype(np.float64) - 1024) / (65535 - 1024)
+    ratio = np.mean((y - x) ** 2) / np.mean(noise * x + synth.READ_NOISE_FACTOR * noise**2)
+    assert 0.9 < ratio < 1.1
+
+
+def test_srgb_curve_round_trip() -> None:
+    v = np.linspace(0, 1, 1001)
+    np.testing.assert_allclose(srgb_decode(srgb_encode(v)), v, atol=1e-12)
+    assert srgb_encode(np.array([0.0031308]))[0] == pytest.approx(0.04045, abs=1e-6)
+
+
+def test_tenth_scale_iq3_is_fast(tmp_path: Path) -> None:
+    start = time.perf_counter()
+    synthesize_shot("IQ3_S", tmp_path, scale=0.1)
+    assert time.perf_counter() - start < 3.0  # target < 2 s; slack for loaded CI machines

@@ -1,0 +1,43 @@
+"""The Celery application: queues, reliability settings, worker start-up hooks."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from services.config import Settings, get_settings
+
+COORDINATOR_QUEUE = "coordinator"
+GPU_QUEUE = "gpu"
+# Redis transport: priority 0 is served first.
+PRIORITIES = {"interactive": 0, "batch": 6}
+
+
+def broker_url(settings: Settings) -> str:
+    return settings.redis_url or "redis://127.0.0.1:6379/0"
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("strata", broker=broker_url(settings), include=["workers.tasks"])
+    app.conf.update(
+        task_ignore_result=True,
+        task_acks_late=True,  # a task lost with its worker is delivered again
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=COORDINATOR_QUEUE,
+        task_default_priority=PRIORITIES["interactive"],
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "priority_steps": list(range(10)),
+            "sep": ":",
+            "queue_order_strategy": "priority",
+        },
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+    )
+    return app
+
+
+celery_app = make_celery(get_settings())

