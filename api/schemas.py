@@ -33,6 +33,13 @@ class OutputOut(BaseModel):
     bytes: int
 
 
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    """Timestamps are UTC; SQLite hands them back naive."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=dt.UTC)
+
+
 class JobOut(BaseModel):
     id: str
     status: str = Field(description="queued | running | done | failed | cancelled")
@@ -53,8 +60,8 @@ class JobOut(BaseModel):
     def of(cls, job: Job) -> JobOut:
         return cls(
             id=job.id, status=job.status, camera=job.camera, recipe=job.recipe, priority=job.priority,
-            progress=round(min(max(job.progress, 0.0), 1.0), 4), stage=job.stage, created_at=job.created_at,
-            started_at=job.started_at, finished_at=job.finished_at,
+            progress=round(min(max(job.progress, 0.0), 1.0), 4), stage=job.stage,
+            created_at=_utc(job.created_at), started_at=_utc(job.started_at), finished_at=_utc(job.finished_at),
             frames=[FrameOut(name=f.name, sha256=f.sha256, bytes=f.bytes) for f in job.frames],
             shards=[ShardOut(index=s.index, phase=s.phase, kind=s.kind, worker=s.worker, gpu=s.gpu, status=s.status,
                              attempts=s.attempts, seconds=s.seconds) for s in job.shards],

@@ -25,13 +25,14 @@ console = Console(stderr=True)
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]
 
 
-def _use_data_dir(data_dir: Path | None) -> Path:
+def _use_data_dir(data_dir: Path | None, create: bool = True) -> Path:
     """Point the settings (and every child process) at ``data_dir``."""
     if data_dir is not None:
         os.environ["STRATA_DATA_DIR"] = str(data_dir.resolve())
         get_settings.cache_clear()
     settings = get_settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if create:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
     return settings.data_dir
 
 
@@ -71,6 +72,29 @@ def token_create(
         raise _fail(exc.detail) from exc
     console.print(f"station {station!r}: keep this token, it is not shown again")
     print(token)
+
+
+LOCAL_SERVICE_FILE = Path.home() / ".config" / "strata" / "local-service.json"
+
+
+def _remember_local_service(api_url: str, token_file: Path) -> None:
+    """Let `strata submit` from any directory on this machine find the embedded service and its token."""
+    import json
+
+    try:
+        LOCAL_SERVICE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        LOCAL_SERVICE_FILE.write_text(json.dumps({"api_url": api_url, "token_file": str(token_file.resolve())}))
+    except OSError:
+        pass
+
+
+def _local_service() -> dict[str, str]:
+    import json
+
+    try:
+        return dict(json.loads(LOCAL_SERVICE_FILE.read_text()))
+    except (OSError, ValueError):
+        return {}
 
 
 def ensure_local_token() -> Path:
@@ -132,6 +156,7 @@ def serve(
     sup = Supervisor(specs, log_dir=data / "logs")
     sup.start()
     url = f"http://{host}:{port}"
+    _remember_local_service(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}", token_path)
     console.print(f"Strata API on {url} (docs at {url}/docs); logs in {data / 'logs'}")
     console.print(f"local station token: {token_path}")
     ready = False
@@ -230,11 +255,15 @@ def submit(
     """Upload a shot with a progress bar, wait for it, download the TIFF(s)."""
     from cli.client import SubmitError, submit_shot
 
-    _use_data_dir(data_dir)
+    _use_data_dir(data_dir, create=False)
     settings = get_settings()
+    local = _local_service()
     tok = token or settings.token
     if not tok and settings.token_file.exists():
         tok = settings.token_file.read_text().strip()
+    if not tok and local.get("token_file") and Path(local["token_file"]).exists():
+        tok = Path(local["token_file"]).read_text().strip()
+        api = api or (None if "api_url" in settings.model_fields_set else local.get("api_url"))
     if not tok:
         raise _fail(f"no token: pass --token, set STRATA_TOKEN, or run `strata serve` (it writes "
                     f"{settings.token_file})")

@@ -28,6 +28,9 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout_s,
+            # Sweep for messages of dead workers often enough that redelivery follows the timeout closely.
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 3)),
+            "unacked_restore_throttle": 1,
             "priority_steps": list(range(10)),
             "sep": ":",
             "queue_order_strategy": "priority",

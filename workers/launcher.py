@@ -70,6 +70,16 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
     return specs
 
 
+def _die_with_parent() -> None:
+    """Child side of fork: ask Linux to SIGTERM this process when its supervisor dies (no orphaned workers)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class Supervisor:
     """Runs child processes, restarts one that dies (with back-off), stops them all on request."""
 
@@ -90,7 +100,7 @@ class Supervisor:
             out = open(self.log_dir / f"{spec.name.split('@')[0]}.log", "ab")  # noqa: SIM115 - owned by child
         self.procs[spec.name] = subprocess.Popen(spec.argv, env={**self.base_env, **spec.env}, stdout=out,
                                                  stderr=subprocess.STDOUT if out else None,
-                                                 start_new_session=True)
+                                                 start_new_session=True, preexec_fn=_die_with_parent)
         log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
 
     def start(self) -> None:

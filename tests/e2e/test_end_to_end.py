@@ -201,27 +201,18 @@ def test_range_download(stack: Stack, shots: dict[str, list[Path]]) -> None:
     assert bad.status_code == 416 and bad.json()["type"] == "range_not_satisfiable"
 
 
-def test_decoder_crash_fails_the_job_not_the_worker(stack: Stack, tmp_path: Path, shots: dict[str, list[Path]]
-                                                    ) -> None:
-    """A file that passes the upload check but that LibRaw cannot decode fails its job with a reason."""
-    import struct
-
-    good = shots["IQ3_S"][0].read_bytes()
-    # Corrupt the pixel data's strip offset to point into the header: a structurally valid TIFF whose
-    # CFA image LibRaw cannot make sense of; the coordinator must survive and report it.
-    bad = tmp_path / "odd.dng"
-    data = bytearray(good)
+def test_undecodable_raw_fails_the_job_with_a_reason(stack: Stack, tmp_path: Path, shots: dict[str, list[Path]]
+                                                     ) -> None:
+    """A DNG that passes the upload check but that LibRaw cannot render fails its job; workers keep serving."""
+    bad = tmp_path / "bad_cfa.dng"
+    data = bytearray(shots["IQ3_S"][0].read_bytes())
     with tifffile.TiffFile(shots["IQ3_S"][0]) as tif:
-        page = tif.pages[0]
-        width_tag = page.tags["ImageWidth"]
-        offset = width_tag.valueoffset
-        data[offset:offset + 4] = struct.pack("<I", 1)
+        tag = tif.pages[0].tags["CFAPattern"]
+        data[tag.valueoffset:tag.valueoffset + 4] = bytes([9, 9, 9, 9])  # colours that do not exist
     bad.write_bytes(bytes(data))
     job = _wait(stack, _submit(stack, [bad])["id"])
-    assert job["status"] in ("failed", "done")
-    if job["status"] == "failed":
-        assert job["error"]
-    # The workers keep serving.
+    assert job["status"] == "failed"
+    assert job["error"].startswith("decode failed:") and "sensor layout" in job["error"]
     again = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
     assert again["status"] == "done"
 

@@ -1,0 +1,88 @@
+"""Planner, camera profiles, recipes and local storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.errors import BadInput, UnknownCamera
+from services.export.recipes import get_recipe
+from services.jobs.cameras import resolve_camera
+from services.jobs.planner import parse_split_ratio, plan_frame_groups, plan_strips, strip_count
+from services.storage.local import LocalStorage
+
+
+@pytest.mark.parametrize("height,n", [(1030, 4), (10304, 8), (7, 3), (2, 5), (1288, 1), (999, 7)])
+def test_strips_cover_the_frame_on_even_cuts(height: int, n: int) -> None:
+    strips = plan_strips(height, n)
+    assert strips[0][0] == 0 and strips[-1][1] == height
+    assert all(a[1] == b[0] for a, b in zip(strips, strips[1:], strict=False))
+    assert all(y0 % 2 == 0 and y1 > y0 for y0, y1 in strips)
+    assert len(strips) == min(n, height // 2)
+
+
+def test_seed_split_is_eight_strips_of_1288_rows() -> None:
+    n = strip_count(10304, 1288, n_workers=2, per_worker=2)
+    assert n == 8 and {y1 - y0 for y0, y1 in plan_strips(10304, n)} == {1288}
+
+
+def test_split_ratio_sizes_strips_and_groups() -> None:
+    ratios = parse_split_ratio("0.6, 0.4")
+    assert ratios == pytest.approx([0.6, 0.4])
+    (a0, a1), (b0, b1) = plan_strips(10304, 2, ratios)
+    assert (a1 - a0) == 6182 and (b1 - b0) == 4122
+    assert plan_frame_groups(8, 2, [0.5, 0.5]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert plan_frame_groups(8, 2, ratios) == [[0, 1, 2, 3, 4], [5, 6, 7]]
+
+
+@pytest.mark.parametrize("text", ["a,b", "0.5,-1", "0", "nan,1"])
+def test_bad_split_ratio(text: str) -> None:
+    with pytest.raises(BadInput):
+        parse_split_ratio(text)
+
+
+def test_frame_groups_never_cut_frames_and_keep_the_reference_first() -> None:
+    for n_frames in range(2, 17):
+        for n_groups in range(1, 6):
+            groups = plan_frame_groups(n_frames, n_groups)
+            assert sorted(i for g in groups for i in g) == list(range(n_frames))
+            assert groups[0][0] == 0 and len(groups) == min(n_frames, n_groups)
+
+
+def test_camera_resolution() -> None:
+    assert resolve_camera(None, ["Phase One IQ3_S"], 1).name == "IQ3_S"
+    assert resolve_camera(None, ["Phase One IQ2_XS"] * 4, 4).name == "IQ2_XS"
+    assert resolve_camera(None, ["Canon EOS R5"], 1).name == "IQ3_S"  # other backs: by frame count
+    assert resolve_camera(None, ["Canon EOS R5"] * 3, 3).name == "IQ2_XS"
+    assert resolve_camera("iq2_xs", [""] * 2, 2).name == "IQ2_XS"
+    with pytest.raises(UnknownCamera):
+        resolve_camera("IQ4", [""], 1)
+    with pytest.raises(BadInput, match="takes 1 frame"):
+        resolve_camera("IQ3_S", ["", ""], 2)
+    with pytest.raises(BadInput, match="2-16"):
+        resolve_camera("IQ2_XS", [""] * 17, 17)
+
+
+def test_recipes() -> None:
+    assert get_recipe(None).name == "tiff16"
+    with pytest.raises(BadInput, match="unknown recipe"):
+        get_recipe("png8")
+
+
+def test_local_storage_is_atomic(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    with pytest.raises(RuntimeError), storage.writer("jobs/a/x.bin") as f:
+        f.write(b"partial")
+        raise RuntimeError("crash mid-write")
+    assert not storage.exists("jobs/a/x.bin")
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    storage.save_array("jobs/a/arr.npy", np.arange(12, dtype=np.uint16).reshape(3, 4))
+    loaded = storage.load_array("jobs/a/arr.npy")
+    assert isinstance(loaded, np.memmap) and loaded[2, 3] == 11
+    assert b"".join(storage.iter_chunks("jobs/a/arr.npy", 0, 6, chunk=4)) == storage.open("jobs/a/arr.npy").read(6)
+    with pytest.raises(ValueError):
+        storage.exists("../escape")
+    storage.delete_prefix("jobs/a")
+    assert not storage.exists("jobs/a/arr.npy")
