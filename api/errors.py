@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from services.errors import StrataError
+from services.errors import RangeNotSatisfiable, StrataError
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StrataError)
     async def _strata(_: Request, exc: StrataError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if isinstance(exc, RangeNotSatisfiable):
+            headers = {"Content-Range": f"bytes */{exc.size}"}
         return _body(exc.type, exc.detail, exc.status_code, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -22,7 +22,6 @@ class Settings(BaseSettings):
     # Uploads
     max_upload_mb: int = Field(default=2048, description="Per-file upload limit in MiB.")
     max_frames: int = 16
-    upload_chunk_bytes: int = 1 << 20
 
     # Decode sandbox
     decode_timeout_s: float = 300.0
@@ -31,6 +30,7 @@ class Settings(BaseSettings):
     # Queue
     visibility_timeout_s: int = Field(default=600, description="Unacked task redelivery after a worker dies.")
     shard_max_retries: int = 3
+    reconcile_interval_s: float = Field(default=15.0, description="Coordinator's lost-work sweep; 0 = off.")
     worker_heartbeat_s: float = 5.0
     gpu_ids: str | None = Field(
         default=None,
@@ -51,7 +51,6 @@ class Settings(BaseSettings):
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")
-    tiff_compression: str = "zstd"
 
     # Failure drills: an artificial pause inside every shard, so a worker can be killed mid-shard.
     fault_shard_delay_s: float = 0.0

@@ -54,3 +54,7 @@ class Conflict(StrataError):
 class RangeNotSatisfiable(StrataError):
     status_code = 416
     type = "range_not_satisfiable"
+
+    def __init__(self, detail: str, size: int) -> None:
+        super().__init__(detail)
+        self.size = size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,10 +71,8 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        try:
+        with contextlib.suppress(redis.RedisError):
             self.client.delete(PREFIX + self.info.name)
-        except redis.RedisError:
-            pass
 
 
 def this_host() -> str:

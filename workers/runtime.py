@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 
 from services.config import get_settings
@@ -22,6 +23,7 @@ class WorkerContext:
 
 
 _ctx: WorkerContext | None = None
+_stopping = threading.Event()
 _heartbeat: Heartbeat | None = None
 
 
@@ -30,12 +32,18 @@ def own_queue(name: str) -> str:
 
 
 def pick_device(gpu: str) -> str:
-    """The torch device of a worker pinned with CUDA_VISIBLE_DEVICES: its one GPU, or the CPU."""
+    """The torch device of a worker pinned with CUDA_VISIBLE_DEVICES: its one GPU, or the CPU for a CPU worker.
+
+    A worker pinned to a GPU that CUDA cannot see refuses to start rather than quietly computing on the CPU.
+    """
     import torch
 
-    if gpu != "cpu" and torch.cuda.is_available():
-        return "cuda:0"
-    return "cpu"
+    if gpu == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"worker pinned to GPU {gpu} but CUDA sees no device (CUDA_VISIBLE_DEVICES="
+                           f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}); refusing to fall back to the CPU")
+    return "cuda:0"
 
 
 def _configure_torch(kind: str, device: str) -> None:
@@ -79,9 +87,23 @@ def start(name: str) -> None:
                       pid=os.getpid())
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s)
     _heartbeat.start()
+    if kind == "coordinator" and settings.reconcile_interval_s > 0:
+        threading.Thread(target=_reconcile_loop, args=(settings.reconcile_interval_s,), name="strata-reconcile",
+                         daemon=True).start()
+
+
+def _reconcile_loop(interval: float) -> None:
+    from workers.tasks import reconcile_once
+
+    while not _stopping.wait(interval):
+        try:
+            reconcile_once()
+        except Exception:  # noqa: BLE001 - the next pass tries again
+            log.exception("reconcile pass failed")
 
 
 def stop() -> None:
+    _stopping.set()
     if _heartbeat is not None:
         _heartbeat.stop()
 

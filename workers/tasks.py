@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from celery import Task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from services.config import get_settings
 from services.db.session import reset_engine, session_scope
@@ -14,7 +16,7 @@ from services.jobs import flow
 from services.storage import get_storage
 from workers import runtime
 from workers.app import COORDINATOR_QUEUE, PRIORITIES, broker_url, celery_app
-from workers.registry import live_workers, redis_client
+from workers.registry import live_workers, queue_depths, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +45,25 @@ def enqueue_ingest(job_id: str, priority: str) -> None:
 def _fail(job_id: str, step: str, exc: BaseException) -> None:
     log.exception("%s of job %s failed", step, job_id)
     with session_scope() as session:
-        flow.fail_job(session, job_id, f"{step} failed: {exc}")
+        flow.fail_job(session, job_id, f"{step} failed: {exc}", get_storage())
 
 
-@celery_app.task(name="strata.ingest")
+# The database or broker being briefly away is no reason to fail a job: such tasks are retried with back-off
+# (and the coordinator's reconciler re-dispatches anything still lost afterwards).
+TRANSIENT = (OperationalError, InterfaceError, redis.ConnectionError)
+RETRY = {"autoretry_for": TRANSIENT, "retry_backoff": 2, "retry_backoff_max": 60, "max_retries": 20}
+
+
+@celery_app.task(name="strata.ingest", **RETRY)
 def ingest(job_id: str) -> None:
     settings = get_settings()
     try:
         with session_scope() as session:
             tickets = flow.ingest_job(session, get_storage(), settings, job_id, runtime.gpu_worker_count())
-    except NotFound:
-        return
+    except (NotFound, *TRANSIENT) as exc:
+        if isinstance(exc, NotFound):
+            return
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure ends the job with its reason
         _fail(job_id, "ingest", exc)
         return
@@ -70,11 +80,14 @@ def run_shard(self: Task, shard_id: int) -> None:
                                      device=ctx.device, delay_s=settings.fault_shard_delay_s)
     except NotFound:
         return
+    except TRANSIENT as exc:
+        raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 60), max_retries=20) from exc
     except Exception as exc:  # noqa: BLE001 - retried a bounded number of times, then the job fails
         final = self.request.retries >= settings.shard_max_retries
         log.exception("shard %s failed (attempt %d)", shard_id, self.request.retries + 1)
         with session_scope() as session:
-            flow.record_shard_failure(session, shard_id, f"{type(exc).__name__}: {exc}", final=final)
+            flow.record_shard_failure(session, shard_id, f"{type(exc).__name__}: {exc}", final=final,
+                                      storage=get_storage())
         if not final:
             raise self.retry(exc=exc, countdown=1) from exc
         return
@@ -82,17 +95,45 @@ def run_shard(self: Task, shard_id: int) -> None:
         dispatch_advance(outcome.job_id, outcome.priority)
 
 
-@celery_app.task(name="strata.advance")
+@celery_app.task(name="strata.advance", **RETRY)
 def advance(job_id: str) -> None:
     try:
         with session_scope() as session:
             tickets = flow.advance_job(session, get_storage(), get_settings(), job_id)
-    except NotFound:
-        return
+    except (NotFound, *TRANSIENT) as exc:
+        if isinstance(exc, NotFound):
+            return
+        raise
     except Exception as exc:  # noqa: BLE001
         _fail(job_id, "advance", exc)
         return
     dispatch_shards(tickets)
+
+
+def reconcile_once() -> flow.Repairs | None:
+    """One reconciliation pass (one coordinator at a time, through a Redis lock): re-dispatch lost work."""
+    settings = get_settings()
+    client = redis_client(broker_url(settings))
+    if not client.set("strata:reconcile-lock", runtime.context().name, nx=True, ex=30):
+        return None
+    try:
+        alive = {w.name for w in live_workers(client, "gpu")}
+        backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
+        with session_scope() as session:
+            repairs = flow.reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
+                                     stale_after_s=max(settings.visibility_timeout_s, 30))
+        for job_id, priority in repairs.ingest:
+            log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
+            enqueue_ingest(job_id, priority)
+        if repairs.shards:
+            log.warning("reconcile: re-dispatching %d lost shard(s)", len(repairs.shards))
+            dispatch_shards(repairs.shards)
+        for job_id, priority in repairs.advance:
+            log.warning("reconcile: advancing stalled job %s", job_id)
+            dispatch_advance(job_id, priority)
+        return repairs
+    finally:
+        client.delete("strata:reconcile-lock")
 
 
 @worker_process_init.connect

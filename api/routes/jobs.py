@@ -16,6 +16,7 @@ from services.config import get_settings
 from services.db.models import new_id
 from services.errors import BadInput, NotARawFile, RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
+from services.jobs.flow import remove_intermediates
 from services.raw.errors import BadRawFile
 from services.raw.probe import probe_raw
 from services.storage import get_storage
@@ -113,7 +114,9 @@ def get_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS, summary="Cancel a job")
 def cancel_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
-    return JobOut.of(service.cancel_job(session, station, job_id))
+    job = service.cancel_job(session, station, job_id)
+    remove_intermediates(get_storage(), job.id)
+    return JobOut.of(job)
 
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -123,21 +126,22 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
     """A single ``bytes=a-b`` range as [start, end)."""
     m = _RANGE.match(header.strip())
     if not m or (not m.group(1) and not m.group(2)):
-        raise RangeNotSatisfiable(f"unsupported Range {header!r}; use one bytes=start-end range")
+        raise RangeNotSatisfiable(f"unsupported Range {header!r}; use one bytes=start-end range", size)
     if m.group(1):
         start = int(m.group(1))
         end = min(int(m.group(2)) + 1, size) if m.group(2) else size
     else:
         start, end = max(size - int(m.group(2)), 0), size
     if start >= size or start >= end:
-        raise RangeNotSatisfiable(f"range {header!r} is outside the {size}-byte output")
+        raise RangeNotSatisfiable(f"range {header!r} is outside the {size}-byte output", size)
     return start, end
 
 
-@router.get("/{job_id}/outputs/{name}", responses={**ERRORS, 200: {"content": {"image/tiff": {}}}},
-            response_class=Response, summary="Download an output (Range supported)")
+@router.api_route("/{job_id}/outputs/{name}", methods=["GET", "HEAD"],
+                  responses={**ERRORS, 200: {"content": {"image/tiff": {}}}},
+                  response_class=Response, summary="Download an output (Range supported)")
 def download_output(
-    job_id: str, name: str, session: SessionDep, station: StationDep,
+    job_id: str, name: str, request: Request, session: SessionDep, station: StationDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,
 ) -> Response:
     out = service.output_of(service.get_job(session, station, job_id), name)
@@ -145,6 +149,9 @@ def download_output(
     size = storage.size(out.storage_key)
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{out.sha256}"',
                "Content-Disposition": f'attachment; filename="{out.name}"'}
+    if request.method == "HEAD":
+        headers["Content-Length"] = str(size)
+        return Response(status_code=200, media_type=out.media_type, headers=headers)
     if range_header:
         start, end = _parse_range(range_header, size)
         headers.update({"Content-Range": f"bytes {start}-{end - 1}/{size}", "Content-Length": str(end - start)})

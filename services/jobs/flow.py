@@ -74,14 +74,22 @@ def _load_job(session: Session, job_id: str, *, lock: bool = False) -> Job:
     return job
 
 
-def fail_job(session: Session, job_id: str, reason: str) -> None:
-    """Mark a job failed with a reason (no-op when it already ended)."""
+def fail_job(session: Session, job_id: str, reason: str, storage: Storage | None = None) -> None:
+    """Mark a job failed with a reason (no-op when it already ended) and drop its intermediate arrays."""
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(ACTIVE))
         .values(status="failed", error=reason, stage="failed", finished_at=utcnow())
     )
     session.commit()
+    if storage is not None:
+        remove_intermediates(storage, job_id)
+
+
+def remove_intermediates(storage: Storage, job_id: str) -> None:
+    """Delete decoded frames, shard results and fused arrays; uploads and outputs stay."""
+    for prefix in ("raw", "fused.npy", "p0", "p1", "p2", "p3"):
+        storage.delete_prefix(f"jobs/{job_id}/{prefix}")
 
 
 # --------------------------------------------------------------------------------------------- ingest
@@ -124,13 +132,13 @@ def ingest_job(
     try:
         metas = _decode_frames(job, storage, settings)
     except RawError as exc:
-        fail_job(session, job_id, f"decode failed: {exc.reason}")
+        fail_job(session, job_id, f"decode failed: {exc.reason}", storage)
         return []
     ref = metas[0]
     for i, m in enumerate(metas[1:], start=1):
         if (m.width, m.height, m.cfa) != (ref.width, ref.height, ref.cfa):
             fail_job(session, job_id, f"frame {i} ({m.width}x{m.height} {m.cfa}) does not match frame 0 "
-                                      f"({ref.width}x{ref.height} {ref.cfa})")
+                                      f"({ref.width}x{ref.height} {ref.cfa})", storage)
             return []
 
     params = shot_render_params(ref, storage.load_array(raw_key(job_id, 0)))
@@ -144,9 +152,14 @@ def ingest_job(
     else:
         plan.append({"kind": "strip", "source": raw_key(job_id, 0), "normalized": False, "noise_scale": 1.0})
 
-    job = _load_job(session, job_id)
-    if job.status not in ACTIVE or job.phase >= 0:
+    # Claim the plan with a conditional UPDATE: a duplicate ingest (redelivered while this one ran) loses here.
+    claimed = session.execute(
+        update(Job).where(Job.id == job_id, Job.phase == -1, Job.status.in_(ACTIVE)).values(phase=0)
+    ).rowcount
+    if not claimed:
+        session.rollback()
         return []
+    job = _load_job(session, job_id)
     job.params = {
         **job.params,
         "frames": {str(i): m.to_dict() for i, m in enumerate(metas)},
@@ -158,7 +171,6 @@ def ingest_job(
     }
     shards = _plan_phase(job, 0, n_workers, ratios, settings)
     session.add_all(shards)
-    job.phase = 0
     job.stage = "aligning" if plan[0]["kind"] == "frame_group" else "enhancing"
     job.progress = DECODE_SHARE
     session.commit()
@@ -251,7 +263,8 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
     return ShardOutcome(job.id, job.priority, done == total)
 
 
-def record_shard_failure(session: Session, shard_id: int, reason: str, *, final: bool) -> None:
+def record_shard_failure(session: Session, shard_id: int, reason: str, *, final: bool,
+                         storage: Storage | None = None) -> None:
     """Note a failed attempt; after the last one the shard and its job fail with the reason."""
     shard = session.get(Shard, shard_id)
     if shard is None:
@@ -260,7 +273,8 @@ def record_shard_failure(session: Session, shard_id: int, reason: str, *, final:
     if final:
         shard.status = "failed"
         session.commit()
-        fail_job(session, shard.job_id, f"shard {shard.phase}/{shard.index} ({shard.kind}) failed: {reason}")
+        fail_job(session, shard.job_id, f"shard {shard.phase}/{shard.index} ({shard.kind}) failed: {reason}",
+                 storage)
     else:
         shard.status = "pending"
         session.commit()
@@ -337,16 +351,64 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     existing = session.scalars(select(Output).where(Output.job_id == job_id, Output.name == name)).one_or_none()
     if existing is None:
         session.add(Output(job_id=job_id, name=name, storage_key=key, sha256=sha, bytes=size))
-    else:
+    else:  # a finalize that was interrupted after recording the output: same bytes, same row
         existing.sha256, existing.bytes = sha, size
     session.execute(
         update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
         .values(status="done", stage="done", progress=1.0, finished_at=utcnow())
     )
     session.commit()
-    for prefix in ("raw", "fused.npy", *(f"p{p}" for p in range(last + 1))):
-        storage.delete_prefix(f"jobs/{job_id}/{prefix}")
+    remove_intermediates(storage, job_id)
     log.info("job %s done: %s (%d bytes)", job_id, name, size)
+
+
+# --------------------------------------------------------------------------------------------- reconcile
+
+
+@dataclass
+class Repairs:
+    """Work the reconciler found lost (a message dropped, a worker gone) and re-dispatches."""
+
+    ingest: list[tuple[str, str]]  # (job id, priority)
+    shards: list[ShardTicket]
+    advance: list[tuple[str, str]]
+
+
+def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog: int, stale_after_s: float
+              ) -> Repairs:
+    """Find work that no message will ever deliver again and say what to re-dispatch.
+
+    Everything it returns is idempotent to run twice, so a duplicate of a message still in flight is harmless:
+    - shards marked running on a worker whose heartbeat is gone (redelivered to the shared GPU queue);
+    - shards pinned to a worker's own queue (split_ratio) whose worker is gone;
+    - running jobs whose current phase is complete but that did not advance;
+    - queued jobs never ingested while the coordinator queue is empty (their message was lost).
+    """
+    now = utcnow()
+    stale = now - dt.timedelta(seconds=stale_after_s)
+    repairs = Repairs([], [], [])
+    jobs = session.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
+    for job in jobs:
+        created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=dt.UTC)
+        if job.status == "queued" and job.phase < 0:
+            if coordinator_backlog == 0 and created < stale:
+                repairs.ingest.append((job.id, job.priority))
+            continue
+        if job.phase < 0 or job.phase >= len(job.params.get("plan", [])):
+            continue
+        shards = [s for s in job.shards if s.phase == job.phase]
+        if shards and all(s.status == "done" for s in shards):
+            last = max((s.finished_at for s in shards if s.finished_at), default=None)
+            if last is not None and (last if last.tzinfo else last.replace(tzinfo=dt.UTC)) < stale:
+                repairs.advance.append((job.id, job.priority))
+            continue
+        for s in shards:
+            lost_runner = s.status == "running" and s.worker not in alive_workers
+            lost_pin = s.status == "pending" and s.payload.get("gpu_slot") is not None
+            started = s.started_at or created
+            if (lost_runner or lost_pin) and (started if started.tzinfo else started.replace(tzinfo=dt.UTC)) < stale:
+                repairs.shards.append(ShardTicket(s.id, job.priority, None))
+    return repairs
 
 
 def elapsed(job: Job) -> float | None:

@@ -199,6 +199,9 @@ def test_range_download(stack: Stack, shots: dict[str, list[Path]]) -> None:
     assert tail.content == full[-10:]
     bad = httpx.get(url, headers={**stack.headers, "Range": f"bytes={len(full) + 5}-"})
     assert bad.status_code == 416 and bad.json()["type"] == "range_not_satisfiable"
+    assert bad.headers["content-range"] == f"bytes */{len(full)}"
+    head = httpx.head(url, headers=stack.headers)
+    assert head.status_code == 200 and int(head.headers["content-length"]) == len(full) and not head.content
 
 
 def test_undecodable_raw_fails_the_job_with_a_reason(stack: Stack, tmp_path: Path, shots: dict[str, list[Path]]
