@@ -81,7 +81,7 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
         console.print(f"job {job['id']} queued ({job['camera']}, {len(job['frames'])} frame(s))")
         if not wait:
             return []
-        bar = progress.add_task("render", total=1.0)
+        bar = progress.add_task("render", total=None)
         deadline = time.monotonic() + timeout
         while job["status"] in ("queued", "running"):
             if time.monotonic() > deadline:
@@ -91,7 +91,7 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
             if r.status_code != 200:
                 raise _error(r)
             job = r.json()
-            progress.update(bar, completed=job["progress"], description=f"render: {job['stage']}")
+            progress.update(bar, description=f"render: {job['stage']} {job['progress']:.0%}")
         if job["status"] != "done":
             raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
         out_dir.mkdir(parents=True, exist_ok=True)
