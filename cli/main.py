@@ -223,16 +223,26 @@ def synth(
     scale: Annotated[float, typer.Option(help="Linear size relative to the real sensor.")] = 0.1,
     frames: Annotated[int | None, typer.Option(help="Frames in a stack (IQ2_XS, default 4).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    noise: Annotated[float, typer.Option(help="Shot-noise level (0 = noise-free).")] = 0.002,
+    noise: Annotated[str, typer.Option(help="none|low|mid|high or a shot-noise number (0 = noise-free).")] = "low",
     cfa: Annotated[str, typer.Option(help="RGGB, BGGR, GRBG or GBRG.")] = "RGGB",
+    content: Annotated[str, typer.Option(help="dead_leaves, photo:NNN, skimage:NAME or an image path.")]
+    = "dead_leaves",
+    space: Annotated[str, typer.Option(help="Ground truth's output space: srgb, adobergb, prophoto, linear.")]
+    = "srgb",
+    photos_dir: Annotated[Path | None, typer.Option(help="Folder of photo:NNN images.")] = None,
 ) -> None:
     """Write realistic synthetic DNGs plus the ground truth they were made from."""
     from services.raw.synth import synthesize_shot
 
     try:
-        shot = synthesize_shot(camera.upper(), out, scale=scale, frames=frames, seed=seed, noise=noise,
-                               cfa=cfa.upper())
-    except ValueError as exc:
+        level: str | float = float(noise)
+    except ValueError:
+        level = noise
+    try:
+        shot = synthesize_shot(camera.upper(), out, scale=scale, frames=frames, seed=seed, noise=level,
+                               cfa=cfa.upper(), content=content, space=space,
+                               **({"photos_dir": photos_dir} if photos_dir else {}))
+    except (ValueError, FileNotFoundError) as exc:
         raise _fail(str(exc), 2) from exc
     for f in shot.files:
         print(f)

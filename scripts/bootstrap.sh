@@ -10,4 +10,4 @@ fi
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # The CPU build of torch: the pinned wheel where this machine has it, else the default index.
 python -c "import torch" 2>/dev/null || pip install -q torch==2.13.0 || pip install -q torch
-pip install -q -e ".[dev]"
+pip install -q -e ".[dev,train]"

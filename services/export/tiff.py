@@ -14,14 +14,16 @@ from services.storage import Storage
 TILE = 256
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def icc_profile(colour_space: str) -> bytes:
-    """ICC profile bytes for an output colour space."""
+    """ICC profile bytes for an output colour space: lcms's built-in sRGB via Pillow, else our v2 builder."""
     from PIL import ImageCms
 
-    if colour_space != "srgb":
-        raise ValueError(f"no ICC profile for colour space {colour_space!r}")
-    return bytes(ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes())
+    from services.export.icc import build_icc_profile
+
+    if colour_space == "srgb":
+        return bytes(ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes())
+    return build_icc_profile(colour_space)  # ValueError for an unknown space
 
 
 def encode_threads(configured: int) -> int:

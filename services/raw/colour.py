@@ -1,13 +1,23 @@
 """The colour contract shared by the synthesiser (unprocessing) and the render pipeline (processing).
 
-For a linear sRGB pixel ``L`` the camera records, before white balance, ``c = neutral * (cam_rgb_n @ L)``
-where ``cam_rgb_n = camera_rgb_matrix(color_matrix)`` and ``neutral = as_shot_neutral(color_matrix)``.
-The pipeline inverts it with ``gains = 1 / neutral`` and ``L = inv(cam_rgb_n) @ (gains * c)``.
+The render pipeline follows the DNG colour model (:func:`render_colour`): gains ``1 / neutral`` (G = 1) on the
+mosaic, then ``out = out_from_wb_cam @ wb_camera``, then the output transfer function. The synthesiser inverts
+exactly that: ``camera = neutral_g * (inv(out_from_wb_cam) @ L)`` for a linear output-space pixel ``L``.
+
+The older dcraw-style helpers (:func:`camera_rgb_matrix`, :func:`as_shot_neutral`) remain: for a single
+D65-calibrated ColorMatrix and a D65 white they agree with the DNG model (up to 1e-6).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from services.raw.meta import RawMeta
+
+if TYPE_CHECKING:  # imported lazily below: the decoder child process must not pay for importing torch
+    from services.pipeline.ops.colour import CameraProfile, ColourTransform
 
 # IEC 61966-2-1 linear sRGB (D65) -> CIE XYZ.
 _SRGB_TO_XYZ = np.array(
@@ -56,3 +66,49 @@ def srgb_decode(encoded: np.ndarray) -> np.ndarray:
     """sRGB-encoded [0, 1] -> linear [0, 1] (inverse of :func:`srgb_encode`; input clipped to [0, 1])."""
     v = np.clip(np.asarray(encoded), 0.0, 1.0)
     return np.where(v <= 0.04045, v / 12.92, np.power((v + 0.055) / 1.055, 2.4))
+
+
+def _array(m: tuple[tuple[float, ...], ...] | tuple[float, ...] | None) -> np.ndarray | None:
+    return None if m is None else np.asarray(m, dtype=np.float64)
+
+
+def camera_profile(meta: RawMeta) -> CameraProfile:
+    """The DNG camera profile (ColorMatrix1/2, illuminants, ForwardMatrix, calibration) carried by ``meta``."""
+    from services.pipeline.ops.colour import CameraProfile
+    cm1 = np.asarray(meta.color_matrix, dtype=np.float64)
+    i1, i2 = meta.calibration_illuminants
+    return CameraProfile(
+        color_matrix_1=cm1,
+        color_matrix_2=_array(meta.color_matrix_2),
+        illuminant_1=i1,
+        illuminant_2=i2,
+        forward_matrix_1=_array(meta.forward_matrix_1),
+        forward_matrix_2=_array(meta.forward_matrix_2),
+        camera_calibration_1=_array(meta.camera_calibration_1),
+        camera_calibration_2=_array(meta.camera_calibration_2),
+        analog_balance=_array(meta.analog_balance),
+    )
+
+
+def render_colour(
+    meta: RawMeta,
+    space: str = "srgb",
+    *,
+    neutral: tuple[float, float, float] | np.ndarray | None = None,
+    apply_baseline_exposure: bool = True,
+) -> ColourTransform:
+    """White-balance gains + ``out_from_wb_cam`` + transfer name for a frame, per the DNG specification.
+
+    The white is ``neutral`` when given (e.g. a grey-world estimate), else the file's AsShotNeutral, else its
+    AsShotWhiteXY, else D65. BaselineExposure is applied as a linear ``2 ** EV`` unless told otherwise.
+    """
+    from services.pipeline.ops.colour import dng_colour_transform
+
+    n = neutral if neutral is not None else meta.as_shot_neutral
+    return dng_colour_transform(
+        camera_profile(meta),
+        neutral=None if n is None else np.asarray(n, dtype=np.float64),
+        white_xy=meta.as_shot_white_xy,
+        space=space,
+        baseline_exposure=meta.baseline_exposure if apply_baseline_exposure else 0.0,
+    )

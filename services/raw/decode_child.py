@@ -62,6 +62,27 @@ def _matrix_from_rgb_cam(rgb_cam: np.ndarray) -> list[list[float]]:
     return (cam_rgb @ np.linalg.inv(srgb_to_xyz_matrix())).tolist()
 
 
+def _matrix9(values: list[float] | None) -> tuple[tuple[float, float, float], ...] | None:
+    if values is None or len(values) != 9:
+        return None
+    return tuple((values[i], values[i + 1], values[i + 2]) for i in (0, 3, 6))
+
+
+def _dng_colour_fields(tags: dict[str, Any]) -> dict[str, Any]:
+    """The optional RawMeta colour fields from :func:`read_dng_tags` (absent tags stay at their defaults)."""
+    fields: dict[str, Any] = {
+        name: _matrix9(tags[name])
+        for name in ("color_matrix_2", "forward_matrix_1", "forward_matrix_2",
+                     "camera_calibration_1", "camera_calibration_2")
+    }
+    balance, white_xy = tags["analog_balance"], tags["as_shot_white_xy"]
+    fields["analog_balance"] = tuple(balance[:3]) if balance is not None and len(balance) >= 3 else None
+    fields["as_shot_white_xy"] = tuple(white_xy[:2]) if white_xy is not None and len(white_xy) >= 2 else None
+    fields["calibration_illuminants"] = tuple(tags["calibration_illuminants"])
+    fields["baseline_exposure"] = float(tags["baseline_exposure"])
+    return fields
+
+
 def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
     """Decode ``raw_path`` with LibRaw, save its visible mosaic to ``out_npy``, return RawMeta as a dict."""
     import rawpy
@@ -95,6 +116,7 @@ def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
 
     make = model = ""
     noise: NoiseProfile | None = None
+    colour_fields: dict[str, Any] = {}  # non-DNG: LibRaw's cam_xyz is a D65 matrix (the RawMeta default)
     with raw_path.open("rb") as f:
         is_tiff = f.read(4) in (b"II*\x00", b"MM\x00*")
     tags = read_dng_tags(raw_path) if is_tiff else None
@@ -115,6 +137,9 @@ def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
         )
         if tags["white_level"] is not None:
             white_level = tags["white_level"]
+        colour_fields = _dng_colour_fields(tags)
+        if tags["as_shot_neutral"] is None and colour_fields["as_shot_white_xy"] is not None:
+            neutral = None  # the white is given as xy; LibRaw's derived camera WB would be a second opinion
 
     c0, c1, c2 = color_matrix
     meta = RawMeta(
@@ -128,6 +153,7 @@ def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
         make=make,
         model=model,
         noise_profile=noise,
+        **colour_fields,
     )
     return meta.to_dict()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,17 @@ TAG_BLACK_LEVEL = 50714
 TAG_WHITE_LEVEL = 50717
 TAG_ACTIVE_AREA = 50829
 TAG_COLOR_MATRIX_1 = 50721
+TAG_COLOR_MATRIX_2 = 50722
+TAG_CAMERA_CALIBRATION_1 = 50723
+TAG_CAMERA_CALIBRATION_2 = 50724
+TAG_ANALOG_BALANCE = 50727
 TAG_AS_SHOT_NEUTRAL = 50728
+TAG_AS_SHOT_WHITE_XY = 50729
+TAG_BASELINE_EXPOSURE = 50730
 TAG_CALIBRATION_ILLUMINANT_1 = 50778
+TAG_CALIBRATION_ILLUMINANT_2 = 50779
+TAG_FORWARD_MATRIX_1 = 50964
+TAG_FORWARD_MATRIX_2 = 50965
 TAG_NOISE_PROFILE = 51041
 
 PHOTOMETRIC_CFA = 32803
@@ -36,6 +46,53 @@ ILLUMINANT_D65 = 21
 _CFA_COLOUR_CODE = {"R": 0, "G": 1, "B": 2}  # TIFF/EP CFAPattern colour codes
 
 TagTuple = tuple[int, str, int, Any, bool]
+
+
+@dataclass(frozen=True)
+class ColourTags:
+    """Optional DNG colour tags beyond ColorMatrix1/AsShotNeutral (None = not written).
+
+    Matrices are (3, 3): ColorMatrix2 (XYZ -> camera), ForwardMatrix1/2 (white-balanced camera -> XYZ D50),
+    CameraCalibration1/2; illuminants are EXIF LightSource codes for CalibrationIlluminant1/2.
+    """
+
+    color_matrix_2: np.ndarray | None = None
+    illuminant_1: int = ILLUMINANT_D65
+    illuminant_2: int | None = None
+    forward_matrix_1: np.ndarray | None = None
+    forward_matrix_2: np.ndarray | None = None
+    camera_calibration_1: np.ndarray | None = None
+    camera_calibration_2: np.ndarray | None = None
+    analog_balance: Sequence[float] | None = None
+    as_shot_white_xy: tuple[float, float] | None = None
+    baseline_exposure: float | None = None
+
+
+def _matrix_tag(code: int, m: np.ndarray | None) -> list[TagTuple]:
+    if m is None:
+        return []
+    a = np.asarray(m, dtype=np.float64)
+    if a.shape != (3, 3):
+        raise ValueError(f"tag {code} needs a (3, 3) matrix, got {a.shape}")
+    return [(code, "2i", 9, _rationals(a.ravel().tolist(), signed=True), True)]
+
+
+def _colour_tags(c: ColourTags) -> list[TagTuple]:
+    tags: list[TagTuple] = [(TAG_CALIBRATION_ILLUMINANT_1, "H", 1, int(c.illuminant_1), True)]
+    tags += _matrix_tag(TAG_COLOR_MATRIX_2, c.color_matrix_2)
+    if c.illuminant_2 is not None:
+        tags.append((TAG_CALIBRATION_ILLUMINANT_2, "H", 1, int(c.illuminant_2), True))
+    tags += _matrix_tag(TAG_CAMERA_CALIBRATION_1, c.camera_calibration_1)
+    tags += _matrix_tag(TAG_CAMERA_CALIBRATION_2, c.camera_calibration_2)
+    tags += _matrix_tag(TAG_FORWARD_MATRIX_1, c.forward_matrix_1)
+    tags += _matrix_tag(TAG_FORWARD_MATRIX_2, c.forward_matrix_2)
+    if c.analog_balance is not None:
+        tags.append((TAG_ANALOG_BALANCE, "2I", 3, _rationals(list(c.analog_balance), signed=False), True))
+    if c.as_shot_white_xy is not None:
+        tags.append((TAG_AS_SHOT_WHITE_XY, "2I", 2, _rationals(list(c.as_shot_white_xy), signed=False), True))
+    if c.baseline_exposure is not None:
+        tags.append((TAG_BASELINE_EXPOSURE, "2i", 1, _rationals([c.baseline_exposure], signed=True), True))
+    return tags
 
 
 def _rational(value: float, *, signed: bool) -> tuple[int, int]:
@@ -72,15 +129,20 @@ def dng_tags(
     make: str,
     model: str,
     noise_profile: NoiseProfile | None,
+    colour: ColourTags | None = None,
 ) -> list[TagTuple]:
-    """The DNG tags of the raw IFD as tifffile ``extratags``."""
+    """The DNG tags of the raw IFD as tifffile ``extratags``; ``as_shot_neutral`` may be empty when
+    ``colour.as_shot_white_xy`` is given instead."""
     if cfa not in CFA_PATTERNS:
         raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
     cm = np.asarray(color_matrix, dtype=np.float64)
     if cm.shape != (3, 3):
         raise ValueError(f"color_matrix must be (3, 3), got {cm.shape}")
+    colour = colour or ColourTags()
     neutral = [float(v) for v in as_shot_neutral]
-    if len(neutral) != 3 or min(neutral) <= 0:
+    if not neutral and colour.as_shot_white_xy is None:
+        raise ValueError("need as_shot_neutral or colour.as_shot_white_xy")
+    if neutral and (len(neutral) != 3 or min(neutral) <= 0):
         raise ValueError(f"as_shot_neutral needs 3 positive values, got {neutral}")
     if not 0 <= black_level < white_level <= 65535:
         raise ValueError(f"need 0 <= black_level < white_level <= 65535, got {black_level}, {white_level}")
@@ -98,9 +160,10 @@ def dng_tags(
         (TAG_BLACK_LEVEL, "I", 1, int(black_level), True),
         (TAG_WHITE_LEVEL, "I", 1, int(white_level), True),
         (TAG_COLOR_MATRIX_1, "2i", 9, _rationals(cm.ravel().tolist(), signed=True), True),
-        (TAG_AS_SHOT_NEUTRAL, "2I", 3, _rationals(neutral, signed=False), True),
-        (TAG_CALIBRATION_ILLUMINANT_1, "H", 1, ILLUMINANT_D65, True),
     ]
+    if neutral:
+        tags.append((TAG_AS_SHOT_NEUTRAL, "2I", 3, _rationals(neutral, signed=False), True))
+    tags += _colour_tags(colour)
     if noise_profile is not None:
         tags.append((TAG_NOISE_PROFILE, "d", 2, (float(noise_profile.shot), float(noise_profile.read)), True))
     return tags
@@ -118,11 +181,13 @@ def write_dng(
     make: str,
     model: str,
     noise_profile: NoiseProfile | None = None,
+    colour: ColourTags | None = None,
 ) -> None:
     """Write a (H, W) uint16 Bayer mosaic as an uncompressed DNG 1.4, atomically (temp file + rename).
 
     ``cfa`` is the 2x2 pattern read row-major from the top-left pixel; ``color_matrix`` is ColorMatrix1
-    (XYZ -> camera, D65 calibration); ``as_shot_neutral`` the camera RGB of the scene white.
+    (XYZ -> camera, for ``colour.illuminant_1``, default D65); ``as_shot_neutral`` the camera RGB of the scene
+    white; ``colour`` the optional further colour tags (second illuminant, forward matrices, ...).
     """
     mosaic = np.asarray(mosaic)
     if mosaic.ndim != 2 or mosaic.dtype != np.uint16:
@@ -138,6 +203,7 @@ def write_dng(
         make=make,
         model=model,
         noise_profile=noise_profile,
+        colour=colour,
     )
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
@@ -189,7 +255,10 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
     """Exact DNG colour/level tags of the main raw IFD, or None if ``path`` is not a DNG.
 
     Keys: ``make``, ``model``, ``color_matrix`` (9 floats, row-major, or None), ``as_shot_neutral``,
-    ``noise_profile`` (floats or None), ``black_level`` (floats), ``black_level_repeat`` ((rows, cols)),
+    ``noise_profile`` (floats or None), the further colour tags ``color_matrix_2``, ``forward_matrix_1/2``,
+    ``camera_calibration_1/2`` (9 floats or None), ``analog_balance``, ``as_shot_white_xy`` (floats or None),
+    ``calibration_illuminants`` ((code1, code2), 0 where absent), ``baseline_exposure`` (float, 0 if absent),
+    ``black_level`` (floats), ``black_level_repeat`` ((rows, cols)),
     ``white_level`` (float or None), ``active_area_origin`` ((top, left), the origin of the black pattern).
     """
     with tifffile.TiffFile(path) as tif:
@@ -214,4 +283,16 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
             "black_level_repeat": (int(repeat[0]), int(repeat[-1])),
             "white_level": None if not white else white[0],
             "active_area_origin": (int(active[0]), int(active[1])),
+            "color_matrix_2": _tag_floats(_find_tag(pages, TAG_COLOR_MATRIX_2)),
+            "forward_matrix_1": _tag_floats(_find_tag(pages, TAG_FORWARD_MATRIX_1)),
+            "forward_matrix_2": _tag_floats(_find_tag(pages, TAG_FORWARD_MATRIX_2)),
+            "camera_calibration_1": _tag_floats(_find_tag(pages, TAG_CAMERA_CALIBRATION_1)),
+            "camera_calibration_2": _tag_floats(_find_tag(pages, TAG_CAMERA_CALIBRATION_2)),
+            "analog_balance": _tag_floats(_find_tag(pages, TAG_ANALOG_BALANCE)),
+            "as_shot_white_xy": _tag_floats(_find_tag(pages, TAG_AS_SHOT_WHITE_XY)),
+            "calibration_illuminants": (
+                int((_tag_floats(_find_tag(pages, TAG_CALIBRATION_ILLUMINANT_1)) or [0])[0]),
+                int((_tag_floats(_find_tag(pages, TAG_CALIBRATION_ILLUMINANT_2)) or [0])[0]),
+            ),
+            "baseline_exposure": (_tag_floats(_find_tag(pages, TAG_BASELINE_EXPOSURE)) or [0.0])[0],
         }

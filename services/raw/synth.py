@@ -1,8 +1,13 @@
 """Synthetic Phase One shots (DNG frames + ground truth) for tests and benchmarks; no downloads.
 
-The scene is a "dead leaves" image (opaque anti-aliased discs, radii ~ r^-3) over a smooth colour gradient,
-blurred with a Gaussian (sigma 1 px), in linear sRGB within [0, 0.9]. Each frame is unprocessed with the
-contract of :mod:`services.raw.colour`, mosaicked, scaled to 16-bit raw and given Poisson-Gaussian noise.
+Content (``content=``): ``"dead_leaves"`` (default: opaque anti-aliased discs, radii ~ r^-3, over a smooth
+colour gradient, blurred with a Gaussian (sigma 1 px), linear sRGB within [0, 0.9]), a photograph
+(``"photo:NNN"`` from ``../shared/data/photos``, ``"skimage:NAME"`` or an image path). Photographs are resampled
+in linear light with Lanczos to the frame size, enlarging at most 2x; beyond that (e.g. 80 MP) the 2x image is
+mirror-tiled, which keeps native detail instead of inventing a blurry enlargement. Each frame is unprocessed
+with :mod:`services.raw.unprocess` against the DNG colour model of the profile written into the file
+(ColorMatrix1 D65 + ColorMatrix2 StdA + ForwardMatrix1/2, as-shot white D65 by default), mosaicked in the
+requested CFA phase, scaled to 16-bit raw and given Poisson-Gaussian noise (a named level or a shot value).
 
 Shift convention: frame ``k`` with shift ``(dy, dx)`` satisfies ``frame_k(y, x) = frame_0(y - dy, x - dx)``,
 i.e. a feature at ``(y, x)`` in frame 0 appears at ``(y + dy, x + dx)`` in frame k.
@@ -16,27 +21,31 @@ from pathlib import Path
 
 import numpy as np
 import tifffile
+import torch
 
-from services.raw.colour import as_shot_neutral, camera_rgb_matrix, srgb_decode, srgb_encode
-from services.raw.dng import write_dng
+from services.pipeline.ops.colour import (
+    WHITE_D65,
+    encode_transfer,
+    output_space,
+    xyz_d50_to_output_matrix,
+)
+from services.raw import unprocess as up
+from services.raw.colour import as_shot_neutral, camera_rgb_matrix, srgb_decode
+from services.raw.dng import ColourTags, write_dng
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
 
 CAMERAS: dict[str, tuple[int, int]] = {"IQ3_S": (7728, 10304), "IQ2_XS": (6912, 7296)}  # (width, height)
 MAKE = "Phase One"
 
 # ColorMatrix1 (XYZ -> camera, D65) of the Phase One P 65+ back, from the Adobe DNG Converter table as
-# published in dcraw's adobe_coeff; rows are not normalised. All entries of camera_rgb_matrix(CM) are
-# positive, so every linear sRGB colour in [0, 0.9] maps to camera values in [0, 0.9] (no clipping).
-COLOR_MATRIX = np.array(
-    [
-        [0.8035, 0.0435, -0.0962],
-        [-0.6001, 1.3872, 0.2320],
-        [-0.1159, 0.3065, 0.5434],
-    ]
-)
+# published in dcraw's adobe_coeff; rows are not normalised. The camera-from-sRGB matrix it implies is
+# positive, so every linear sRGB colour in [0, 1] maps to camera values in [0, 1] (no clipping at D65).
+COLOR_MATRIX = up.COLOR_MATRIX_D65
 BLACK_LEVEL = 1024
 WHITE_LEVEL = 65535
-READ_NOISE_FACTOR = 0.5  # read variance = READ_NOISE_FACTOR * noise**2 (normalised units)
+READ_NOISE_FACTOR = 0.5  # legacy (stack_synth): read variance = READ_NOISE_FACTOR * noise**2
+_CHUNK_ROWS = 1024  # rows unprocessed at a time (even: keeps the CFA phase), bounds memory at 80 MP
+_MAX_PHOTO_ENLARGEMENT = 2.0
 BLUR_SIGMA = 1.0
 _BLUR_RADIUS = 4  # taps either side; also the canvas margin, so the blur never sees padding
 _MAX_DISCS = 40000
@@ -142,6 +151,46 @@ def _render(scene: _Scene, dy: float, dx: float) -> np.ndarray:
     return np.clip(_blur_valid(image, BLUR_SIGMA, m), 0.0, 0.9)
 
 
+def _seed_int(seq: np.random.SeedSequence) -> int:
+    return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def _photo_frames(srgb: np.ndarray, height: int, width: int, shifts: list[tuple[float, float]]) -> list[np.ndarray]:
+    """Linear sRGB frames [H, W, 3] float32 in [0, 1] of a photograph, one per shift (Lanczos in linear light)."""
+    from PIL import Image
+
+    lin = srgb_decode(srgb.astype(np.float64)).astype(np.float32)  # [h, w, 3]
+    h, w = lin.shape[:2]
+    s = min(max(height / h, width / w), _MAX_PHOTO_ENLARGEMENT)  # output pixels per source pixel
+    reach = max((max(abs(dy), abs(dx)) for dy, dx in shifts), default=0.0)
+    pad = math.ceil((4 + reach) / min(s, 1.0)) + 2  # Lanczos support plus shifts, in source pixels
+    need_h, need_w = math.ceil(height / s) + 2 * pad, math.ceil(width / s) + 2 * pad
+    top, left = max(need_h - h, 0), max(need_w - w, 0)
+    # Centre the photo, mirror it outwards where the frame needs more than it has.
+    src = np.pad(lin, ((top // 2, top - top // 2), (left // 2, left - left // 2), (0, 0)), mode="symmetric")
+    y_off = (src.shape[0] - height / s) / 2
+    x_off = (src.shape[1] - width / s) / 2
+    planes = [Image.fromarray(np.ascontiguousarray(src[..., c])) for c in range(3)]  # mode "F"
+    frames = []
+    for dy, dx in shifts:
+        y0, x0 = y_off - dy / s, x_off - dx / s
+        box = (x0, y0, x0 + width / s, y0 + height / s)
+        chans = [np.asarray(p.resize((width, height), Image.Resampling.LANCZOS, box=box)) for p in planes]
+        frames.append(np.clip(np.stack(chans, axis=2), 0.0, 1.0))
+    return frames
+
+
+def _content_frames(
+    content: str, height: int, width: int, shifts: list[tuple[float, float]], rng: np.random.Generator,
+    photos_dir: Path | str | None,
+) -> list[np.ndarray]:
+    """Linear sRGB frames [H, W, 3] float32 of the requested content, one per shift."""
+    if content == "dead_leaves":
+        scene = _make_scene(rng, height, width)
+        return [_render(scene, dy, dx) for dy, dx in shifts]
+    return _photo_frames(up.load_srgb(content, photos_dir), height, width, shifts)
+
+
 def _cfa_channels(cfa: str, height: int, width: int) -> np.ndarray:
     """Channel index (0=R, 1=G, 2=B) of every pixel, [H, W] int64."""
     site = np.array([_CFA_CHANNEL[c] for c in cfa]).reshape(2, 2)
@@ -149,7 +198,11 @@ def _cfa_channels(cfa: str, height: int, width: int) -> np.ndarray:
 
 
 def unprocess(linear: np.ndarray, cfa: str, color_matrix: np.ndarray = COLOR_MATRIX) -> np.ndarray:
-    """Linear sRGB [H, W, 3] -> normalised camera mosaic [H, W] float64, ``c = neutral * (cam_rgb_n @ L)``."""
+    """Legacy dcraw-style contract (used by ``stack_synth``): linear sRGB [H, W, 3] -> camera mosaic [H, W].
+
+    ``c = neutral * (cam_rgb_n @ L)``; the DNG render of a single-D65-matrix file with a D65 neutral agrees
+    with it to ~3e-4. New code uses :mod:`services.raw.unprocess`.
+    """
     cam = camera_rgb_matrix(color_matrix) * as_shot_neutral(color_matrix)[:, None]  # [camera, srgb]
     channels = _cfa_channels(cfa, linear.shape[0], linear.shape[1])  # [H, W]
     mosaic = np.zeros(channels.shape, np.float64)
@@ -159,7 +212,7 @@ def unprocess(linear: np.ndarray, cfa: str, color_matrix: np.ndarray = COLOR_MAT
 
 
 def _to_raw(mosaic: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
-    """Normalised mosaic -> noisy uint16 raw with variance ``noise * x + READ_NOISE_FACTOR * noise**2``."""
+    """Legacy (stack_synth): mosaic -> noisy uint16 raw, variance ``noise * x + READ_NOISE_FACTOR * noise**2``."""
     x = mosaic
     if noise > 0:
         x = rng.poisson(np.maximum(x, 0.0) / noise) * noise
@@ -168,12 +221,39 @@ def _to_raw(mosaic: np.ndarray, noise: float, rng: np.random.Generator) -> np.nd
     return np.clip(raw, 0, WHITE_LEVEL).astype(np.uint16)
 
 
-def write_ground_truth(linear: np.ndarray, out_dir: Path) -> Path:
-    """Write ``ground_truth.tif`` (16-bit sRGB-encoded RGB) and ``ground_truth_linear.npy`` (float32)."""
-    np.save(out_dir / "ground_truth_linear.npy", linear.astype(np.float32))
-    encoded = np.rint(srgb_encode(linear.astype(np.float64)) * 65535).astype(np.uint16)
+def _raw_frame(
+    linear: np.ndarray, cfa: str, colour: up.ShotColour, level: up.NoiseLevel, generator: torch.Generator
+) -> np.ndarray:
+    """Linear sRGB [H, W, 3] -> noisy uint16 raw mosaic [H, W], unprocessed in row chunks."""
+    height, width = linear.shape[:2]
+    raw = np.empty((height, width), np.uint16)
+    wb_from_out = colour.transform.wb_cam_from_out
+    for y0 in range(0, height, _CHUNK_ROWS):
+        rows = torch.from_numpy(np.ascontiguousarray(linear[y0 : y0 + _CHUNK_ROWS])).permute(2, 0, 1)[None]
+        camera, _ = up.unprocess_linear(rows, wb_from_out, colour.neutral_g)  # float32: error ~1e-7
+        x = up.mosaic(camera, cfa)  # (1, 1, h, W) in [0, 1]
+        if level.shot > 0 or level.read > 0:
+            x = up.add_noise(x, level.shot, level.read, generator)
+        counts = torch.round(BLACK_LEVEL + x[0, 0] * (WHITE_LEVEL - BLACK_LEVEL)).clamp(0, WHITE_LEVEL)
+        raw[y0 : y0 + _CHUNK_ROWS] = counts.to(torch.int32).numpy().astype(np.uint16)
+    return raw
+
+
+def write_ground_truth(linear: np.ndarray, out_dir: Path, space: str = "srgb") -> Path:
+    """Write ``ground_truth.tif`` (16-bit, ``space``-encoded RGB) and ``ground_truth_linear.npy`` (float32).
+
+    ``linear`` is linear sRGB; both files hold it converted to the output space (linear sRGB by default).
+    """
+    out = output_space(space)
+    rgb = np.ascontiguousarray(linear, dtype=np.float32)
+    if out.name not in ("srgb", "linear"):
+        m = xyz_d50_to_output_matrix(out) @ np.linalg.inv(xyz_d50_to_output_matrix("srgb"))
+        rgb = rgb @ m.T.astype(np.float32)
+    np.save(out_dir / "ground_truth_linear.npy", rgb)
+    encoded = encode_transfer(torch.from_numpy(rgb), out.transfer).numpy()
     path = out_dir / "ground_truth.tif"
-    tifffile.imwrite(path, encoded, photometric="rgb", software=False, metadata=None)
+    tifffile.imwrite(path, np.rint(encoded * 65535).astype(np.uint16), photometric="rgb", software=False,
+                     metadata=None)
     return path
 
 
@@ -184,20 +264,30 @@ def synthesize_shot(
     scale: float = 0.1,
     frames: int | None = None,
     seed: int = 0,
-    noise: float = 0.002,
+    noise: float | str = 0.002,
     cfa: str = "RGGB",
     max_shift: float = 1.5,
+    content: str = "dead_leaves",
+    space: str = "srgb",
+    white: tuple[float, float] = WHITE_D65,
+    forward_matrices: bool = True,
+    photos_dir: Path | str | None = None,
 ) -> SynthShot:
     """Write a synthetic shot (``frame_NN.dng`` + ground truth) of ``camera`` into ``out_dir``.
 
     IQ3_S is a single frame; IQ2_XS a stack of ``frames`` (default 4, 2..16) with random sub-pixel shifts
-    in [-max_shift, max_shift]. ``noise`` is the DNG NoiseProfile shot coefficient (0 means noise-free).
+    in [-max_shift, max_shift]. ``noise`` is a level name (none, low, mid, high) or the NoiseProfile shot
+    coefficient (0 = noise-free; read variance from Brooks' line). ``content``: ``dead_leaves``,
+    ``photo:NNN``, ``skimage:NAME`` or an image path. ``white`` is the scene white (CIE xy) written as
+    AsShotNeutral; ``space`` the output space of the ground truth.
     """
     width, height = shot_size(camera, scale)
     if cfa not in CFA_PATTERNS:
         raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
-    if noise < 0 or max_shift < 0:
-        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
+    level = up.noise_level(noise)
+    if max_shift < 0:
+        raise ValueError(f"max_shift must be >= 0, got {max_shift}")
+    output_space(space)
     if camera == "IQ3_S":
         if frames not in (None, 1):
             raise ValueError(f"IQ3_S is a single-frame camera, got frames={frames}")
@@ -209,21 +299,32 @@ def synthesize_shot(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    scene_rng, shift_rng, noise_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
-    scene = _make_scene(scene_rng, height, width)
+    scene_seq, shift_seq, noise_seq = np.random.SeedSequence(seed).spawn(3)
+    scene_rng, shift_rng = np.random.default_rng(scene_seq), np.random.default_rng(shift_seq)
+    generator = torch.Generator().manual_seed(_seed_int(noise_seq))
     shifts: list[tuple[float, float]] = [(0.0, 0.0)]
     for _ in range(n_frames - 1):
         dy, dx = shift_rng.uniform(-max_shift, max_shift, 2)
         shifts.append((float(dy), float(dx)))
-    noise_profile = NoiseProfile(shot=noise, read=READ_NOISE_FACTOR * noise**2)
+    noise_profile = NoiseProfile(shot=level.shot, read=level.read)
+    profile = up.synthetic_profile(forward_matrices)
+    colour = up.shot_colour(profile, white, "srgb")
+    tags = ColourTags(
+        color_matrix_2=profile.color_matrix_2,
+        illuminant_1=profile.illuminant_1,
+        illuminant_2=profile.illuminant_2,
+        forward_matrix_1=profile.forward_matrix_1,
+        forward_matrix_2=profile.forward_matrix_2,
+        baseline_exposure=0.0,
+    )
 
     files: list[Path] = []
     ground_truth = out_dir / "ground_truth.tif"
-    for k, (dy, dx) in enumerate(shifts):
-        linear = _render(scene, dy, dx)  # [H, W, 3]
+    linear_frames = _content_frames(content, height, width, shifts, scene_rng, photos_dir)
+    for k, linear in enumerate(linear_frames):
         if k == 0:
-            ground_truth = write_ground_truth(linear, out_dir)
-        raw = _to_raw(unprocess(linear, cfa), noise, noise_rng)
+            ground_truth = write_ground_truth(linear, out_dir, space)
+        raw = _raw_frame(linear, cfa, colour, level, generator)
         path = out_dir / f"frame_{k:02d}.dng"
         write_dng(
             path,
@@ -231,11 +332,15 @@ def synthesize_shot(
             cfa=cfa,
             black_level=BLACK_LEVEL,
             white_level=WHITE_LEVEL,
-            color_matrix=COLOR_MATRIX,
-            as_shot_neutral=as_shot_neutral(COLOR_MATRIX).tolist(),
+            color_matrix=profile.color_matrix_1,
+            as_shot_neutral=colour.neutral.tolist(),
             make=MAKE,
             model=camera,
             noise_profile=noise_profile,
+            colour=tags,
         )
         files.append(path)
     return SynthShot(files=files, ground_truth=ground_truth, shifts=shifts)
+
+
+__all__ = ["CAMERAS", "COLOR_MATRIX", "SynthShot", "shot_size", "synthesize_shot", "write_ground_truth"]

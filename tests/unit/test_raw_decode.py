@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from services.pipeline.ops.colour import WHITE_D65
 from services.raw import decode
 from services.raw.colour import as_shot_neutral
 from services.raw.decode import decode_raw
@@ -23,6 +24,8 @@ from services.raw.dng import (
 from services.raw.errors import RawDecodeError
 from services.raw.meta import NoiseProfile, RawMeta
 from services.raw.synth import COLOR_MATRIX, synthesize_shot
+from services.raw.unprocess import COLOR_MATRIX_STD_A, read_from_shot, synthetic_profile
+from services.raw.unprocess import FORWARD_MATRIX_D65 as FM_D65
 
 
 def test_decodes_synthetic_frame(tmp_path: Path) -> None:
@@ -35,9 +38,15 @@ def test_decodes_synthetic_frame(tmp_path: Path) -> None:
     assert meta.cfa == "GRBG"
     assert meta.black_levels == (1024.0,) * 4 and meta.white_level == 65535.0
     assert meta.color_matrix == tuple(tuple(row) for row in COLOR_MATRIX.tolist())
-    assert meta.as_shot_neutral == pytest.approx(tuple(as_shot_neutral(COLOR_MATRIX)), rel=1e-8)
+    neutral = synthetic_profile().xy_to_neutral(WHITE_D65)  # the DNG model's D65 neutral
+    assert meta.as_shot_neutral == pytest.approx(tuple(neutral), rel=1e-8)
+    assert meta.as_shot_neutral == pytest.approx(tuple(as_shot_neutral(COLOR_MATRIX)), rel=2e-4)  # dcraw-style
+    assert meta.calibration_illuminants == (21, 17)
+    assert np.allclose(meta.color_matrix_2, COLOR_MATRIX_STD_A) and np.allclose(meta.forward_matrix_1, FM_D65)
+    assert meta.baseline_exposure == 0.0 and meta.analog_balance is None
+    assert RawMeta.from_dict(meta.to_dict()) == meta
     assert (meta.make, meta.model) == ("Phase One", "IQ2_XS")
-    assert meta.noise_profile == NoiseProfile(shot=0.002, read=2e-6)
+    assert meta.noise_profile == NoiseProfile(shot=0.002, read=read_from_shot(0.002))
     assert RawMeta.from_dict(meta.to_dict()) == meta
     assert not (tmp_path / "frame.npy.part").exists()
 

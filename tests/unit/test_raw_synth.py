@@ -11,9 +11,12 @@ import rawpy
 import tifffile
 
 from services.raw import synth
-from services.raw.colour import camera_rgb_matrix, srgb_decode, srgb_encode
+from services.raw.colour import render_colour, srgb_decode, srgb_encode
+from services.raw.decode_child import extract
 from services.raw.dng import read_dng_tags
+from services.raw.meta import RawMeta
 from services.raw.synth import CAMERAS, shot_size, synthesize_shot
+from services.raw.unprocess import NOISE_LEVELS, read_from_shot
 
 SCALE = 0.02  # IQ3_S -> 154 x 206
 
@@ -53,7 +56,7 @@ def test_iq2_stack_and_shifts(tmp_path: Path) -> None:
     assert len({s for s in shot.shifts}) == 3
     tags = read_dng_tags(shot.files[2])
     assert tags is not None and tags["model"] == "IQ2_XS"
-    assert tags["noise_profile"] == [0.002, synth.READ_NOISE_FACTOR * 0.002**2]
+    assert tags["noise_profile"] == [0.002, read_from_shot(0.002)]
     for bad in (1, 17):
         with pytest.raises(ValueError):
             synthesize_shot("IQ2_XS", tmp_path / "bad", scale=SCALE, frames=bad)
@@ -77,27 +80,26 @@ def test_renderer_shift_convention() -> None:
     np.testing.assert_allclose(moved[2:, :-3], base[:-2, 3:], atol=1e-4)
 
 
-@pytest.mark.parametrize("cfa", ["RGGB", "GBRG"])
+@pytest.mark.parametrize("cfa", ["RGGB", "BGGR", "GRBG", "GBRG"])
 def test_noise_free_shot_inverts_to_ground_truth(tmp_path: Path, cfa: str) -> None:
-    """gains = 1/neutral, rgb = inv(cam_rgb_n) @ (gains * c) recovers the linear truth (checked at CFA sites)."""
+    """The DNG colour pipeline (gains, out_from_wb_cam) recovers the linear truth at every CFA site."""
     shot = synthesize_shot("IQ3_S", tmp_path, scale=SCALE, noise=0.0, cfa=cfa)
     truth = np.load(tmp_path / "ground_truth_linear.npy").astype(np.float64)  # [H, W, 3]
-    tags = read_dng_tags(shot.files[0])
-    assert tags is not None
-    cam_rgb_n = camera_rgb_matrix(np.reshape(tags["color_matrix"], (3, 3)))
-    neutral = np.asarray(tags["as_shot_neutral"])
+    meta = RawMeta.from_dict(extract(shot.files[0], tmp_path / "m.npy"))
+    rc = render_colour(meta)
+    gains, m = np.asarray(rc.gains), rc.out_from_wb_cam
     with rawpy.imread(str(shot.files[0])) as raw:
-        x = (raw.raw_image_visible - raw.black_level_per_channel[0]) / (raw.white_level - 1024.0)  # [H, W]
+        x = (raw.raw_image_visible - 1024.0) / (65535.0 - 1024.0)  # [H, W]
         channel = np.array(["RGB".index(raw.color_desc.decode()[c]) for c in raw.raw_colors_visible.ravel()])
     channel = channel.reshape(x.shape)
+    assert "".join("RGB"[c] for c in channel[:2, :2].ravel()) == cfa
     # White-balanced camera RGB of the truth, with the measured raw value substituted at each CFA site.
-    balanced = truth @ cam_rgb_n.T  # [H, W, 3]
+    balanced = truth @ np.linalg.inv(m).T  # [H, W, 3]
     site = np.take_along_axis(balanced, channel[..., None], axis=2)[..., 0]
-    measured = x / neutral[channel]  # gains * c
-    np.testing.assert_allclose(measured, site, atol=2e-5)  # 16-bit quantisation: 0.5 / 64511 / min(neutral)
+    measured = x * gains[channel]
+    np.testing.assert_allclose(measured, site, atol=3e-5)  # 16-bit quantisation times the gain
     np.put_along_axis(balanced, channel[..., None], measured[..., None], axis=2)
-    recovered = balanced @ np.linalg.inv(cam_rgb_n).T  # [H, W, 3]
-    np.testing.assert_allclose(recovered, truth, atol=1e-4)
+    np.testing.assert_allclose(balanced @ m.T, truth, atol=1e-4)
 
 
 def test_noise_follows_profile(tmp_path: Path) -> None:
@@ -107,8 +109,23 @@ def test_noise_follows_profile(tmp_path: Path) -> None:
     with rawpy.imread(str(clean.files[0])) as a, rawpy.imread(str(noisy.files[0])) as b:
         x = (a.raw_image_visible.astype(np.float64) - 1024) / (65535 - 1024)
         y = (b.raw_image_visible.astype(np.float64) - 1024) / (65535 - 1024)
-    ratio = np.mean((y - x) ** 2) / np.mean(noise * x + synth.READ_NOISE_FACTOR * noise**2)
+    ratio = np.mean((y - x) ** 2) / np.mean(noise * x + read_from_shot(noise))
     assert 0.9 < ratio < 1.1
+
+
+def test_named_noise_level_and_photo_content(tmp_path: Path) -> None:
+    photos = Path(__file__).resolve().parents[3] / "shared" / "data" / "photos"
+    if not (photos / "033.png").is_file():
+        pytest.skip("shared photographs not present")
+    shot = synthesize_shot("IQ2_XS", tmp_path, scale=SCALE, frames=2, noise="mid", content="photo:033",
+                           photos_dir=photos)
+    tags = read_dng_tags(shot.files[0])
+    assert tags is not None and tags["noise_profile"] == [NOISE_LEVELS["mid"].shot, NOISE_LEVELS["mid"].read]
+    linear = np.load(tmp_path / "ground_truth_linear.npy")
+    assert linear.shape == (*shot_size("IQ2_XS", SCALE)[::-1], 3)
+    assert linear.min() >= 0.0 and linear.max() <= 1.0 and linear.std() > 0.05
+    with pytest.raises(ValueError, match="noise level"):
+        synthesize_shot("IQ3_S", tmp_path, scale=SCALE, noise="loud")
 
 
 def test_srgb_curve_round_trip() -> None:
