@@ -49,6 +49,15 @@ class Settings(BaseSettings):
     strips_per_worker: int = Field(default=2, description="Strips per live GPU worker when the frame is big.")
     split_ratio: str | None = Field(default=None, description="Relative GPU shares, e.g. '0.6,0.4'.")
 
+    # Models (enhancement packages, *.strata): a path or the name of a shipped package
+    model_iq3_s: str | None = Field(
+        default=None, description="Package for IQ3_S; unset = the shipped learned one, else classical."
+    )
+    model_iq2_xs: str | None = Field(default=None, description="Package for IQ2_XS (STRATA_MODEL_IQ2_XS).")
+    model_precision: str | None = Field(
+        default=None, description="float32 | bfloat16 | float16; default: the package's dtype on GPU, float32 on CPU."
+    )
+
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")
 

@@ -58,15 +58,20 @@ def _configure_torch(kind: str, device: str) -> None:
 
 
 def _warm_up(device: str) -> None:
-    """Load the enhancement pipeline once so the first shard is not slow (kernels, allocator)."""
+    """Load every camera's model package once (it stays resident) and run it, so the first shard is not slow."""
     import numpy as np
 
+    from services.jobs.cameras import PROFILES
+    from services.pipeline.models.registry import default_package, package_ref
     from services.pipeline.render import RenderParams, render_mosaic
 
-    params = RenderParams(cfa="RGGB", black=(0.0, 0.0, 0.0, 0.0), white=1.0, gains=(1.0, 1.0, 1.0),
-                          rgb_cam=((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)),
-                          noise_shot=1e-4, noise_read=1e-6)
-    render_mosaic(np.full((64, 64), 0.5, dtype=np.float32), params, device=device, normalized=True)
+    for camera in PROFILES:
+        model = package_ref(default_package(camera))
+        params = RenderParams(cfa="RGGB", black=(0.0, 0.0, 0.0, 0.0), white=1.0, gains=(1.0, 1.0, 1.0),
+                              rgb_cam=((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)),
+                              noise_shot=1e-4, noise_read=1e-6, camera=camera, model=model)
+        render_mosaic(np.full((128, 128), 0.5, dtype=np.float32), params, device=device, normalized=True)
+        log.info("%s: model package %s resident on %s", camera, model, device)
 
 
 def start(name: str) -> None:

@@ -1,9 +1,9 @@
 """Shard-level rendering used by the GPU workers: numpy mosaic in, 16-bit sRGB numpy out.
 
-Order: normalise levels -> white balance -> Malvar demosaic -> Lee denoise -> unsharp mask -> camera->sRGB
-matrix -> sRGB transfer -> uint16. Every op computes each pixel from its neighbourhood with a fixed sequence
-of float operations, so a strip rendered with :func:`halo_rows` extra rows on each side is bit-identical to
-the same rows of the whole-frame render.
+Order: normalise levels -> white balance -> enhance (the shot's model package: joint demosaic + denoise) ->
+unsharp mask -> camera -> output-space matrix -> the space's transfer function -> uint16. Every stage computes
+a pixel from a bounded neighbourhood (the package declares its receptive field), so a strip rendered with
+:func:`halo_rows` extra rows on each side equals the same rows of the whole-frame render.
 """
 
 from __future__ import annotations
@@ -14,33 +14,26 @@ from typing import Any
 import numpy as np
 import torch
 
+from services.pipeline.models import load_enhancer, package_manifest
 from services.pipeline.ops import (
-    MALVAR_RADIUS,
     apply_matrix,
     cfa_channels,
-    demosaic_malvar,
     denoise_lee,
+    encode_transfer,
     normalize_levels,
     sharpen,
     sharpen_radius,
-    srgb_encode,
     to_uint16,
     white_balance,
 )
 
-DENOISE_RADIUS = 2
 SHARPEN_SIGMA = 1.0
-# Malvar interpolation averages neighbours, so the 5x5 local variance of demosaiced noise is below the
-# mosaic's ``shot * m + read``: measured on flat fields with equal noise in all channels, 0.86 (R, B) and
-# 0.71 (G). The noise model is scaled by these (R, G, B) before the Lee filter.
-DEMOSAIC_NOISE_FACTORS: tuple[float, float, float] = (0.86, 0.71, 0.86)
-
-RECEPTIVE_RADIUS: int = MALVAR_RADIUS + DENOISE_RADIUS + sharpen_radius(SHARPEN_SIGMA)
 
 
-def halo_rows() -> int:
-    """Rows a strip reads beyond each cut: :data:`RECEPTIVE_RADIUS` rounded up to even (keeps CFA parity)."""
-    return RECEPTIVE_RADIUS + (RECEPTIVE_RADIUS % 2)
+def halo_rows(params: RenderParams) -> int:
+    """Rows a strip reads beyond each cut: the package's receptive field + the sharpen radius, rounded up to
+    even (keeps CFA parity)."""
+    return package_manifest(params.model).halo_rows(sharpen_radius(SHARPEN_SIGMA))
 
 
 @dataclass(frozen=True)
@@ -55,6 +48,9 @@ class RenderParams:
     noise_shot: float  # noise variance = shot * signal + read, normalised mosaic units
     noise_read: float
     sharpen_amount: float = 0.5
+    transfer: str = "srgb"  # the output space's transfer function (see ops.colour.encode_transfer)
+    camera: str = "IQ3_S"
+    model: str = "classical_v1.strata"  # chosen once per shot at ingest: every shard uses the same package
 
     def __post_init__(self) -> None:
         cfa_channels(self.cfa)
@@ -89,15 +85,16 @@ class RenderParams:
             noise_shot=float(d["noise_shot"]),
             noise_read=float(d["noise_read"]),
             **({"sharpen_amount": float(d["sharpen_amount"])} if "sharpen_amount" in d else {}),
+            **({"transfer": str(d["transfer"])} if "transfer" in d else {}),
+            **({"camera": str(d["camera"])} if "camera" in d else {}),
+            **({"model": str(d["model"])} if "model" in d else {}),
         )
 
 
 def _noise_per_channel(params: RenderParams) -> tuple[list[float], list[float]]:
-    """Shot/read noise of each white-balanced channel: ``g * shot`` and ``g^2 * read``, demosaic-scaled."""
-    pairs = list(zip(DEMOSAIC_NOISE_FACTORS, params.gains, strict=True))
-    shot = [f * g * params.noise_shot for f, g in pairs]
-    read = [f * g * g * params.noise_read for f, g in pairs]
-    return shot, read
+    """White-balanced noise model per channel: ``g * shot`` and ``g^2 * read`` (the package applies any
+    demosaic-specific scaling itself)."""
+    return [g * params.noise_shot for g in params.gains], [g * g * params.noise_read for g in params.gains]
 
 
 def _to_tensor(mosaic: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -125,43 +122,72 @@ def render_mosaic(mosaic: np.ndarray, params: RenderParams, device: torch.device
     # (H, W) float32 in [0, 1]
     x = x.to(torch.float32) if normalized else normalize_levels(x, params.black, params.white)
     x = white_balance(x[None, None], params.gains, params.cfa)  # (1, 1, H, W)
-    rgb = demosaic_malvar(x, params.cfa)  # (1, 3, H, W)
+    enhancer = load_enhancer(params.camera, dev, package=params.model)  # resident after the first call
     shot, read = _noise_per_channel(params)
-    rgb = denoise_lee(rgb, shot, read, radius=DENOISE_RADIUS)
-    rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)
+    rgb = enhancer.enhance(x, params.cfa, shot, read)
+    rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W) linear WB camera RGB
     rgb = apply_matrix(rgb, params.rgb_cam)  # (1, 3, H, W) linear sRGB
-    out = to_uint16(srgb_encode(rgb))[0].permute(1, 2, 0)  # (H, W, 3)
+    out = to_uint16(encode_transfer(rgb, params.transfer))[0].permute(1, 2, 0)  # (H, W, 3)
     return out.contiguous().cpu().numpy()
 
 
+RGB_DENOISE_RADIUS = 2
+
+
+@torch.inference_mode()
+def render_rgb(rgb: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
+               noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
+    """Render an already demosaiced camera-RGB image (H, W, 3) in [0, 1] (a fused stack) to (H, W, 3) uint16.
+
+    White balance -> Lee denoise (the shot's noise model times ``noise_factors`` per channel; the coordinator
+    passes the stack's reduced noise) -> sharpen -> colour -> the output transfer. Model packages take mosaics
+    only, so this path uses the classical locally adaptive denoise.
+    """
+    if rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ValueError(f"rgb must be (H, W, 3), got {rgb.shape}")
+    dev = torch.device(device)
+    x = torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(dev).permute(2, 0, 1)[None]  # (1, 3, H, W)
+    x = x * torch.tensor(params.gains, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    shot, read = _noise_per_channel(params)
+    shot_t = torch.tensor([f * v for f, v in zip(noise_factors, shot, strict=True)], device=dev)  # (3,)
+    read_t = torch.tensor([f * v for f, v in zip(noise_factors, read, strict=True)], device=dev)  # (3,)
+    x = denoise_lee(x, shot_t, read_t, radius=RGB_DENOISE_RADIUS)
+    x = sharpen(x, params.sharpen_amount, SHARPEN_SIGMA)
+    x = apply_matrix(x, params.rgb_cam)  # (1, 3, H, W) linear output RGB
+    return to_uint16(encode_transfer(x, params.transfer))[0].permute(1, 2, 0).contiguous().cpu().numpy()
+
+
 def render_strip(source: np.ndarray, y0: int, y1: int, params: RenderParams,
-                 device: torch.device | str = "cpu", normalized: bool = False) -> np.ndarray:
+                 device: torch.device | str = "cpu", normalized: bool = False,
+                 noise_factors: tuple[float, float, float] | None = None) -> np.ndarray:
     """Render rows [y0, y1) of the full (H, W) ``source`` (may be a ``np.memmap``): (y1 - y0, W, 3) uint16.
 
     Reads only rows [y0 - halo, y1 + halo) clipped to the frame, so stitched strips equal the whole-frame
-    render. ``y0`` must be even so the strip keeps the frame's CFA phase.
+    render. ``y0`` must be even so the strip keeps the frame's CFA phase. A (H, W, 3) ``source`` is an already
+    demosaiced image (a fused stack) and goes through :func:`render_rgb` with ``noise_factors``.
     """
-    if source.ndim != 2:
-        raise ValueError(f"source must be (H, W), got {source.shape}")
+    if source.ndim not in (2, 3) or (source.ndim == 3 and source.shape[2] != 3):
+        raise ValueError(f"source must be (H, W) or (H, W, 3), got {source.shape}")
     h = source.shape[0]
     if not 0 <= y0 < y1 <= h:
         raise ValueError(f"strip rows [{y0}, {y1}) must be a non-empty range inside 0..{h}")
     if y0 % 2:
         raise ValueError(f"strip must start on an even row (CFA parity), got y0={y0}")
-    top, bottom = rows_needed(y0, y1, h)
-    rendered = render_mosaic(np.asarray(source[top:bottom]), params, device, normalized)
+    top, bottom = rows_needed(y0, y1, h, params)
+    if source.ndim == 3:
+        rendered = render_rgb(np.asarray(source[top:bottom]), params, device, noise_factors or (1.0, 1.0, 1.0))
+    else:
+        rendered = render_mosaic(np.asarray(source[top:bottom]), params, device, normalized)
     return rendered[y0 - top : y1 - top]
 
 
-def rows_needed(y0: int, y1: int, height: int) -> tuple[int, int]:
+def rows_needed(y0: int, y1: int, height: int, params: RenderParams) -> tuple[int, int]:
     """The source rows [top, bottom) that :func:`render_strip` reads for output rows [y0, y1)."""
-    halo = halo_rows()
+    halo = halo_rows(params)
     return max(0, y0 - halo), min(height, y1 + halo)
 
 
 __all__ = [
-    "DEMOSAIC_NOISE_FACTORS",
-    "RECEPTIVE_RADIUS",
     "RenderParams",
     "halo_rows",
     "render_mosaic",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.pipeline.ops.colour import camera_to_srgb_matrix
+from services.pipeline.models.registry import default_package, package_ref
 from services.pipeline.render import RenderParams
+from services.raw.colour import render_colour
 from services.raw.meta import RawMeta
 
 _SITES = ((0, 0), (0, 1), (1, 0), (1, 1))
@@ -21,17 +22,13 @@ def _cfa_planes(mosaic: np.ndarray, meta: RawMeta) -> dict[str, list[np.ndarray]
     return planes
 
 
-def white_balance_gains(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float, float]:
-    """Gains R, G, B = 1 / AsShotNeutral (G = 1); without a neutral in the file, a grey-world estimate."""
-    if meta.as_shot_neutral and all(v > 0 for v in meta.as_shot_neutral):
-        n = np.asarray(meta.as_shot_neutral, dtype=np.float64)
-        n = n / n[1]
-        return (float(1 / n[0]), 1.0, float(1 / n[2]))
+def grey_world_neutral(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float, float]:
+    """A camera neutral (R, G, B; G = 1) from the scene's mean colour, for files without an as-shot white."""
     sample = mosaic[: (mosaic.shape[0] // 16) * 16 : 8, : (mosaic.shape[1] // 16) * 16 : 8]
     planes = _cfa_planes(np.ascontiguousarray(sample), meta)
     means = {c: float(np.mean([p.mean() for p in ps])) for c, ps in planes.items()}
     g = max(means["G"], 1e-6)
-    return (g / max(means["R"], 1e-6), 1.0, g / max(means["B"], 1e-6))
+    return (max(means["R"], 1e-6) / g, 1.0, max(means["B"], 1e-6) / g)
 
 
 def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:
@@ -49,16 +46,27 @@ def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:
     return (0.0, sigma * sigma)
 
 
-def shot_render_params(meta: RawMeta, mosaic: np.ndarray) -> RenderParams:
-    """The parameters every shard of this shot renders with (computed once, on the reference frame)."""
+def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", camera: str = "IQ3_S",
+                       model: str | None = None) -> RenderParams:
+    """The parameters every shard of this shot renders with (computed once, on the reference frame).
+
+    Colour follows the DNG specification (services/raw/colour.py): white balance from AsShotNeutral (or
+    AsShotWhiteXY, or a grey-world estimate when the file has neither), camera to XYZ D50 to ``space``.
+    The model package is chosen here, once, so every shard of the shot renders with the same one.
+    """
     shot, read = estimate_noise(meta, mosaic)
-    rgb_cam = camera_to_srgb_matrix(np.asarray(meta.color_matrix, dtype=np.float64))
+    has_white = bool(meta.as_shot_neutral and all(v > 0 for v in meta.as_shot_neutral)) or bool(
+        meta.as_shot_white_xy)
+    colour = render_colour(meta, space, neutral=None if has_white else grey_world_neutral(meta, mosaic))
     return RenderParams(
         cfa=meta.cfa,
         black=tuple(float(b) for b in meta.black_levels),  # type: ignore[arg-type]
         white=float(meta.white_level),
-        gains=white_balance_gains(meta, mosaic),
-        rgb_cam=tuple(tuple(float(v) for v in row) for row in rgb_cam),
+        gains=tuple(float(g) for g in colour.gains),  # type: ignore[arg-type]
+        rgb_cam=tuple(tuple(float(v) for v in row) for row in colour.out_from_wb_cam),
         noise_shot=shot,
         noise_read=read,
+        transfer=colour.transfer,
+        camera=camera,
+        model=model or package_ref(default_package(camera)),
     )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.pipeline.ops import SRGB_TO_XYZ_D65, camera_to_srgb_matrix, srgb_encode, to_uint16
-from services.pipeline.render import RECEPTIVE_RADIUS, RenderParams, halo_rows, render_mosaic, render_strip
+from services.pipeline.render import RenderParams, halo_rows, render_mosaic, render_strip
 from tests.unit.test_ops_synthetic import COLOR_MATRIX, mosaic_of, psnr, textured_rgb
 
 H, W = 60, 48
@@ -29,7 +29,7 @@ def _raw(seed: int = 0) -> np.ndarray:
 
 
 def test_halo_covers_receptive_radius() -> None:
-    assert RECEPTIVE_RADIUS == 6 and halo_rows() == 6
+    assert halo_rows(_params()) == 6  # classical package: receptive field 4 + sharpen 2
 
 
 @pytest.mark.parametrize(

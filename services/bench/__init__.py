@@ -1,0 +1,1 @@
+"""Speed benchmarks: print a table, write JSON. Commands in docs/PERFORMANCE.md."""

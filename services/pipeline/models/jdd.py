@@ -1,0 +1,182 @@
+"""``strata_jdd_v1``: noise-aware joint demosaic + denoise on the packed Bayer mosaic.
+
+The design follows Gharbi et al. 2016 ("Deep Joint Demosaicking and Denoising": pack the 2x2 Bayer sites into
+4 half-resolution channels, a stack of 3x3 convolutions, a residual over an interpolated base, back to full
+resolution) with the noise conditioning of Brooks et al. 2019 ("Unprocessing Images for Learned Raw
+Denoising": per-site noise standard deviation maps ``sqrt(shot_c * x + read_c)`` as extra input channels), so
+one network serves every ISO. Layers are EDSR-style residual blocks (conv-ReLU-conv + skip), some dilated.
+
+Exact strips: every convolution is unpadded ('valid'); the mosaic is reflect-padded once, at the input, by the
+network's radius, so each output depends only on input within :func:`jdd_receptive_field` and the image borders
+see a reflection (which keeps the CFA parity). The network runs at half resolution only (no further
+down-sampling), so it is equivariant to shifts by 2 pixels: a strip starting on any even row computes the same
+numbers as the whole frame.
+
+CFA phase: the mosaic is shifted (one row and/or column of reflect padding) so that (0, 0) is an R site; all
+four phases then run the same RGGB network and the output is cropped back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from services.pipeline.models.base import Enhancer
+from services.pipeline.models.errors import ModelMismatch
+from services.pipeline.models.manifest import Manifest
+from services.pipeline.ops import demosaic_bilinear
+from services.pipeline.ops.cfa import cfa_channels
+
+ARCHITECTURE = "strata_jdd_v1"
+DEFAULT_CONFIG: dict[str, Any] = {"width": 48, "dilations": [1, 1, 2, 2, 1, 1]}
+NOISE_SCALE = 8.0  # noise std maps are ~1e-3..1e-1; scaled towards the mosaic's range
+_RGGB_SITE_CHANNELS = (0, 1, 1, 2)  # channel (R, G, B) of the packed sites (0,0), (0,1), (1,0), (1,1)
+
+
+def _config(config: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+    width = int(config.get("width", DEFAULT_CONFIG["width"]))
+    dilations = tuple(int(d) for d in config.get("dilations", DEFAULT_CONFIG["dilations"]))
+    if width < 1 or not dilations or min(dilations) < 1:
+        raise ValueError(f"bad {ARCHITECTURE} config: width={width}, dilations={dilations}")
+    return width, dilations
+
+
+def half_res_radius(config: dict[str, Any]) -> int:
+    """Radius of the network in half-resolution (packed) pixels: head 1 + 2 d per block + tail 1."""
+    _, dilations = _config(config)
+    return 2 + 2 * sum(dilations)
+
+
+def jdd_receptive_field(config: dict[str, Any]) -> int:
+    """Full-resolution receptive radius: a half-res radius r reaches 2 r + 1 pixels from any site of a 2x2 block
+    (the bilinear base, radius 1, lies inside)."""
+    return 2 * half_res_radius(config) + 1
+
+
+def flops_per_pixel(config: dict[str, Any]) -> float:
+    """Multiply-adds x 2 per full-resolution output pixel (convolutions only)."""
+    width, dilations = _config(config)
+    per_half = 9 * (8 * width + 2 * len(dilations) * width * width + width * 12) * 2
+    return per_half / 4.0
+
+
+class ResBlock(nn.Module):
+    """``x + conv(relu(conv(x)))`` with unpadded 3x3 convolutions of dilation ``d``; shrinks each side by 2 d."""
+
+    def __init__(self, width: int, dilation: int) -> None:
+        super().__init__()
+        self.dilation = dilation
+        self.conv1 = nn.Conv2d(width, width, 3, dilation=dilation)
+        self.conv2 = nn.Conv2d(width, width, 3, dilation=dilation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        c = 2 * self.dilation
+        y = self.conv2(F.relu(self.conv1(x)))  # (B, C, h - 2c, w - 2c)
+        return x[..., c:-c, c:-c] + y
+
+
+class JDDNet(nn.Module):
+    """Packed RGGB mosaic + noise std maps (B, 4, h, w) each -> residual (B, 12, h - 2r, w - 2r), r the radius.
+
+    The 12 output channels are 3 colours x the 4 sites of a 2x2 block (``pixel_shuffle`` order).
+    """
+
+    def __init__(self, width: int = 48, dilations: Sequence[int] = (1, 1, 2, 2, 1, 1)) -> None:
+        super().__init__()
+        self.head = nn.Conv2d(8, width, 3)
+        self.blocks = nn.Sequential(*(ResBlock(width, d) for d in dilations))
+        self.tail = nn.Conv2d(width, 12, 3)
+        self.radius = 2 + 2 * sum(dilations)
+        nn.init.zeros_(self.tail.weight)  # start as the bilinear base: training only adds what helps
+        nn.init.zeros_(self.tail.bias)  # type: ignore[arg-type]
+
+    def forward(self, packed: Tensor, noise_std: Tensor) -> Tensor:
+        x = torch.cat([packed, noise_std * NOISE_SCALE], dim=1)  # (B, 8, h, w)
+        x = F.relu(self.head(x))  # (B, C, h - 2, w - 2)
+        x = self.blocks(x)  # (B, C, h - 2 - 4 sum(d), ...)
+        return self.tail(x)  # (B, 12, h - 2r, w - 2r)
+
+
+def pack_rggb(mosaic: Tensor) -> Tensor:
+    """(B, 1, H, W) RGGB mosaic (H, W even) -> (B, 4, H/2, W/2): sites (0,0) R, (0,1) G, (1,0) G, (1,1) B."""
+    return F.pixel_unshuffle(mosaic, 2)
+
+
+def noise_std_maps(packed: Tensor, shot: Tensor, read: Tensor) -> Tensor:
+    """Per-site noise std ``sqrt(shot_c * max(x, 0) + read_c)`` of a packed RGGB mosaic: (B, 4, h, w).
+
+    ``shot``/``read``: (3,) for the whole batch or (B, 3) per image (training).
+    """
+    idx = list(_RGGB_SITE_CHANNELS)
+    s = shot.to(packed.dtype)[..., idx].reshape(-1, 4, 1, 1)  # (1 or B, 4, 1, 1)
+    r = read.to(packed.dtype)[..., idx].reshape(-1, 4, 1, 1)
+    return (s * packed.clamp(min=0.0) + r).clamp(min=0.0).sqrt()
+
+
+def r_site_offset(cfa: str) -> tuple[int, int]:
+    """(row, column) of the R site in the 2x2 pattern."""
+    i = cfa_channels(cfa).index(0)
+    return i // 2, i % 2
+
+
+def residual_full_res(net: JDDNet, canvas: Tensor, shot: Tensor, read: Tensor) -> Tensor:
+    """Run ``net`` on an RGGB canvas (B, 1, Hc, Wc), Hc and Wc even: (B, 3, Hc - 4r, Wc - 4r) full-res residual
+    for the centre of the canvas (r = ``net.radius``)."""
+    packed = pack_rggb(canvas)  # (B, 4, Hc/2, Wc/2)
+    out = net(packed, noise_std_maps(packed, shot, read))  # (B, 12, Hc/2 - 2r, Wc/2 - 2r)
+    return F.pixel_shuffle(out, 2)  # (B, 3, Hc - 4r, Wc - 4r)
+
+
+class JDDEnhancer(Enhancer):
+    """A resident :class:`JDDNet`; float32 on the CPU, autocast to ``compute_dtype`` where asked."""
+
+    def __init__(self, manifest: Manifest, net: JDDNet, device: torch.device, compute_dtype: torch.dtype) -> None:
+        super().__init__(manifest, device, compute_dtype)
+        self.net = net.to(device).eval()
+        if device.type == "cuda":
+            self.net = self.net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+
+    def _enhance(self, mosaic: Tensor, cfa: str, shot: Tensor, read: Tensor) -> Tensor:
+        h, w = mosaic.shape[-2:]
+        pad = 2 * self.net.radius  # full-res pixels the valid network eats on each side
+        if h <= pad + 1 or w <= pad + 1:
+            raise ValueError(f"mosaic must be larger than {pad + 1} pixels on each side, got {tuple(mosaic.shape)}")
+        oy, ox = r_site_offset(cfa)
+        # Start the canvas on an R site (oy, ox rows/columns of reflection) and end it on an even size.
+        bottom, right = (h + oy) % 2, (w + ox) % 2
+        canvas = F.pad(mosaic, (pad + ox, pad + right, pad + oy, pad + bottom), mode="reflect")
+        if self.device.type == "cuda":
+            canvas = canvas.contiguous(memory_format=torch.channels_last)
+        autocast = self.compute_dtype != torch.float32
+        with torch.autocast(mosaic.device.type, dtype=self.compute_dtype, enabled=autocast):
+            residual = residual_full_res(self.net, canvas, shot, read)  # (B, 3, h + oy + bottom, ...)
+        residual = residual[..., oy : oy + h, ox : ox + w].float()  # (B, 3, H, W)
+        return demosaic_bilinear(mosaic, cfa) + residual
+
+
+def build_jdd(manifest: Manifest, weights: dict[str, Tensor] | None, device: torch.device,
+              compute_dtype: torch.dtype) -> JDDEnhancer:
+    """Architecture builder: the network from ``manifest.config`` with ``weights`` (strict key/shape match)."""
+    width, dilations = _config(manifest.config)
+    net = JDDNet(width, dilations)
+    if weights is None:
+        raise ModelMismatch(f"model architecture mismatch: package {manifest.name} has no weights, "
+                            f"architecture {ARCHITECTURE} needs them")
+    try:
+        net.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[1:2] or [str(exc)]
+        raise ModelMismatch(f"model architecture mismatch: package {manifest.name} weights do not fit "
+                            f"{ARCHITECTURE} (width={width}, dilations={list(dilations)}): {first[0].strip()}") from exc
+    return JDDEnhancer(manifest, net, device, compute_dtype)
+
+
+__all__ = ["ARCHITECTURE", "DEFAULT_CONFIG", "JDDEnhancer", "JDDNet", "build_jdd", "flops_per_pixel",
+           "half_res_radius", "jdd_receptive_field", "noise_std_maps", "pack_rggb", "r_site_offset",
+           "residual_full_res"]

@@ -1,0 +1,119 @@
+"""Which package serves a camera, and the per-process cache that keeps loaded packages resident.
+
+Default package of a camera: the setting ``model_<camera>`` (``STRATA_MODEL_IQ3_S=/path/pkg.strata``), else the
+camera's learned package shipped in ``packages/`` (:data:`LEARNED_DEFAULTS`) when that file exists and is not a
+smoke-test package, else ``classical_v1.strata``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from services.pipeline.models.base import Enhancer
+from services.pipeline.models.manifest import Manifest
+from services.pipeline.models.package import PACKAGE_SUFFIX, check_fits, load_package, read_package
+
+log = logging.getLogger(__name__)
+
+PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
+CLASSICAL_PACKAGE = "classical_v1.strata"
+LEARNED_DEFAULTS: dict[str, str] = {"IQ3_S": "iq3s_denoise_v2.strata", "IQ2_XS": "iq2xs_multishot_v3.strata"}
+
+_cache: dict[tuple[str, str, str | None], Enhancer] = {}
+_manifests: dict[str, Manifest] = {}
+_lock = threading.Lock()
+
+
+def resolve_package(package: str | Path) -> Path:
+    """A package path: as given when it exists, else a name (with or without ``.strata``) in ``packages/``."""
+    p = Path(package)
+    if p.exists():
+        return p.resolve()
+    name = p.name if p.suffix == PACKAGE_SUFFIX else p.name + PACKAGE_SUFFIX
+    shipped = PACKAGES_DIR / name
+    return shipped if shipped.exists() else p
+
+
+def _setting(name: str) -> str | None:
+    from services.config import get_settings
+
+    value = getattr(get_settings(), name, None)
+    return str(value) if value else None
+
+
+def _configured(camera: str) -> str | None:
+    return _setting(f"model_{camera.lower()}")
+
+
+def package_ref(path: str | Path) -> str:
+    """How a shot records its package: the bare file name for a shipped package (hosts differ in where the repo
+    lives), else the path as given."""
+    p = Path(path)
+    return p.name if p.resolve().parent == PACKAGES_DIR and p.exists() else str(path)
+
+
+def default_package(camera: str) -> Path:
+    """The package ``camera`` renders with when none is named (see the module doc)."""
+    configured = _configured(camera)
+    if configured:
+        return resolve_package(configured)
+    learned = LEARNED_DEFAULTS.get(camera.upper())
+    if learned and (PACKAGES_DIR / learned).exists():
+        path = PACKAGES_DIR / learned
+        if not read_package(path).manifest.is_smoke:
+            return path
+        log.warning("%s is a smoke-test package; %s falls back to %s", learned, camera, CLASSICAL_PACKAGE)
+    return PACKAGES_DIR / CLASSICAL_PACKAGE
+
+
+def package_manifest(package: str | Path) -> Manifest:
+    """The verified manifest of a package (path or shipped name), read once per process: what a coordinator
+    needs to plan strip halos without building the network."""
+    path = resolve_package(package)
+    with _lock:
+        manifest = _manifests.get(str(path))
+        if manifest is None:
+            manifest = read_package(path).manifest
+            _manifests[str(path)] = manifest
+    return manifest
+
+
+def load_enhancer(camera: str, device: torch.device | str = "cpu", package: str | Path | None = None,
+                  architecture: str | None = None, precision: str | None = None) -> Enhancer:
+    """The resident enhancer for ``camera`` on ``device``: loaded once per (package, device, precision) in this
+    process, then reused. ``package``: a path or a shipped name (default: :func:`default_package`);
+    ``precision``: float32 | bfloat16 | float16 (default: setting ``model_precision``, else the package's dtype
+    on CUDA and float32 on the CPU).
+
+    Raises :class:`ModelMismatch` when the package does not serve ``camera`` or is not of ``architecture``.
+    """
+    path = resolve_package(package) if package is not None else default_package(camera)
+    precision = precision or _setting("model_precision")
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (str(path), str(dev), precision)
+    with _lock:
+        enhancer = _cache.get(key)
+        if enhancer is None:
+            enhancer = load_package(path, dev, precision=precision)
+            _cache[key] = enhancer
+            log.info("model package %s v%s (%s, rf %d) resident on %s", enhancer.manifest.name,
+                     enhancer.manifest.version, enhancer.manifest.architecture, enhancer.receptive_field, dev)
+    check_fits(enhancer.manifest, path.name, camera, architecture)
+    return enhancer
+
+
+def clear_cache() -> None:
+    """Forget every resident package (tests; a worker never needs it)."""
+    with _lock:
+        _cache.clear()
+        _manifests.clear()
+
+
+__all__ = ["CLASSICAL_PACKAGE", "LEARNED_DEFAULTS", "PACKAGES_DIR", "clear_cache", "default_package",
+           "load_enhancer", "package_manifest", "package_ref", "resolve_package"]

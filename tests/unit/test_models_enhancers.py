@@ -1,0 +1,117 @@
+"""Enhancers: declared receptive field is exact, strips stitch, CFA phases, precision, classical = the ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.pipeline.models.classical import DEMOSAIC_NOISE_FACTORS, ClassicalEnhancer
+from services.pipeline.models.jdd import DEFAULT_CONFIG, JDDEnhancer, JDDNet, flops_per_pixel, jdd_receptive_field
+from services.pipeline.ops import demosaic_malvar, denoise_lee
+from training.packages import classical_manifest, jdd_manifest
+
+SHOT = torch.tensor([3e-3, 1.5e-3, 2.5e-3])
+READ = torch.tensor([2e-5, 5e-6, 1e-5])
+
+
+def _jdd(precision: torch.dtype = torch.float32, config: dict = DEFAULT_CONFIG) -> JDDEnhancer:
+    torch.manual_seed(0)
+    net = JDDNet(config["width"], config["dilations"])
+    torch.nn.init.normal_(net.tail.weight, std=0.02)
+    return JDDEnhancer(jdd_manifest("t", ("*",), config, {}), net, torch.device("cpu"), precision)
+
+
+def _classical() -> ClassicalEnhancer:
+    return ClassicalEnhancer(classical_manifest(), torch.device("cpu"))
+
+
+def _mosaic(h: int, w: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    smooth = torch.nn.functional.interpolate(torch.rand(1, 1, h // 8 + 1, w // 8 + 1, generator=g), (h, w),
+                                             mode="bilinear", align_corners=False)
+    return (smooth * 0.8 + torch.rand(1, 1, h, w, generator=g) * 0.3).clamp(0, 1.2)
+
+
+def test_default_architecture_numbers() -> None:
+    assert jdd_receptive_field(DEFAULT_CONFIG) == 37
+    assert sum(p.numel() for p in JDDNet(48).parameters()) == 258_108
+    assert flops_per_pixel(DEFAULT_CONFIG) == pytest.approx(128_736)
+
+
+@pytest.mark.parametrize("make", [_jdd, _classical])
+def test_output_shape_dtype_and_bad_input(make: object) -> None:
+    enh = make()  # type: ignore[operator]
+    x = _mosaic(90, 86)
+    out = enh.enhance(x, "GBRG", SHOT, READ)
+    assert out.shape == (1, 3, 90, 86) and out.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"mosaic must have shape \(B, 1, H, W\), got \(1, 3, 90, 86\)"):
+        enh.enhance(out, "RGGB", SHOT, READ)
+    with pytest.raises(ValueError, match="cfa must be one of"):
+        enh.enhance(x, "RGBG", SHOT, READ)
+    with pytest.raises(ValueError, match="noise must be >= 0"):
+        enh.enhance(x, "RGGB", -SHOT, READ)
+
+
+@pytest.mark.parametrize("make", [_jdd, _classical])
+@pytest.mark.parametrize("y", [60, 61])
+def test_receptive_field_is_exact(make: object, y: int) -> None:
+    """Output row y ignores input beyond the declared radius, and (tightness) sees the row at that radius."""
+    enh = make()  # type: ignore[operator]
+    rf = enh.receptive_field
+    x = _mosaic(128, 64)
+    base = enh.enhance(x, "RGGB", SHOT, READ)[..., y, :]
+    far, edge = x.clone(), x.clone()
+    sign = 1 if y % 2 == 0 else -1  # an even row's block reaches furthest downwards, an odd row's upwards
+    beyond = slice(y + rf + 1, None) if sign > 0 else slice(0, y - rf)
+    far[..., beyond, :] = torch.rand_like(far[..., beyond, :])
+    edge[..., y + sign * rf, :] += 0.5
+    assert torch.equal(enh.enhance(far, "RGGB", SHOT, READ)[..., y, :], base)
+    assert not torch.equal(enh.enhance(edge, "RGGB", SHOT, READ)[..., y, :], base)
+
+
+@pytest.mark.parametrize("cfa", ["RGGB", "BGGR", "GRBG", "GBRG"])
+@pytest.mark.parametrize("height", [120, 121])
+def test_strips_stitch_to_whole(cfa: str, height: int) -> None:
+    enh = _jdd()
+    rf = enh.receptive_field
+    halo = rf + rf % 2
+    x = _mosaic(height, 70, seed=3)
+    whole = enh.enhance(x, cfa, SHOT, READ)
+    cuts = [0, 40, 42, 82, height]
+    parts = []
+    for y0, y1 in zip(cuts[:-1], cuts[1:], strict=True):
+        top, bottom = max(0, y0 - halo), min(height, y1 + halo)
+        parts.append(enh.enhance(x[..., top:bottom, :], cfa, SHOT, READ)[..., y0 - top : y1 - top, :])
+    stitched = torch.cat(parts, dim=-2)
+    assert (stitched - whole).abs().max().item() < 0.5 / 65535  # within 1 LSB of 16 bits after quantisation
+
+
+@pytest.mark.parametrize(("cfa", "dy", "dx"), [("GRBG", 0, 1), ("GBRG", 1, 0), ("BGGR", 1, 1)])
+def test_every_cfa_phase_computes_like_rggb(cfa: str, dy: int, dx: int) -> None:
+    """A crop of an RGGB mosaic starting at (dy, dx) has phase ``cfa``; away from the borders the network must
+    give the RGGB result for the same pixels, so all phases have the same quality."""
+    enh = _jdd()
+    big = _mosaic(112, 112, seed=5)
+    ref = enh.enhance(big, "RGGB", SHOT, READ)
+    crop = big[..., dy : dy + 110, dx : dx + 110]
+    out = enh.enhance(crop, cfa, SHOT, READ)
+    m = enh.receptive_field + 1
+    inner = out[..., m:-m, m:-m]
+    expected = ref[..., dy + m : dy + 110 - m, dx + m : dx + 110 - m]
+    assert (inner - expected).abs().max().item() < 1e-5
+
+
+def test_bf16_autocast_agrees_with_fp32() -> None:
+    x = _mosaic(96, 96, seed=7)
+    fp32 = _jdd(torch.float32).enhance(x, "RGGB", SHOT, READ)
+    bf16 = _jdd(torch.bfloat16).enhance(x, "RGGB", SHOT, READ)
+    diff = (fp32 - bf16).abs()
+    assert bf16.dtype == torch.float32
+    assert diff.mean().item() < 2e-3 and diff.max().item() < 2e-2
+
+
+def test_classical_is_the_renderers_malvar_and_lee() -> None:
+    x = _mosaic(64, 80, seed=9)
+    f = torch.tensor(DEMOSAIC_NOISE_FACTORS)
+    expected = denoise_lee(demosaic_malvar(x, "GRBG"), f * SHOT, f * READ, radius=2)
+    assert torch.allclose(_classical().enhance(x, "GRBG", SHOT, READ), expected, atol=1e-7, rtol=0)

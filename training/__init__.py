@@ -1,0 +1,1 @@
+"""Training of the learned enhancement model (see training/train.py)."""

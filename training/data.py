@@ -1,0 +1,324 @@
+"""Synthetic RAW training data, generated on the fly on the training device (Brooks et al. 2019 unprocessing).
+
+Content: the photographs in ``--photos`` (8-bit sRGB PNGs, read in place, never copied), the colour images
+scikit-image bundles (when it is installed), and procedural dead leaves (Achddou et al. 2021). Each crop is
+unprocessed the way a camera would have recorded it:
+
+    sRGB crop -> inverse sRGB transfer -> random exposure -> random camera matrix (rgb -> white-balanced camera
+    RGB, rows sum to 1) -> divide by random white-balance gains (raw) -> Bayer mosaic -> Poisson-Gaussian noise
+    (variance ``shot * x + read``, Gaussian approximation) -> clip to [0, 1] (saturation, black clip as
+    ``normalize_levels`` does) -> multiply by the gains again (the enhancer's white-balanced input).
+
+The target is the clean white-balanced camera RGB with the same saturation (``min(cam, gain)``). The noise the
+network is told is the white-balanced model ``shot_c = g_c shot``, ``read_c = g_c^2 read`` (as the renderer
+computes it), jittered a little, and sometimes replaced by a signal-independent equivalent, the form
+``services.pipeline.shot.estimate_noise`` returns for files without a NoiseProfile.
+
+Held out (never trained on): photos :data:`HELD_OUT_PHOTOS` and dead leaves seeds
+:data:`DEAD_LEAVES_HELD_OUT_SEEDS`. ``services/raw/unprocess.py`` (colour engineer) will own the shared
+unprocessing; until then this module is the reference and its constants are the ones to align on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from services.pipeline.ops import SRGB_TO_XYZ_D65, cfa_masks, srgb_decode
+
+HELD_OUT_PHOTOS: tuple[str, ...] = tuple(f"{i:03d}.png" for i in range(33, 41))
+DEAD_LEAVES_HELD_OUT_SEEDS = range(900_000, 900_016)
+DEAD_LEAVES_TRAIN_SEED_BASE = 0  # training pools use seeds base + seed * 10_000 + i, far below the held-out range
+# Evaluation noise levels in normalised raw units (variance = shot * x + read before white balance).
+NOISE_LEVELS: dict[str, tuple[float, float]] = {
+    "none": (0.0, 0.0),
+    "low": (2e-4, 1e-6),
+    "mid": (2e-3, 1e-5),
+    "high": (1e-2, 1e-4),
+}
+# XYZ -> camera matrices (D65): the four of Brooks et al. 2019 (Canon 5D Mark II, Canon 5D, Nikon D700,
+# Nikon D3) and the Phase One P 65+ ColorMatrix1 that services/raw/synth.py renders with (dcraw adobe_coeff).
+XYZ_TO_CAMS = np.array(
+    [
+        [[1.0234, -0.2969, -0.2266], [-0.5625, 1.6328, -0.0469], [-0.0703, 0.2188, 0.6406]],
+        [[0.4913, -0.0541, -0.0202], [-0.6130, 1.3513, 0.2906], [-0.1564, 0.2151, 0.7183]],
+        [[0.8380, -0.2630, -0.0639], [-0.2887, 1.0725, 0.2496], [-0.0627, 0.1427, 0.5438]],
+        [[0.6596, -0.2079, -0.0562], [-0.4782, 1.3016, 0.1933], [-0.0970, 0.1581, 0.5181]],
+        [[0.8035, 0.0435, -0.0962], [-0.6001, 1.3872, 0.2320], [-0.1159, 0.3065, 0.5434]],
+    ]
+)
+SKIMAGE_IMAGES: tuple[str, ...] = ("astronaut", "chelsea", "coffee", "rocket")
+_SOURCE_WEIGHTS = {"photos": 0.5, "skimage": 0.1, "dead_leaves": 0.4}
+
+
+# ----------------------------------------------------------------------------------------------- content
+
+
+def photo_paths(directory: str | Path, held_out: bool) -> list[Path]:
+    """The training (or held-out) PNG photographs in ``directory``, sorted by name."""
+    paths = sorted(Path(directory).glob("*.png"))
+    if not paths:
+        raise FileNotFoundError(f"no *.png photographs in {directory}")
+    return [p for p in paths if (p.name in HELD_OUT_PHOTOS) == held_out]
+
+
+def _load_rgb8(path: Path) -> Tensor:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1)  # (3, H, W) uint8
+
+
+def load_photos(directory: str | Path, held_out: bool, device: torch.device) -> list[Tensor]:
+    """Photographs as (3, H, W) uint8 tensors on ``device``."""
+    return [_load_rgb8(p).to(device) for p in photo_paths(directory, held_out)]
+
+
+def skimage_images(device: torch.device) -> list[Tensor]:
+    """The bundled scikit-image colour photographs as (3, H, W) uint8; empty when scikit-image is missing."""
+    try:
+        from skimage import data
+    except ImportError:
+        return []
+    out = []
+    for name in SKIMAGE_IMAGES:
+        try:
+            arr = np.asarray(getattr(data, name)())
+        except Exception:  # noqa: BLE001 - a missing bundled file must not stop training (no network)
+            continue
+        if arr.ndim == 3 and arr.shape[2] >= 3:
+            out.append(torch.from_numpy(np.ascontiguousarray(arr[..., :3])).permute(2, 0, 1).to(device))
+    return out
+
+
+def dead_leaves(seed: int, size: int, r_min: float = 1.5, coverage: float = 4.0) -> Tensor:
+    """A dead-leaves image (3, size, size) uint8 sRGB: opaque discs, radii ~ r^-3, over a gradient.
+
+    Rendered at 2x and box-averaged (anti-aliased edges); discs get a random flat colour with a slight
+    per-disc linear shading so regions are not perfectly flat. Deterministic in ``seed``.
+    """
+    rng = np.random.default_rng(seed)
+    s2 = 2 * size
+    r_max = size / 3.0
+    yy, xx = np.mgrid[0:s2, 0:s2].astype(np.float32) / s2
+    c0, c1 = rng.random(3), rng.random(3)
+    img = (c0[:, None, None] * (1 - yy) + c1[:, None, None] * yy).astype(np.float32)  # (3, 2S, 2S)
+    mean_area = math.pi * 2 * r_min**2 * math.log(r_max / r_min)
+    n = int(coverage * size * size / mean_area)
+    u = rng.random(n)
+    radii = (r_min**-2 - u * (r_min**-2 - r_max**-2)) ** -0.5 * 2  # in 2x pixels
+    centres = rng.random((n, 2)) * s2
+    colours = rng.random((n, 3)) ** 1.3
+    shades = rng.normal(0.0, 0.15, (n, 2))
+    for (cy, cx), r, col, (gy, gx) in zip(centres, radii, colours, shades, strict=True):
+        y0, y1 = max(int(cy - r), 0), min(int(cy + r) + 2, s2)
+        x0, x1 = max(int(cx - r), 0), min(int(cx + r) + 2, s2)
+        if y0 >= y1 or x0 >= x1:
+            continue
+        dy = np.arange(y0, y1, dtype=np.float32)[:, None] - cy
+        dx = np.arange(x0, x1, dtype=np.float32)[None, :] - cx
+        inside = dy * dy + dx * dx <= r * r  # (h, w)
+        shade = 1.0 + (gy * dy + gx * dx) / max(r, 1.0)
+        patch = img[:, y0:y1, x0:x1]
+        val = np.clip(col[:, None, None] * shade[None], 0.0, 1.0)
+        img[:, y0:y1, x0:x1] = np.where(inside[None], val, patch)
+    small = img.reshape(3, size, 2, size, 2).mean(axis=(2, 4))
+    return torch.from_numpy(np.round(small * 255.0).astype(np.uint8))
+
+
+# ----------------------------------------------------------------------------------------------- unprocess
+
+
+def rgb_to_cam(weights: Tensor) -> Tensor:
+    """Linear sRGB -> white-balanced camera RGB (B, 3, 3): a convex mix of :data:`XYZ_TO_CAMS` (weights (B, K)),
+    times sRGB -> XYZ, rows normalised to sum to 1 (white stays white after white balance)."""
+    xyz_to_cams = torch.as_tensor(XYZ_TO_CAMS, dtype=torch.float32, device=weights.device)  # (K, 3, 3)
+    w = weights / weights.sum(dim=1, keepdim=True)  # (B, K)
+    xyz_to_cam = torch.einsum("bk,kij->bij", w, xyz_to_cams)  # (B, 3, 3)
+    rgb_to_xyz = torch.as_tensor(SRGB_TO_XYZ_D65, dtype=torch.float32, device=weights.device)
+    m = xyz_to_cam @ rgb_to_xyz  # (B, 3, 3)
+    return m / m.sum(dim=2, keepdim=True)
+
+
+def mosaic_of(rgb: Tensor, cfa: str) -> Tensor:
+    """(B, 3, H, W) -> (B, 1, H, W) Bayer mosaic of phase ``cfa``."""
+    masks = cfa_masks(cfa, rgb.shape[-2], rgb.shape[-1], rgb.device, rgb.dtype)  # (3, H, W)
+    return (rgb * masks).sum(dim=1, keepdim=True)
+
+
+def apply_matrix_batch(rgb: Tensor, m: Tensor) -> Tensor:
+    """Per-image 3x3 matrix: (B, 3, H, W), (B, 3, 3) -> (B, 3, H, W)."""
+    return torch.einsum("bij,bjhw->bihw", m, rgb)
+
+
+@dataclass
+class RawBatch:
+    """One batch: white-balanced noisy mosaics, clean targets, and what the renderer would know."""
+
+    mosaic: Tensor  # (B, 1, H, W) white-balanced, clipped, noisy; CFA phase ``cfa``
+    target: Tensor  # (B, 3, H - 2m, W - 2m) clean white-balanced camera RGB (saturated as the raw was)
+    shot: Tensor  # (B, 3) reported white-balanced noise model
+    read: Tensor  # (B, 3)
+    cam_to_rgb: Tensor  # (B, 3, 3) white-balanced camera RGB -> linear sRGB (the renderer's rgb_cam)
+    cfa: str
+
+
+def unprocess(srgb: Tensor, *, cfa: str, margin: int, gen: torch.Generator, shot: Tensor, read: Tensor,
+              exposure: Tensor, gains: Tensor, mix: Tensor, report_jitter: bool) -> RawBatch:
+    """(B, 3, H, W) sRGB in [0, 1] -> :class:`RawBatch`; ``margin`` pixels each side are context only.
+
+    ``shot``/``read`` (B,) raw-domain noise; ``exposure`` (B,); ``gains`` (B, 3) white balance; ``mix`` (B, K)
+    camera-matrix weights; ``gen`` draws the noise (and the report jitter when ``report_jitter``).
+    """
+    b = srgb.shape[0]
+    lin = srgb_decode(srgb.clamp(0.0, 1.0)) * exposure.view(b, 1, 1, 1)  # (B, 3, H, W) linear sRGB
+    m = rgb_to_cam(mix)  # (B, 3, 3)
+    cam = apply_matrix_batch(lin, m).clamp(min=0.0)  # (B, 3, H, W) white-balanced camera RGB
+    g = gains.view(b, 3, 1, 1)
+    raw = mosaic_of(cam / g, cfa)  # (B, 1, H, W) before white balance
+    std = (shot.view(b, 1, 1, 1) * raw + read.view(b, 1, 1, 1)).sqrt()
+    noise = torch.randn(raw.shape, generator=gen, device=raw.device, dtype=raw.dtype)
+    noisy = (raw + std * noise).clamp(0.0, 1.0)
+    wb = noisy * mosaic_of(g.expand_as(cam), cfa)  # (B, 1, H, W)
+    target = torch.minimum(cam, g)  # saturation where the raw clipped
+    if margin:
+        target = target[..., margin:-margin, margin:-margin]
+    shot_c = shot.view(b, 1) * gains  # (B, 3)
+    read_c = read.view(b, 1) * gains * gains
+    if report_jitter:
+        shot_c, read_c = _jitter_report(shot_c, read_c, gen)
+    return RawBatch(mosaic=wb, target=target, shot=shot_c, read=read_c, cam_to_rgb=torch.linalg.inv(m), cfa=cfa)
+
+
+def _jitter_report(shot_c: Tensor, read_c: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Noise the renderer reports is an estimate: scale by ~10 %, and for 1 in 5 images give the
+    signal-independent equivalent at a mid level (what ``estimate_noise`` returns without a NoiseProfile)."""
+    b, dev = shot_c.shape[0], shot_c.device
+    scale = torch.exp(0.1 * torch.randn(b, 1, generator=gen, device=dev))
+    level = 0.05 + 0.3 * torch.rand(b, 1, generator=gen, device=dev)
+    flat = torch.rand(b, 1, generator=gen, device=dev) < 0.2
+    shot_r = torch.where(flat, torch.zeros_like(shot_c), shot_c) * scale
+    read_r = torch.where(flat, shot_c * level + read_c, read_c) * scale
+    return shot_r, read_r
+
+
+def sample_noise(b: int, gen: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Raw-domain (shot, read) (B,) each: 10 % noise-free, else log-uniform shot in [5e-5, 2e-2] and read from
+    Brooks' log-linear relation with scatter."""
+    log_shot = torch.empty(b, device=device).uniform_(math.log(5e-5), math.log(2e-2), generator=gen)
+    log_read = 2.18 * log_shot + 1.2 + 0.26 * torch.randn(b, generator=gen, device=device)
+    clean = torch.rand(b, generator=gen, device=device) < 0.1
+    shot = torch.where(clean, torch.zeros(b, device=device), log_shot.exp())
+    read = torch.where(clean, torch.zeros(b, device=device), log_read.exp())
+    return shot, read
+
+
+# ----------------------------------------------------------------------------------------------- sources
+
+
+class TrainingSource:
+    """Random (B, 3, size, size) sRGB crops from the content pools, with flips and transposes."""
+
+    def __init__(self, photos: str | Path, device: torch.device, seed: int, dead_leaves_pool: int = 48,
+                 dead_leaves_size: int = 384) -> None:
+        self.device = device
+        self.pools: dict[str, list[Tensor]] = {
+            "photos": load_photos(photos, held_out=False, device=device),
+            "skimage": skimage_images(device),
+            "dead_leaves": [dead_leaves(DEAD_LEAVES_TRAIN_SEED_BASE + seed * 10_000 + i, dead_leaves_size).to(device)
+                            for i in range(dead_leaves_pool)],
+        }
+        self.names = [k for k, v in self.pools.items() if v]
+        w = np.array([_SOURCE_WEIGHTS[k] for k in self.names])
+        self.weights = w / w.sum()
+        self.rng = np.random.default_rng(seed)
+
+    def describe(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.pools.items()}
+
+    def crops(self, b: int, size: int) -> Tensor:
+        """(B, 3, size, size) float sRGB in [0, 1]."""
+        out = []
+        for src in self.rng.choice(len(self.names), size=b, p=self.weights):
+            pool = [im for im in self.pools[self.names[src]] if min(im.shape[-2:]) >= size]
+            if not pool:
+                raise ValueError(f"no {self.names[src]} image is at least {size} pixels on each side")
+            im = pool[self.rng.integers(len(pool))]
+            y = int(self.rng.integers(im.shape[-2] - size + 1))
+            x = int(self.rng.integers(im.shape[-1] - size + 1))
+            crop = im[:, y : y + size, x : x + size]
+            if self.rng.random() < 0.5:
+                crop = crop.flip(-1)
+            if self.rng.random() < 0.5:
+                crop = crop.flip(-2)
+            if self.rng.random() < 0.5:
+                crop = crop.transpose(-1, -2)
+            out.append(crop)
+        return torch.stack(out).float() / 255.0
+
+
+def training_batch(source: TrainingSource, b: int, size: int, margin: int, gen: torch.Generator) -> RawBatch:
+    """A batch of RGGB canvases of ``size + 2 margin``; targets are the central ``size`` x ``size``.
+
+    RGGB only: the enhancer maps every CFA phase onto RGGB exactly (a shift of the canvas), so a random phase
+    in training would be a relabelling; the content's position relative to the CFA is random anyway.
+    """
+    dev = source.device
+    srgb = source.crops(b, size + 2 * margin)
+    shot, read = sample_noise(b, gen, dev)
+    exposure = torch.empty(b, device=dev).uniform_(math.log(0.4), math.log(1.6), generator=gen).exp()
+    red = torch.empty(b, device=dev).uniform_(1.6, 2.6, generator=gen)
+    blue = torch.empty(b, device=dev).uniform_(1.3, 2.2, generator=gen)
+    gains = torch.stack([red, torch.ones(b, device=dev), blue], dim=1)  # (B, 3)
+    mix = torch.rand(b, len(XYZ_TO_CAMS), generator=gen, device=dev) + 1e-3
+    return unprocess(srgb, cfa="RGGB", margin=margin, gen=gen, shot=shot, read=read, exposure=exposure,
+                     gains=gains, mix=mix, report_jitter=True)
+
+
+def held_out_batches(photos: str | Path, device: torch.device, size: int = 192, per_photo: int = 2,
+                     dead_leaves_count: int = 8) -> dict[str, list[RawBatch]]:
+    """Fixed evaluation sets per noise level (:data:`NOISE_LEVELS`) from held-out content only.
+
+    Crops from photos :data:`HELD_OUT_PHOTOS` and dead leaves :data:`DEAD_LEAVES_HELD_OUT_SEEDS`; each crop gets
+    a fixed white balance, camera matrix and CFA phase (the four phases in turn). One batch per phase.
+    """
+    rng = np.random.default_rng(12345)
+    crops: list[Tensor] = []
+    for im in load_photos(photos, held_out=True, device=device):
+        for _ in range(per_photo):
+            y = int(rng.integers(im.shape[-2] - size + 1))
+            x = int(rng.integers(im.shape[-1] - size + 1))
+            crops.append(im[:, y : y + size, x : x + size])
+    for seed in list(DEAD_LEAVES_HELD_OUT_SEEDS)[:dead_leaves_count]:
+        crops.append(dead_leaves(seed, size).to(device))
+    srgb = torch.stack(crops).float() / 255.0  # (N, 3, S, S)
+    n = srgb.shape[0]
+    gains = torch.tensor(np.stack([rng.uniform(1.7, 2.5, n), np.ones(n), rng.uniform(1.4, 2.1, n)], 1),
+                         dtype=torch.float32, device=device)
+    mix = torch.tensor(rng.random((n, len(XYZ_TO_CAMS))) + 1e-3, dtype=torch.float32, device=device)
+    exposure = torch.tensor(np.exp(rng.uniform(math.log(0.5), math.log(1.3), n)), dtype=torch.float32,
+                            device=device)
+    out: dict[str, list[RawBatch]] = {}
+    phases = ("RGGB", "BGGR", "GRBG", "GBRG")
+    for level, (shot, read) in NOISE_LEVELS.items():
+        gen = torch.Generator(device=device).manual_seed(777)
+        out[level] = []
+        for k, cfa in enumerate(phases):
+            idx = torch.arange(k, n, len(phases), device=device)
+            m = len(idx)
+            out[level].append(unprocess(
+                srgb[idx], cfa=cfa, margin=0, gen=gen, shot=torch.full((m,), shot, device=device),
+                read=torch.full((m,), read, device=device), exposure=exposure[idx], gains=gains[idx],
+                mix=mix[idx], report_jitter=False))
+    return out
+
+
+__all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "XYZ_TO_CAMS", "RawBatch",
+           "TrainingSource", "dead_leaves", "held_out_batches", "load_photos", "mosaic_of", "photo_paths",
+           "rgb_to_cam", "sample_noise", "skimage_images", "training_batch", "unprocess"]
