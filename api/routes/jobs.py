@@ -137,9 +137,9 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
     return start, end
 
 
-@router.api_route("/{job_id}/outputs/{name}", methods=["GET", "HEAD"],
-                  responses={**ERRORS, 200: {"content": {"image/tiff": {}}}},
-                  response_class=Response, summary="Download an output (Range supported)")
+@router.get("/{job_id}/outputs/{name}", responses={**ERRORS, 200: {"content": {"image/tiff": {}}}},
+            response_class=Response, summary="Download an output (Range supported; HEAD answers the headers)")
+@router.head("/{job_id}/outputs/{name}", include_in_schema=False)
 def download_output(
     job_id: str, name: str, request: Request, session: SessionDep, station: StationDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,

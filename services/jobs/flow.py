@@ -27,7 +27,13 @@ from services.jobs.cameras import PROFILES
 from services.jobs.planner import parse_split_ratio, plan_frame_groups, plan_strips, strip_count
 from services.pipeline.render import RenderParams, render_strip
 from services.pipeline.shot import shot_render_params
-from services.pipeline.stack import fuse_groups, merge_frame_group
+from services.pipeline.stack import (
+    frame_shifts,
+    fuse_groups,
+    merge_frame_group,
+    pixel_shift_offsets,
+    stack_noise_factors,
+)
 from services.raw.decode import decode_raw
 from services.raw.errors import RawError
 from services.raw.meta import RawMeta
@@ -141,14 +147,20 @@ def ingest_job(
                                       f"({ref.width}x{ref.height} {ref.cfa})", storage)
             return []
 
-    params = shot_render_params(ref, storage.load_array(raw_key(job_id, 0)))
+    params = shot_render_params(ref, storage.load_array(raw_key(job_id, 0)), get_recipe(job.recipe).colour_space,
+                                camera=job.camera)
     profile = PROFILES[job.camera]
     ratios = parse_split_ratio(settings.split_ratio)
     plan: list[dict] = []
     if profile.split_strategy == "frame_group":
-        plan.append({"kind": "frame_group"})
+        offsets = None
+        if len(metas) == 4:  # a 4-shot one-pixel pattern is combined without demosaicing (pixel shift)
+            frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]
+            offsets = pixel_shift_offsets(frame_shifts(frames[0], frames))
+        plan.append({"kind": "frame_group", "pixel_shift": offsets})
         plan.append({"kind": "strip", "source": f"jobs/{job_id}/fused.npy", "normalized": True,
-                     "noise_scale": 1.0 / len(metas)})
+                     "noise_scale": 1.0 if offsets else 1.0 / len(metas),
+                     "noise_factors": list(stack_noise_factors(offsets is not None))})
     else:
         plan.append({"kind": "strip", "source": raw_key(job_id, 0), "normalized": False, "noise_scale": 1.0})
 
@@ -215,14 +227,19 @@ def compute_shard(job: Job, shard: Shard, storage: Storage, device: str) -> None
     out_key = shard_key(job.id, shard.phase, shard.kind, shard.index)
     if shard.kind == "strip":
         source = storage.load_array(spec["source"])
+        factors = spec.get("noise_factors")
         result = render_strip(source, shard.payload["y0"], shard.payload["y1"], _phase_render_params(job, spec),
-                              device=device, normalized=bool(spec["normalized"]))
+                              device=device, normalized=bool(spec["normalized"]),
+                              noise_factors=tuple(factors) if factors else None)
     else:
         indices = list(shard.payload["frames"])
         metas = {i: RawMeta.from_dict(job.params["frames"][str(i)]) for i in [0, *indices]}
         frames = [(storage.load_array(raw_key(job.id, i)), metas[i]) for i in indices]
         reference = (storage.load_array(raw_key(job.id, 0)), metas[0])
-        result = merge_frame_group(reference, frames, device=device)
+        offsets = spec.get("pixel_shift")
+        result = merge_frame_group(reference, frames, device=device,
+                                   params=RenderParams.from_dict(job.params["render"]),
+                                   pixel_shift=[tuple(offsets[i]) for i in indices] if offsets else None)
     storage.save_array(out_key, result)
 
 

@@ -1,4 +1,4 @@
-"""Multi-frame merge: sub-pixel shift estimation on noisy frames, shifting, accumulation."""
+"""Multi-frame merge: shift estimation, robust accumulation with motion rejection, pixel-shift combine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from services.pipeline.ops import accumulate_frames, estimate_shift, shift_mosaic
+from services.pipeline.ops.merge import (
+    FIXED_POINT_BITS,
+    MergeParams,
+    demosaic_camera,
+    integer_shift,
+    pixel_shift_accumulate,
+)
 from tests.unit.test_ops_synthetic import mosaic_of, textured_rgb
+
+ONE = 2.0**FIXED_POINT_BITS
+PARAMS = MergeParams(cfa="RGGB", gains=(1.8, 1.0, 1.4), shot=0.002, read=2e-6)
 
 H, W = 192, 256
 
@@ -42,12 +52,80 @@ def test_shift_mosaic_fractional_weight_edges() -> None:
     assert weight[:14].eq(1).all() and weight[14:].eq(0).all()
 
 
+def _merged(acc: torch.Tensor) -> torch.Tensor:
+    """(3 + K, H, W) fixed-point accumulator -> (3, H, W) merged camera RGB."""
+    return acc[:3].double() / acc[3:].double().clamp(min=1)
+
+
 def test_identical_frames_average_exactly() -> None:
     reference = _noisy(mosaic_of(textured_rgb(64, 96, seed=6), "RGGB"), seed=3)
-    total, weight, shifts = accumulate_frames(reference, [reference] * 4, "RGGB")
-    assert shifts == [(0.0, 0.0)] * 4
-    assert bool((weight == 4).all())
-    assert torch.equal(total / weight, reference)
+    acc = accumulate_frames(reference, [reference] * 4, PARAMS)  # (4, H, W)
+    assert acc.dtype == torch.int64 and acc.shape == (4, 64, 96)
+    assert bool((acc[3] == 4 * ONE).all())
+    torch.testing.assert_close(_merged(acc).float(), demosaic_camera(reference, PARAMS), atol=1e-6, rtol=0)
+
+
+def test_unshifted_noisy_frames_merge_to_their_average() -> None:
+    clean = mosaic_of(textured_rgb(96, 96, seed=8), "RGGB")
+    frames = [_noisy(clean, seed=s) for s in range(4)]
+    acc = accumulate_frames(frames[0], frames, PARAMS)
+    assert float((acc[3] / ONE).mean()) > 3.9  # nothing (or almost nothing) rejected
+    average = torch.stack([demosaic_camera(f, PARAMS) for f in frames]).mean(0)  # (3, H, W)
+    inner = (slice(None), slice(8, -8), slice(8, -8))
+    err = (_merged(acc).float() - average)[inner].abs().mean()
+    noise = (demosaic_camera(frames[0], PARAMS) - average)[inner].abs().mean()
+    assert float(err) < 0.1 * float(noise)
+
+
+def test_moving_square_is_rejected_not_blended() -> None:
+    clean = mosaic_of(textured_rgb(96, 96, seed=9), "RGGB")
+    reference = _noisy(clean, seed=0)
+    frames = [reference, _noisy(clean, seed=1), _noisy(clean, seed=2)]
+    planted = clean.clone()
+    planted[32:64, 32:64] = 0.9  # a bright square that is only in this frame
+    frames.append(_noisy(planted, seed=3))
+    acc = accumulate_frames(reference, frames, PARAMS)
+    square = (slice(None), slice(32, 64), slice(32, 64))
+    weight = acc[3] / ONE  # (H, W)
+    assert float(weight[square[1:]].max()) <= 3.0 + 1e-6  # the planted frame got weight 0 in the square
+    assert float(weight[8:24, 8:24].min()) > 3.5  # elsewhere all four count
+    truth = demosaic_camera(clean, PARAMS)
+    err = (_merged(acc).float() - truth)[square].abs().mean()
+    blend = (0.25 * (demosaic_camera(planted, PARAMS) - truth))[square].abs().mean()
+    assert float(err) < 0.2 * float(blend)  # what is left is the noise of the three other frames
+
+
+def test_pixel_shift_noise_free_returns_truth_at_every_site() -> None:
+    rgb = torch.as_tensor(textured_rgb(64, 64, seed=11)).float()  # (3, H, W), periodic
+    offsets = [(0, 0), (0, 1), (1, 1), (1, 0)]
+    # frame(y, x) = scene(y - dy, x - dx): a frame shifted by (dy, dx) records the scene rolled by it.
+    frames = [mosaic_of(torch.roll(rgb, (dy, dx), dims=(1, 2)), "RGGB") for dy, dx in offsets]
+    exact = MergeParams(cfa="RGGB", gains=(1.0, 1.0, 1.0), shot=0.0, read=0.0, reject_low=1e30, reject_high=2e30)
+    acc = pixel_shift_accumulate(frames[0], frames, offsets, exact)  # (6, H, W)
+    merged = _merged(acc).float()
+    inner = (slice(None), slice(1, -1), slice(1, -1))
+    torch.testing.assert_close(merged[inner], rgb[inner], atol=2e-4, rtol=0)  # fallback weight 1e-4, 2^-20
+    counts = (acc[3:] / ONE).round()[inner]
+    assert bool((counts[1] == 2).all()) and bool((counts[0] == 1).all()) and bool((counts[2] == 1).all())
+
+
+def test_pixel_shift_motion_falls_back_to_reference() -> None:
+    clean = torch.as_tensor(textured_rgb(64, 64, seed=12)).float()
+    offsets = [(0, 0), (0, 1), (1, 1), (1, 0)]
+    frames = [mosaic_of(torch.roll(clean, o, dims=(1, 2)), "RGGB") for o in offsets]
+    frames[2][16:40, 16:40] = 0.95  # something bright passed through frame 2
+    acc = pixel_shift_accumulate(frames[0], frames, offsets, PARAMS)
+    square = (slice(None), slice(18, 38), slice(18, 38))
+    err = (_merged(acc).float() - clean)[square].abs().mean()
+    blend = (0.95 - clean)[square].abs().mean() / 4  # a quarter of the samples from the bright frame
+    assert float(err) < 0.2 * float(blend)  # what is left is the reference's demosaicing error
+    assert float(((acc[3:] / ONE)[square]).sum(0).max()) <= 3.0 + 1e-3  # frame 2 dropped in the square
+
+
+def test_integer_shift() -> None:
+    frame = torch.arange(16.0).view(4, 4)
+    out, valid = integer_shift(frame, 1, -1)
+    assert float(out[0, 1]) == float(frame[1, 0]) and valid[-1].eq(0).all() and valid[:, 0].eq(0).all()
 
 
 def test_bad_input() -> None:

@@ -1,22 +1,38 @@
-"""Multi-frame stack, first version: one global sub-pixel translation per frame, then a weighted sum.
+"""Multi-frame merge ops: global shift estimation, demosaic-warp merge with noise-aware motion rejection,
+and the pixel-shift combine.
 
-A later version replaces this with tile-based robust alignment. Mosaics are (H, W) float, normalised, with
-even H and W; all frames share the CFA phase of the reference. Shifts are in full-resolution pixels:
-``(dy, dx)`` means ``frame(y, x) ~ reference(y - dy, x - dx)`` (the frame's content moved by +dy, +dx).
+Mosaics are (H, W) float, normalised, with even H and W; all frames share the CFA phase of the reference.
+Shifts and flows are in full-resolution pixels: ``(dy, dx)`` means ``frame(y + dy, x + dx) ~ reference(y, x)``
+(the frame's content moved by +dy, +dx).
 
-Fusing frame groups rendered apart (one per GPU): ``sum(sums) / sum(weights)`` over the groups, where
-weight 0 (no frame covered the pixel) falls back to the reference.
+Merge (sub-pixel stacks): every frame is demosaiced (Malvar, on the white-balanced mosaic, then divided back
+by the gains, so results stay in camera RGB), aligned to the reference with :mod:`.align`, warped bilinearly
+to the reference geometry and added with a per-pixel weight in [0, 1] from a Poisson-Gaussian test of its
+local difference to the reference (:func:`motion_weights`). Averaging demosaiced frames also averages their
+demosaicing errors, which differ from frame to frame (each frame samples the scene at another CFA phase).
+
+Accumulators are ``(C + K, H, W)`` int64 fixed point (units of ``2**-FIXED_POINT_BITS``): C = 3 weighted
+sums (R, G, B) then K = 1 (one weight per pixel) or K = 3 (one weight per channel, pixel shift). Every
+frame's contribution depends only on the frame, the reference and the shared parameters and is rounded to
+fixed point before it is added, so integer addition makes accumulators of any partition of the frames add
+up to bit-identical totals: ``sum(sums) / sum(weights)`` over groups equals merging all frames at once
+exactly (float sums differ in the last bits, which the renderer's local-variance filter can blow up to a
+few 16-bit LSB). 2**-20 is 1/16 of a 16-bit step; int32 holds the sums of up to 2047 frames.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from services.pipeline.ops.cfa import cfa_channels
+from services.pipeline.ops.align import AlignParams, align_frame, grey_pyramid, tiles_to_pixels, warp
+from services.pipeline.ops.cfa import cfa_channels, cfa_masks, white_balance
+from services.pipeline.ops.demosaic import demosaic_malvar
+from services.pipeline.ops.filters import box_mean, local_min_max
 
 _SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above it CFA aliasing grows)
 _SLOPE_ITERATIONS = 3
@@ -179,23 +195,171 @@ def shift_mosaic(frame: Tensor, dy: float, dx: float, cfa: str) -> tuple[Tensor,
     return _unplanes(out), _unplanes(weight)
 
 
-def accumulate_frames(reference: Tensor, frames: Sequence[Tensor], cfa: str
-                      ) -> tuple[Tensor, Tensor, list[tuple[float, float]]]:
-    """Align each frame to ``reference`` and sum: (sum (H, W) float32, weight (H, W) float32, shifts).
+@dataclass(frozen=True)
+class MergeParams:
+    """Shared merge parameters: CFA, white-balance gains (demosaic only), noise model, motion test, alignment.
 
-    The reference is not added implicitly; pass it in ``frames`` to include it. The merged mosaic is
-    ``sum / weight`` (where weight > 0); groups fuse as ``sum(sums) / sum(weights)``.
+    The noise variance of a normalised sample ``x`` is ``shot * x + read``. The motion statistic ``z2`` is
+    chi-square with 3 degrees of freedom where nothing moved; a frame's weight falls linearly from 1 at
+    ``z2 = reject_low`` to 0 at ``reject_high``.
     """
+
+    cfa: str
+    gains: tuple[float, float, float]
+    shot: float
+    read: float
+    window_radius: int = 3
+    reject_low: float = 16.0
+    reject_high: float = 36.0
+    align: AlignParams = AlignParams()
+
+    def __post_init__(self) -> None:
+        cfa_channels(self.cfa)
+        if len(self.gains) != 3 or min(self.gains) <= 0:
+            raise ValueError(f"gains must be 3 positive values, got {self.gains}")
+        if self.shot < 0 or self.read < 0:
+            raise ValueError(f"noise model must be non-negative, got {self.shot}, {self.read}")
+        if not 0 <= self.reject_low < self.reject_high:
+            raise ValueError(f"need 0 <= reject_low < reject_high, got {self.reject_low}, {self.reject_high}")
+
+
+# Fraction of a window's sites that record each channel (R, G, B) in a Bayer mosaic.
+_CHANNEL_SHARE = (0.25, 0.5, 0.25)
+FIXED_POINT_BITS = 20
+_ONE = float(2**FIXED_POINT_BITS)
+_VARIANCE_FLOOR = (1.0 / 65535) ** 2  # 16-bit quantisation: noise-free frames still get a finite test
+_FALLBACK_WEIGHT = 1e-4  # pixel shift: weight of the reference's demosaiced value for channels it lacks
+
+
+def demosaic_camera(mosaic: Tensor, params: MergeParams) -> Tensor:
+    """(H, W) normalised mosaic -> (3, H, W) camera RGB: Malvar on the white-balanced mosaic, gains undone."""
+    _check_mosaic(mosaic, "mosaic")
+    gains = torch.tensor(params.gains, dtype=torch.float32, device=mosaic.device).view(3, 1, 1)
+    balanced = white_balance(mosaic.to(torch.float32)[None, None], params.gains, params.cfa)  # (1, 1, H, W)
+    return demosaic_malvar(balanced, params.cfa)[0] / gains  # (3, H, W)
+
+
+def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params: MergeParams,
+                   local_range: bool = False) -> Tensor:
+    """Per-pixel weight (H, W) in [0, 1] of ``candidate`` against ``reference`` (both (3, H, W) camera RGB).
+
+    ``samples`` (3, H, W) marks where the candidate holds a usable value of each channel (0/1). In a window of
+    radius ``params.window_radius`` the mean difference per channel is compared with its Poisson-Gaussian
+    standard error ``sqrt(2 (shot * m + read) / n)`` (m the reference's local mean, n the samples in the
+    window; a demosaiced channel counts its CFA share of them); ``z2`` sums the squared ratios. The weight is
+    eroded by one pixel so the rim of a rejected region is rejected too. With ``local_range`` the difference
+    is only what lies outside the reference's 3x3 min/max of that channel, which tolerates the reference's
+    interpolation error where the candidate holds raw samples at sites the reference had to interpolate.
+    """
+    r = params.window_radius
+    share = torch.tensor(_CHANNEL_SHARE, dtype=reference.dtype, device=reference.device).view(1, 3, 1, 1)
+    if local_range:
+        lo, hi = local_min_max(reference[None], 1)  # (1, 3, H, W) each
+        diff = ((candidate[None] - hi).clamp(min=0.0) - (lo - candidate[None]).clamp(min=0.0)) * samples
+    else:
+        diff = ((candidate - reference) * samples)[None]  # (1, 3, H, W)
+    count = box_mean(samples[None], r)  # (1, 3, H, W) fraction of the window with samples
+    mean_diff = box_mean(diff, r) / count.clamp(min=1e-6)  # (1, 3, H, W)
+    level = box_mean(reference[None], r).clamp(min=0.0)  # (1, 3, H, W)
+    n = (count * share * (2 * r + 1) ** 2).clamp(min=1.0)  # (1, 3, H, W) independent samples, roughly
+    variance = 2.0 * (params.shot * level + params.read + _VARIANCE_FLOOR) / n  # (1, 3, H, W)
+    z2 = (mean_diff.square() / variance * (count > 0)).sum(dim=1, keepdim=True)  # (1, 1, H, W)
+    weight = ((params.reject_high - z2) / (params.reject_high - params.reject_low)).clamp(0.0, 1.0)
+    eroded, _ = local_min_max(weight, 1)  # (1, 1, H, W)
+    return eroded[0, 0]  # (H, W)
+
+
+@dataclass
+class _Reference:
+    """What every frame of a group is compared with: the reference mosaic, its camera RGB, its grey pyramid."""
+
+    mosaic: Tensor  # (H, W)
+    rgb: Tensor  # (3, H, W)
+    pyramid: list[Tensor]
+
+
+def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
+    """Demosaic the reference and build its alignment pyramid once per group."""
     _check_mosaic(reference, "reference")
     ref = reference.to(torch.float32)
-    total = torch.zeros_like(ref)  # (H, W)
-    weight = torch.zeros_like(ref)  # (H, W)
-    shifts: list[tuple[float, float]] = []
+    rgb = demosaic_camera(ref, params)  # (3, H, W)
+    return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels))
+
+
+def _fixed(x: Tensor) -> Tensor:
+    """Float contribution -> int64 fixed point (round half to even, deterministic)."""
+    return torch.round(x * _ONE).to(torch.int64)
+
+
+def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], params: MergeParams) -> Tensor:
+    """Align, warp and robustly accumulate ``frames`` onto the reference: (4, H, W) int64 fixed point
+    [sum R, G, B, weight].
+
+    A frame equal to the reference (``torch.equal``) is the reference: weight 1 everywhere, no resampling.
+    The reference is not added implicitly: include it in exactly one group's ``frames``.
+    """
+    ref = reference if isinstance(reference, _Reference) else prepare_reference(reference, params)
+    h, w = ref.mosaic.shape
+    acc = torch.zeros(4, h, w, dtype=torch.int64, device=ref.mosaic.device)  # (4, H, W)
+    ones = torch.ones(3, h, w, dtype=torch.float32, device=ref.mosaic.device)  # (3, H, W)
     for frame in frames:
-        f = frame.to(device=ref.device, dtype=torch.float32)
-        dy, dx = estimate_shift(ref, f, cfa)
-        moved, valid = shift_mosaic(f, dy, dx, cfa)  # (H, W) each
-        total += moved
-        weight += valid
-        shifts.append((dy, dx))
-    return total, weight, shifts
+        f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
+        _check_mosaic(f, "frame")
+        if torch.equal(f, ref.mosaic):
+            acc[:3] += _fixed(ref.rgb)
+            acc[3] += int(_ONE)
+            continue
+        rgb = demosaic_camera(f, params)  # (3, H, W)
+        flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align)  # (ny, nx, 2)
+        moved, valid = warp(rgb, tiles_to_pixels(flow, params.align.tile_size, (h, w)))  # (3, H, W), (H, W)
+        weight = motion_weights(ref.rgb, moved, ones * valid, params) * valid  # (H, W)
+        acc[:3] += _fixed(moved * weight)
+        acc[3] += _fixed(weight)
+    return acc
+
+
+def integer_shift(frame: Tensor, dy: int, dx: int) -> tuple[Tensor, Tensor]:
+    """``out(y, x) = frame(y + dy, x + dx)`` for integer shifts: (H, W) values (0 outside) and validity."""
+    h, w = frame.shape
+    out = torch.zeros_like(frame)
+    valid = torch.zeros_like(frame)
+    ys, xs = slice(max(0, -dy), min(h, h - dy)), slice(max(0, -dx), min(w, w - dx))
+    src_y, src_x = slice(ys.start + dy, ys.stop + dy), slice(xs.start + dx, xs.stop + dx)
+    out[ys, xs] = frame[src_y, src_x]
+    valid[ys, xs] = 1.0
+    return out, valid
+
+
+def pixel_shift_accumulate(reference: Tensor | _Reference, frames: Sequence[Tensor], shifts: Sequence[tuple[int, int]],
+                           params: MergeParams) -> Tensor:
+    """Pixel-shift combine of frames at whole one-pixel ``shifts``: (6, H, W) int64 fixed point
+    [sum R, G, B, weight R, G, B].
+
+    Each frame, moved by its integer shift, gives one sample per site of the colour its sensor site had there;
+    a sample enters with the weight of the :func:`motion_weights` test of the frame's samples against the
+    reference's demosaiced image. A frame equal to the reference adds its own samples with weight 1 and its
+    demosaiced value for the other two channels with a tiny weight, so a site/channel that no other frame
+    measured (or where all of them moved) falls back to the reference's demosaiced value.
+    """
+    ref = reference if isinstance(reference, _Reference) else prepare_reference(reference, params)
+    h, w = ref.mosaic.shape
+    if len(frames) != len(shifts):
+        raise ValueError(f"need one shift per frame, got {len(frames)} frames and {len(shifts)} shifts")
+    masks = cfa_masks(params.cfa, h + 4, w + 4, ref.mosaic.device)  # (3, H+4, W+4): index i is site i - 2
+    acc = torch.zeros(6, h, w, dtype=torch.int64, device=ref.mosaic.device)  # (6, H, W)
+    for frame, (dy, dx) in zip(frames, shifts, strict=True):
+        f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
+        _check_mosaic(f, "frame")
+        if torch.equal(f, ref.mosaic):
+            own = masks[:, 2 : 2 + h, 2 : 2 + w]  # (3, H, W)
+            acc[:3] += _fixed(own * f + (1.0 - own) * ref.rgb * _FALLBACK_WEIGHT)
+            acc[3:] += _fixed(own + (1.0 - own) * _FALLBACK_WEIGHT)
+            continue
+        if abs(dy) > 1 or abs(dx) > 1:
+            raise ValueError(f"pixel-shift offsets must be within one pixel, got {(dy, dx)}")
+        moved, valid = integer_shift(f, dy, dx)  # (H, W) each
+        colour = masks[:, 2 + dy : 2 + dy + h, 2 + dx : 2 + dx + w] * valid  # (3, H, W) frame's colour per site
+        weight = motion_weights(ref.rgb, moved * colour, colour, params, local_range=True)  # (H, W)
+        acc[:3] += _fixed(colour * moved * weight)
+        acc[3:] += _fixed(colour * weight)
+    return acc

@@ -1,0 +1,150 @@
+"""Synthetic multi-shot stacks with known ground truth, for the stack tests and the stack benchmark.
+
+Built on :mod:`services.raw.synth` (the dead-leaves scene, the unprocessing and the noise model) and
+:func:`services.raw.dng.write_dng`. Each frame re-renders the scene on its own shifted sampling grid, so
+sub-pixel shifts are exact. Shift convention as in ``synth``: ``frame_k(y, x) = frame_0(y - dy, x - dx)``.
+
+Options:
+- ``moving_object``: a flat-coloured disc sits in the scene (so it moves with the camera in every frame),
+  except in one non-reference frame where it is displaced: ``motion_mask`` marks the reference-geometry
+  pixels where that frame differs from the scene (the disc's place in the reference and its displaced place).
+- ``pixel_shift``: four frames on the one-pixel pattern (0, 0), (0, 1), (1, 1), (1, 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from services.raw.colour import as_shot_neutral, camera_rgb_matrix
+from services.raw.dng import write_dng
+from services.raw.meta import CFA_PATTERNS, NoiseProfile
+from services.raw.synth import (
+    BLACK_LEVEL,
+    COLOR_MATRIX,
+    MAKE,
+    READ_NOISE_FACTOR,
+    WHITE_LEVEL,
+    _make_scene,
+    _render,
+    _to_raw,
+    shot_size,
+    unprocess,
+    write_ground_truth,
+)
+
+PIXEL_SHIFT_PATTERN: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.0, 1.0), (1.0, 1.0), (1.0, 0.0))
+_OBJECT_COLOUR = np.array([0.85, 0.08, 0.05], dtype=np.float32)  # saturated red, linear sRGB
+_OBJECT_MASK_MARGIN = 3.0  # px: the scene blur and the anti-aliased rim reach this far
+
+
+@dataclass
+class StackShot:
+    """A synthetic stack: DNG files, ground truth of frame 0, per-frame shifts and the moving region."""
+
+    files: list[Path]
+    ground_truth: Path  # 16-bit sRGB TIFF of frame 0 (``ground_truth_linear.npy`` beside it)
+    shifts: list[tuple[float, float]]
+    motion_mask: np.ndarray  # [H, W] bool, reference geometry; all False without a moving object
+    camera_rgb: np.ndarray  # [H, W, 3] float32 noise-free normalised camera RGB of frame 0 (pre-WB)
+
+
+def _disc(height: int, width: int, cy: float, cx: float, r: float) -> np.ndarray:
+    """Anti-aliased disc coverage [H, W] float32."""
+    yy = (np.arange(height, dtype=np.float32) - np.float32(cy))[:, None] ** 2
+    xx = (np.arange(width, dtype=np.float32) - np.float32(cx))[None, :] ** 2
+    return np.clip(np.float32(r + 0.5) - np.sqrt(yy + xx), 0.0, 1.0)
+
+
+def _camera_rgb(linear: np.ndarray) -> np.ndarray:
+    """Linear sRGB [H, W, 3] -> normalised camera RGB [H, W, 3] (what a sensor site of each colour records)."""
+    cam = camera_rgb_matrix(COLOR_MATRIX) * as_shot_neutral(COLOR_MATRIX)[:, None]  # [camera, srgb]
+    return (linear.astype(np.float64) @ cam.T).astype(np.float32)
+
+
+def synthesize_stack(
+    out_dir: Path,
+    *,
+    frames: int = 4,
+    scale: float = 0.1,
+    seed: int = 0,
+    noise: float = 0.002,
+    cfa: str = "RGGB",
+    max_shift: float = 1.5,
+    moving_object: bool = False,
+    pixel_shift: bool = False,
+    camera: str = "IQ2_XS",
+) -> StackShot:
+    """Write ``frame_NN.dng`` + ground truth of a synthetic ``camera`` stack into ``out_dir``.
+
+    ``frames`` 2..16 (4 in pixel-shift mode); random shifts uniform in [-max_shift, max_shift] (frame 0 at
+    (0, 0)); ``noise`` is the shot coefficient of the NoiseProfile (read = 0.5 noise^2; 0 = noise-free).
+    """
+    if cfa not in CFA_PATTERNS:
+        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
+    if noise < 0 or max_shift < 0:
+        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
+    if pixel_shift and frames != 4:
+        raise ValueError(f"pixel-shift stacks have 4 frames, got {frames}")
+    if not 2 <= frames <= 16:
+        raise ValueError(f"a stack needs 2..16 frames, got {frames}")
+    width, height = shot_size(camera, scale)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    scene_rng, shift_rng, noise_rng, object_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
+    )
+    scene = _make_scene(scene_rng, height, width)
+    if pixel_shift:
+        shifts = list(PIXEL_SHIFT_PATTERN)
+    else:
+        shifts = [(0.0, 0.0)] + [
+            (float(dy), float(dx)) for dy, dx in shift_rng.uniform(-max_shift, max_shift, (frames - 1, 2))
+        ]
+
+    motion_mask = np.zeros((height, width), dtype=bool)
+    radius = max(0.06 * min(height, width), 3.0)
+    centre = object_rng.uniform(0.3, 0.7, 2) * (height, width)  # (cy, cx) in frame-0 pixels
+    angle = object_rng.uniform(0, 2 * math.pi)
+    offset = 2.5 * radius * np.array([math.sin(angle), math.cos(angle)])  # displacement in the moved frame
+    moved_frame = frames - 1
+    if moving_object:
+        for cy, cx in (centre, centre + offset):
+            yy = (np.arange(height) - cy)[:, None] ** 2
+            xx = (np.arange(width) - cx)[None, :] ** 2
+            motion_mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
+
+    noise_profile = NoiseProfile(shot=noise, read=READ_NOISE_FACTOR * noise**2)
+    files: list[Path] = []
+    ground_truth = out_dir / "ground_truth.tif"
+    camera_rgb = np.zeros((height, width, 3), np.float32)
+    for k, (dy, dx) in enumerate(shifts):
+        linear = _render(scene, dy, dx)  # [H, W, 3]
+        if moving_object:
+            cy, cx = centre + (offset if k == moved_frame else 0.0)
+            alpha = _disc(height, width, cy + dy, cx + dx, radius)[..., None]  # [H, W, 1]
+            linear = linear + alpha * (_OBJECT_COLOUR - linear)
+        if k == 0:
+            ground_truth = write_ground_truth(linear, out_dir)
+            camera_rgb = _camera_rgb(linear)
+        raw = _to_raw(unprocess(linear, cfa), noise, noise_rng)
+        path = out_dir / f"frame_{k:02d}.dng"
+        write_dng(
+            path,
+            raw,
+            cfa=cfa,
+            black_level=BLACK_LEVEL,
+            white_level=WHITE_LEVEL,
+            color_matrix=COLOR_MATRIX,
+            as_shot_neutral=as_shot_neutral(COLOR_MATRIX).tolist(),
+            make=MAKE,
+            model=camera,
+            noise_profile=noise_profile,
+        )
+        files.append(path)
+    return StackShot(files=files, ground_truth=ground_truth, shifts=shifts, motion_mask=motion_mask,
+                     camera_rgb=camera_rgb)

@@ -1,0 +1,69 @@
+"""Tile-based coarse-to-fine alignment: sub-pixel accuracy on noisy frames, local motion, shapes, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.pipeline.ops.align import AlignParams, align_frame, grey_pyramid, mosaic_grey, tiles_to_pixels, warp
+from tests.unit.test_ops_synthetic import mosaic_of, textured_rgb
+
+H, W = 160, 192
+MID_NOISE = 0.002  # shot coefficient of the synthetic benchmark's "mid" noise
+
+
+def _noisy(mosaic: torch.Tensor, seed: int, shot: float = MID_NOISE) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(mosaic.shape, generator=g, dtype=torch.float64) * (shot * mosaic + shot**2 / 2).sqrt()
+    return (mosaic + noise).float()
+
+
+@pytest.mark.parametrize("shift", [(0.3, -1.7), (2.45, 0.8), (-3.1, 4.25), (0.5, 0.5)])
+def test_recovers_global_subpixel_shift_on_noisy_frames(shift: tuple[float, float]) -> None:
+    reference = _noisy(mosaic_of(textured_rgb(H, W, seed=4), "RGGB"), seed=1)
+    frame = _noisy(mosaic_of(textured_rgb(H, W, seed=4, shift=shift), "RGGB"), seed=2)
+    flow = align_frame(mosaic_grey(reference, "RGGB"), mosaic_grey(frame, "RGGB"))  # (ny, nx, 2)
+    error = (flow - torch.tensor(shift)).norm(dim=-1)  # (ny, nx)
+    assert flow.shape == (5, 6, 2) and flow.dtype == torch.float32
+    assert float(error.median()) <= 0.1
+    assert float((error <= 0.1).float().mean()) >= 0.9
+    assert float((flow.mean(dim=(0, 1)) - torch.tensor(shift)).norm()) <= 0.1
+
+
+def test_local_motion_gets_its_own_vectors() -> None:
+    rgb = textured_rgb(H, W, seed=7)
+    moved = textured_rgb(H, W, seed=7, shift=(0.0, 3.0))
+    combined = rgb.copy()
+    combined[:, :, W // 2 :] = moved[:, :, W // 2 :]  # the right half moved 3 px to the right
+    reference = mosaic_grey(mosaic_of(rgb, "RGGB").float(), "RGGB")
+    frame = mosaic_grey(mosaic_of(combined, "RGGB").float(), "RGGB")
+    flow = align_frame(reference, frame, AlignParams(tile_size=16))  # (10, 12, 2)
+    assert float(flow[2:-2, :4, 1].abs().max()) < 0.2
+    assert float((flow[2:-2, -4:, 1] - 3.0).abs().max()) < 0.2
+
+
+def test_identical_frames_give_zero_flow_and_pyramid_shapes() -> None:
+    grey = mosaic_grey(_noisy(mosaic_of(textured_rgb(128, 128, seed=2), "GRBG"), seed=3), "GRBG")
+    pyramid = grey_pyramid(grey)
+    assert [tuple(p.shape) for p in pyramid] == [(128, 128), (64, 64), (32, 32)]
+    flow = align_frame(pyramid, grey)
+    assert float(flow.abs().max()) < 1e-3
+
+
+def test_dense_flow_and_warp() -> None:
+    flow = torch.tensor([[[0.0, 0.0], [0.0, 2.0]]])  # (1, 2, 2): two tiles side by side
+    dense = tiles_to_pixels(flow, 4, (4, 8))  # (2, 4, 8)
+    assert dense.shape == (2, 4, 8) and float(dense[1, 0, 0]) == 0.0 and float(dense[1, 0, -1]) == 2.0
+    image = torch.arange(32.0).view(1, 4, 8)
+    out, valid = warp(image, torch.zeros(2, 4, 8) + torch.tensor([0.0, 1.0]).view(2, 1, 1))
+    torch.testing.assert_close(out[0, :, :-1], image[0, :, 1:])
+    assert valid[:, -1].eq(0).all() and valid[:, :-1].eq(1).all()
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ValueError, match=r"even H and W.*got \(15, 16\)"):
+        mosaic_grey(torch.rand(15, 16), "RGGB")
+    with pytest.raises(ValueError, match="differs"):
+        align_frame(torch.rand(32, 32), torch.rand(32, 34))
+    with pytest.raises(ValueError):
+        AlignParams(tile_size=2)

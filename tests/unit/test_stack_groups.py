@@ -1,0 +1,92 @@
+"""Frame groups: exact fusion whatever the grouping, shared parameters, pixel-shift detection, RGB render."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.jobs.planner import plan_frame_groups
+from services.pipeline.shot import shot_render_params
+from services.pipeline.stack import (
+    fuse_groups,
+    merge_frame_group,
+    pixel_shift_offsets,
+    render_rgb,
+)
+from services.raw.decode import decode_raw
+from services.raw.meta import RawMeta
+from services.raw.stack_synth import synthesize_stack
+
+Frame = tuple[np.ndarray, RawMeta]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> list[Frame]:
+    """A 4-frame synthetic stack (138 x 146, mid noise) decoded by LibRaw, as the coordinator holds it."""
+    root = Path(tmp_path_factory.mktemp("stack"))
+    shot = synthesize_stack(root, frames=4, scale=0.02, seed=5, moving_object=True)
+    frames = []
+    for i, path in enumerate(shot.files):
+        meta = decode_raw(path, root / f"raw_{i}.npy")
+        frames.append((np.load(root / f"raw_{i}.npy"), meta))
+    return frames
+
+
+def _fused(frames: list[Frame], n_groups: int, **kwargs: object) -> np.ndarray:
+    groups = [merge_frame_group(frames[0], [frames[i] for i in g], **kwargs)  # type: ignore[arg-type]
+              for g in plan_frame_groups(len(frames), n_groups)]
+    return fuse_groups(groups)
+
+
+def test_group_count_does_not_change_the_fused_image(stack: list[Frame]) -> None:
+    params = shot_render_params(stack[0][1], stack[0][0])
+    one = _fused(stack, 1, params=params)
+    assert one.shape == (146, 138, 3) and one.dtype == np.float32
+    for n in (2, 4):
+        np.testing.assert_array_equal(_fused(stack, n, params=params), one)  # bit-identical, not just close
+    reduced = replace(params, noise_shot=params.noise_shot / 4, noise_read=params.noise_read / 4)
+    np.testing.assert_array_equal(render_rgb(_fused(stack, 2, params=params), reduced), render_rgb(one, reduced))
+
+
+def test_groups_share_the_reference_parameters(stack: list[Frame]) -> None:
+    # White balance and noise come from the reference only (the coordinator's RenderParams, or recomputed
+    # from frame 0 identically in every group); a frame's own metadata cannot leak into its group.
+    params = shot_render_params(stack[0][1], stack[0][0])
+    explicit = merge_frame_group(stack[0], stack[2:], params=params)
+    np.testing.assert_array_equal(merge_frame_group(stack[0], stack[2:]), explicit)
+    odd_meta = replace(stack[3][1], as_shot_neutral=(0.4, 1.0, 0.9))
+    np.testing.assert_array_equal(merge_frame_group(stack[0], [stack[2], (stack[3][0], odd_meta)]), explicit)
+
+
+def test_reference_counts_once_with_weight_one(stack: list[Frame]) -> None:
+    alone = merge_frame_group(stack[0], stack[:1])
+    assert alone.dtype == np.int32 and alone.shape == (4, 146, 138)
+    assert (alone[3] == 2**20).all()
+    assert (merge_frame_group(stack[0], stack[1:2])[3] <= 2**20).all()
+
+
+def test_fuse_rejects_bad_groups() -> None:
+    with pytest.raises(ValueError, match="no frame groups"):
+        fuse_groups([])
+    with pytest.raises(ValueError, match="share one"):
+        fuse_groups([np.zeros((4, 8, 8), np.int32), np.zeros((6, 8, 8), np.int32)])
+    with pytest.raises(ValueError, match="int32"):
+        fuse_groups([np.zeros((4, 8, 8), np.float32)])
+
+
+def test_pixel_shift_offsets() -> None:
+    assert pixel_shift_offsets([(0, 0), (0.02, 0.97), (1.05, 1.0), (0.98, -0.01)]) == [(0, 0), (0, 1), (1, 1), (1, 0)]
+    assert pixel_shift_offsets([(0, 0), (0.0, 1.0), (1.0, 1.0), (0.4, 0.0)]) is None  # not whole pixels
+    assert pixel_shift_offsets([(0, 0), (0.0, 1.0), (0.0, -1.0), (1.0, 0.0)]) is None  # two on one CFA phase
+    assert pixel_shift_offsets([(0, 0), (0.0, 1.0), (1.0, 1.0)]) is None
+
+
+def test_render_rgb_checks_shape(stack: list[Frame]) -> None:
+    params = shot_render_params(stack[0][1], stack[0][0])
+    with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
+        render_rgb(np.zeros((8, 8), np.float32), params)
+    out = render_rgb(np.full((16, 16, 3), 0.2, np.float32), params)
+    assert out.shape == (16, 16, 3) and out.dtype == np.uint16

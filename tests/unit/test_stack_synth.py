@@ -1,0 +1,46 @@
+"""Synthetic stacks: shifts, the moving object and its mask, the pixel-shift pattern, files LibRaw reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rawpy
+
+from services.raw.stack_synth import PIXEL_SHIFT_PATTERN, synthesize_stack
+
+
+def test_random_shifts_and_files(tmp_path: Path) -> None:
+    shot = synthesize_stack(tmp_path, frames=3, scale=0.02, seed=1, max_shift=1.5)
+    assert [f.name for f in shot.files] == ["frame_00.dng", "frame_01.dng", "frame_02.dng"]
+    assert shot.shifts[0] == (0.0, 0.0) and all(abs(v) <= 1.5 for s in shot.shifts for v in s)
+    assert not shot.motion_mask.any() and shot.camera_rgb.shape == (146, 138, 3)
+    with rawpy.imread(str(shot.files[1])) as raw:
+        assert raw.raw_image.shape == (146, 138)
+
+
+def _raw(path: Path) -> np.ndarray:
+    with rawpy.imread(str(path)) as raw:
+        return raw.raw_image.astype(np.int64)
+
+
+def test_moving_object_changes_the_frames_only_inside_the_mask(tmp_path: Path) -> None:
+    still = synthesize_stack(tmp_path / "a", frames=3, scale=0.02, seed=2, noise=0.0)
+    moving = synthesize_stack(tmp_path / "b", frames=3, scale=0.02, seed=2, noise=0.0, moving_object=True)
+    mask = moving.motion_mask
+    assert 0 < mask.mean() < 0.3 and still.shifts == moving.shifts
+    changed = [_raw(a) != _raw(b) for a, b in zip(still.files, moving.files, strict=True)]
+    assert all(c.any() and not (c & ~mask).any() for c in changed)  # the disc, and nothing outside the mask
+    assert (changed[2] & ~changed[1]).sum() > 0.5 * changed[1].sum()  # the last frame has it elsewhere
+
+
+def test_pixel_shift_pattern(tmp_path: Path) -> None:
+    shot = synthesize_stack(tmp_path, frames=4, scale=0.02, seed=3, noise=0.0, pixel_shift=True)
+    assert shot.shifts == list(PIXEL_SHIFT_PATTERN)
+    ref, diagonal = _raw(shot.files[0]), _raw(shot.files[2])
+    # Frame 2 moved by (1, 1): its site (y+1, x+1) saw the scene point of reference site (y, x), and on RGGB
+    # the green sites map onto green sites, so those samples agree (noise-free, up to rounding).
+    assert np.abs(ref[0:-1:2, 1:-1:2] - diagonal[1::2, 2::2]).max() <= 1
+    with pytest.raises(ValueError, match="4 frames"):
+        synthesize_stack(tmp_path / "x", frames=8, scale=0.02, pixel_shift=True)
