@@ -286,6 +286,30 @@ def submit(
         print(p)
 
 
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command("quality", context_settings=PASS_THROUGH)
+def quality(ctx: typer.Context) -> None:
+    """Image-quality benchmark vs LibRaw on held-out synthetic shots (--help for options; docs/QUALITY.md)."""
+    from services.quality.benchmark import main as quality_main
+
+    raise typer.Exit(quality_main(ctx.args) or 0)
+
+
+@app.command("bench", context_settings=PASS_THROUGH)
+def bench(ctx: typer.Context) -> None:
+    """Speed benchmarks: `strata bench pipeline|enhance|stack [options]` (docs/PERFORMANCE.md)."""
+    import importlib
+
+    kinds = {"pipeline": "services.bench.pipeline", "enhance": "services.bench.enhance",
+             "stack": "services.quality.stack_bench"}
+    if not ctx.args or ctx.args[0] not in kinds:
+        raise _fail(f"usage: strata bench {{{'|'.join(kinds)}}} [options]; --help after the kind for options", 2)
+    module = importlib.import_module(kinds[ctx.args[0]])
+    raise typer.Exit(module.main(ctx.args[1:]) or 0)
+
+
 def main() -> None:  # pragma: no cover
     logging.basicConfig(level=get_settings().log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -53,8 +53,9 @@ def _configure_torch(kind: str, device: str) -> None:
     if settings.torch_threads > 0:
         torch.set_num_threads(settings.torch_threads)
     if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        from services.pipeline.models.package import configure_cuda_numerics
+
+        configure_cuda_numerics(settings.model_tf32)
 
 
 def _warm_up(device: str) -> None:

@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tmp", type=Path, default=Path("/tmp"))
     args = ap.parse_args(argv)
     dev = args.device
-    # As in the GPU workers (workers/runtime.py): true fp32 matmuls/convolutions, no TF32.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    from services.pipeline.models.package import configure_cuda_numerics
     h, w = int(IQ3S_H * args.scale) // 2 * 2, int(IQ3S_W * args.scale) // 2 * 2
     g = torch.Generator(device="cpu").manual_seed(0)
     mosaic = (torch.rand((1, 1, h, w), generator=g) * 0.8).to(dev)  # WB'd normalised mosaic on the device
@@ -86,15 +84,18 @@ def main(argv: list[str] | None = None) -> None:
         note = "shipped weights"
         if not package.exists():
             package, note = _untrained_package(args.tmp), "initialised weights (not yet trained)"
-        precisions = ["float32"] + (["bfloat16"] if dev.startswith("cuda") else [])
+        # "float32+tf32": float32 activations, TF32 tensor cores in the convolutions (the GPU workers' default).
+        precisions = ["float32"] + (["float32+tf32", "bfloat16"] if dev.startswith("cuda") else [])
         for precision in precisions:
-            enhancer = load_enhancer("IQ3_S", dev, package=str(package), precision=precision)
+            configure_cuda_numerics(precision.endswith("+tf32"))
+            enhancer = load_enhancer("IQ3_S", dev, package=str(package), precision=precision.split("+")[0])
             times = _timed(lambda e=enhancer: e.enhance(mosaic, "RGGB", shot, read), dev, args.repeats)
             rows.append({"package": name, "weights": note, "precision": precision, "stage": "enhance",
                          "megapixels": h * w / 1e6, "median_s": float(np.median(times)), "min_s": min(times)})
             print(f"{name:<26} {precision:<9} enhance {h}x{w}: median {np.median(times):.4f} s "
                   f"(min {min(times):.4f}) [{note}]", flush=True)
-        # Whole shard render (host uint16 in, host uint16 out), default precision.
+        # Whole shard render (host uint16 in, host uint16 out), the workers' default numerics.
+        configure_cuda_numerics(True)
         params = params_for(str(package))
         times = _timed(lambda p=params: render_mosaic(raw, p, device=dev), dev, max(2, args.repeats // 2))
         rows.append({"package": name, "weights": note, "precision": "default", "stage": "render_mosaic host->host",
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         cuts = [0, crop.shape[0] // 4 // 2 * 2, crop.shape[0] // 2 // 2 * 2, crop.shape[0] * 3 // 4 // 2 * 2,
                 crop.shape[0]]
         for precision in precisions:
-            get_settings().model_precision = precision
+            configure_cuda_numerics(precision.endswith("+tf32"))
+            get_settings().model_precision = precision.split("+")[0]
             whole = render_mosaic(crop, params, device=dev)
             stitched = np.concatenate([render_strip(crop, a, b, params, device=dev)
                                        for a, b in zip(cuts, cuts[1:], strict=False)])
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<26} {precision:<9} strips vs whole on {dev}: max diff {int(diff.max())} LSB "
                   f"(99.99th pct {np.percentile(diff, 99.99):.1f})", flush=True)
         get_settings().model_precision = None
+        configure_cuda_numerics(True)
         if dev.startswith("cuda"):
             e32 = load_enhancer("IQ3_S", dev, package=str(package), precision="float32")
             e16 = load_enhancer("IQ3_S", dev, package=str(package), precision="bfloat16")

@@ -27,7 +27,7 @@ import torch
 from services.jobs.planner import plan_frame_groups, plan_strips, strip_count
 from services.pipeline.render import render_strip
 from services.pipeline.shot import shot_render_params
-from services.pipeline.stack import fuse_groups, merge_frame_group
+from services.pipeline.stack import fuse_groups, merge_frame_group, stack_noise_factors
 from services.raw.decode import decode_raw
 from services.raw.dng import write_dng
 from services.raw.meta import RawMeta
@@ -164,7 +164,7 @@ def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: P
 
     def group_job(indices: list[int]) -> Callable[[str], np.ndarray]:
         return lambda device: merge_frame_group((mosaics[0], metas[0]), [(mosaics[i], metas[i]) for i in indices],
-                                                device=device)
+                                                device=device, params=params)
 
     _gpu_pool(devices, [group_job([0]) for _ in devices])  # warm-up
     results = t.run(f"align+merge {len(groups)} group(s) on {len(devices)} device(s)",
@@ -178,7 +178,8 @@ def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: P
 
     def strip_job(y0: int, y1: int) -> Callable[[str], None]:
         def run(device: str) -> None:
-            image[y0:y1] = render_strip(fused, y0, y1, p_fused, device=device, normalized=True)
+            image[y0:y1] = render_strip(fused, y0, y1, p_fused, device=device, normalized=True,
+                                        noise_factors=stack_noise_factors(False))
         return run
 
     t.run(f"enhance {len(strips)} strips", lambda: _gpu_pool(devices, [strip_job(*s) for s in strips]), devices)
@@ -216,6 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, default=Path("bench-pipeline.json"))
     args = ap.parse_args(argv)
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    from services.pipeline.models.package import configure_cuda_numerics
+
+    configure_cuda_numerics(True)  # as in the GPU workers (workers/runtime.py)
     results = []
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as d:
         tmp = Path(d)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.pipeline.models.registry import default_package, package_ref
+from services.pipeline.models.architectures import post_sharpen
+from services.pipeline.models.registry import default_package, package_manifest, package_ref
 from services.pipeline.render import RenderParams
 from services.raw.colour import render_colour
 from services.raw.meta import RawMeta
@@ -55,6 +56,7 @@ def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", c
     The model package is chosen here, once, so every shard of the shot renders with the same one.
     """
     shot, read = estimate_noise(meta, mosaic)
+    package = model or package_ref(default_package(camera))
     has_white = bool(meta.as_shot_neutral and all(v > 0 for v in meta.as_shot_neutral)) or bool(
         meta.as_shot_white_xy)
     colour = render_colour(meta, space, neutral=None if has_white else grey_world_neutral(meta, mosaic))
@@ -68,5 +70,6 @@ def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", c
         noise_read=read,
         transfer=colour.transfer,
         camera=camera,
-        model=model or package_ref(default_package(camera)),
+        model=package,
+        sharpen_amount=post_sharpen(package_manifest(package)),
     )

@@ -91,12 +91,24 @@ def check_fits(manifest: Manifest, source: str, camera: str | None = None, archi
                             f"{list(manifest.cameras)}, not {camera.upper()}")
 
 
+def configure_cuda_numerics(tf32_convolutions: bool) -> None:
+    """Float32 everywhere; TF32 tensor cores for the enhancer's convolutions only when asked.
+
+    TF32 rounds the multiplier inputs (deterministically) but keeps float32 activations and accumulators, so a
+    strip and the whole frame still agree to float32 accumulation order (measured: within 1 LSB), at bf16-like
+    speed. bfloat16 activations do not (thousands of LSB), hence not the default.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = tf32_convolutions
+
+
 def compute_dtype_for(manifest: Manifest, device: torch.device, precision: str | None) -> torch.dtype:
     """float32 unless ``precision`` says otherwise, on every device.
 
-    Strips must stitch to the one-piece render within 1 LSB of 16 bits; in bfloat16 the rounding of cuDNN's
-    shape-dependent algorithms differs between a strip and the whole frame by far more (measured on an H200:
-    thousands of LSB), so reduced precision is an explicit opt-in (STRATA_MODEL_PRECISION=bfloat16).
+    Strips must stitch to the one-piece render within 1 LSB of 16 bits; with bfloat16 activations the rounding
+    of cuDNN's shape-dependent algorithms differs between a strip and the whole frame by far more (measured on
+    an H200: thousands of LSB), so reduced precision is an explicit opt-in (STRATA_MODEL_PRECISION=bfloat16).
+    GPU speed comes from TF32 convolutions instead (STRATA_MODEL_TF32, see workers/runtime.py).
     """
     name = precision or "float32"
     if name not in PRECISIONS:

@@ -1,0 +1,1 @@
+"""Image-quality benchmarks: held-out synthetic shots with known ground truth through the real render path."""
