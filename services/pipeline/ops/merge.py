@@ -23,7 +23,7 @@ few 16-bit LSB). 2**-20 is 1/16 of a 16-bit step; int32 holds the sums of up to 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -212,6 +212,9 @@ class MergeParams:
     reject_low: float = 16.0
     reject_high: float = 36.0
     align: AlignParams = AlignParams()
+    # Demosaic of one white-balanced frame: (B, 1, H, W), cfa -> (B, 3, H, W). None = Malvar. The coordinator
+    # passes the shot's model package (noise-free: the frames are averaged first, denoised after fusion).
+    demosaic: Callable[[Tensor, str], Tensor] | None = None
 
     def __post_init__(self) -> None:
         cfa_channels(self.cfa)
@@ -232,11 +235,13 @@ _FALLBACK_WEIGHT = 1e-4  # pixel shift: weight of the reference's demosaiced val
 
 
 def demosaic_camera(mosaic: Tensor, params: MergeParams) -> Tensor:
-    """(H, W) normalised mosaic -> (3, H, W) camera RGB: Malvar on the white-balanced mosaic, gains undone."""
+    """(H, W) normalised mosaic -> (3, H, W) camera RGB: the shot's demosaic (Malvar by default) on the
+    white-balanced mosaic, gains undone."""
     _check_mosaic(mosaic, "mosaic")
     gains = torch.tensor(params.gains, dtype=torch.float32, device=mosaic.device).view(3, 1, 1)
     balanced = white_balance(mosaic.to(torch.float32)[None, None], params.gains, params.cfa)  # (1, 1, H, W)
-    return demosaic_malvar(balanced, params.cfa)[0] / gains  # (3, H, W)
+    demosaic = params.demosaic or demosaic_malvar
+    return demosaic(balanced, params.cfa)[0] / gains  # (3, H, W)
 
 
 def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params: MergeParams,
