@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from services.pipeline.ops import SRGB_TO_XYZ_D65, cfa_masks, srgb_decode
@@ -222,6 +223,9 @@ def sample_noise(b: int, gen: torch.Generator, device: torch.device) -> tuple[Te
 # ----------------------------------------------------------------------------------------------- sources
 
 
+UPSCALE_SHARE = 0.35
+
+
 class TrainingSource:
     """Random (B, 3, size, size) sRGB crops from the content pools, with flips and transposes."""
 
@@ -243,7 +247,12 @@ class TrainingSource:
         return {k: len(v) for k, v in self.pools.items()}
 
     def crops(self, b: int, size: int) -> Tensor:
-        """(B, 3, size, size) float sRGB in [0, 1]."""
+        """(B, 3, size, size) float sRGB in [0, 1].
+
+        Scale augmentation: a share of the crops (:data:`UPSCALE_SHARE`) is taken smaller and enlarged by 1.25-2x
+        (bicubic), so the network also sees content softer than these downscaled web photographs, as a
+        lens-limited medium-format frame often is.
+        """
         out = []
         for src in self.rng.choice(len(self.names), size=b, p=self.weights):
             pool = [im for im in self.pools[self.names[src]] if min(im.shape[-2:]) >= size]
@@ -252,7 +261,11 @@ class TrainingSource:
             im = pool[self.rng.integers(len(pool))]
             y = int(self.rng.integers(im.shape[-2] - size + 1))
             x = int(self.rng.integers(im.shape[-1] - size + 1))
-            crop = im[:, y : y + size, x : x + size]
+            crop = im[:, y : y + size, x : x + size].float()
+            if self.rng.random() < UPSCALE_SHARE:
+                small = max(16, int(round(size / self.rng.uniform(1.25, 2.0))))
+                crop = F.interpolate(crop[None, :, :small, :small], size=(size, size), mode="bicubic",
+                                     align_corners=False)[0].clamp(0, 255)  # (3, size, size)
             if self.rng.random() < 0.5:
                 crop = crop.flip(-1)
             if self.rng.random() < 0.5:
@@ -260,7 +273,7 @@ class TrainingSource:
             if self.rng.random() < 0.5:
                 crop = crop.transpose(-1, -2)
             out.append(crop)
-        return torch.stack(out).float() / 255.0
+        return torch.stack(out) / 255.0
 
 
 def training_batch(source: TrainingSource, b: int, size: int, margin: int, gen: torch.Generator) -> RawBatch:

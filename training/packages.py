@@ -36,8 +36,12 @@ def write_classical_package(out_dir: str | Path) -> Path:
     return path
 
 
+# 1.0.0: 24000 steps; 1.1.0: 30000 steps with scale augmentation (training/data.py UPSCALE_SHARE).
+JDD_VERSION = "1.1.0"
+
+
 def jdd_manifest(name: str, cameras: tuple[str, ...], config: dict[str, Any], training: dict[str, Any],
-                 version: str = "1.0.0") -> Manifest:
+                 version: str = JDD_VERSION) -> Manifest:
     return Manifest(name=name, version=version, architecture=jdd.ARCHITECTURE, cameras=cameras,
                     receptive_field=jdd.jdd_receptive_field(config), noise_input=True, dtype="bfloat16",
                     config=dict(config), training=training)
