@@ -126,6 +126,7 @@ class Supervisor:
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)  # also when started in the background, where SIGINT is ignored
         try:
             while True:
                 self.poll()
