@@ -6,7 +6,7 @@ import datetime as dt
 
 from pydantic import BaseModel, Field
 
-from services.db.models import Job
+from services.db.models import Job, as_utc
 
 
 class FrameOut(BaseModel):
@@ -34,10 +34,7 @@ class OutputOut(BaseModel):
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    """Timestamps are UTC; SQLite hands them back naive."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=dt.UTC)
+    return None if value is None else as_utc(value)
 
 
 class JobOut(BaseModel):

@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import socket
 import threading
-import time
 from dataclasses import asdict, dataclass
 
 import redis
@@ -79,22 +77,9 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def this_pid() -> int:
-    return os.getpid()
-
-
 def queue_depths(client: redis.Redis, queues: list[str]) -> dict[str, int]:
     """Messages waiting per queue (all priority levels of the Redis transport added up)."""
     depths = {}
     for q in queues:
         depths[q] = sum(int(client.llen(k)) for k in [q, *(f"{q}:{p}" for p in range(1, 10))])
     return depths
-
-
-def wait_for_workers(client: redis.Redis, kind: str, count: int, timeout: float) -> list[WorkerInfo]:
-    deadline = time.monotonic() + timeout
-    while True:
-        workers = live_workers(client, kind)
-        if len(workers) >= count or time.monotonic() > deadline:
-            return workers
-        time.sleep(0.2)

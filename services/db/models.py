@@ -14,6 +14,11 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """A timestamp as an aware UTC datetime (SQLite hands them back naive)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 

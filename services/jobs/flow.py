@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from services.config import Settings
-from services.db.models import Job, Output, Shard, utcnow
+from services.db.models import Job, Output, Shard, as_utc, utcnow
 from services.errors import NotFound
 from services.export.recipes import get_recipe
 from services.export.tiff import write_tiff
@@ -406,7 +406,7 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
     repairs = Repairs([], [], [])
     jobs = session.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
     for job in jobs:
-        created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=dt.UTC)
+        created = as_utc(job.created_at)
         if job.status == "queued" and job.phase < 0:
             if coordinator_backlog == 0 and created < stale:
                 repairs.ingest.append((job.id, job.priority))
@@ -416,22 +416,13 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
         shards = [s for s in job.shards if s.phase == job.phase]
         if shards and all(s.status == "done" for s in shards):
             last = max((s.finished_at for s in shards if s.finished_at), default=None)
-            if last is not None and (last if last.tzinfo else last.replace(tzinfo=dt.UTC)) < stale:
+            if last is not None and as_utc(last) < stale:
                 repairs.advance.append((job.id, job.priority))
             continue
         for s in shards:
             lost_runner = s.status == "running" and s.worker not in alive_workers
             lost_pin = s.status == "pending" and s.payload.get("gpu_slot") is not None
             started = s.started_at or created
-            if (lost_runner or lost_pin) and (started if started.tzinfo else started.replace(tzinfo=dt.UTC)) < stale:
+            if (lost_runner or lost_pin) and as_utc(started) < stale:
                 repairs.shards.append(ShardTicket(s.id, job.priority, None))
     return repairs
-
-
-def elapsed(job: Job) -> float | None:
-    if job.started_at is None:
-        return None
-    end = job.finished_at or dt.datetime.now(dt.UTC)
-    start = job.started_at if job.started_at.tzinfo else job.started_at.replace(tzinfo=dt.UTC)
-    end = end if end.tzinfo else end.replace(tzinfo=dt.UTC)
-    return (end - start).total_seconds()

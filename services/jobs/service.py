@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from services.db.models import Frame, Job, Station, utcnow
+from services.db.models import Frame, Job, Station, as_utc, utcnow
 from services.errors import BadInput, ChecksumMismatch, Conflict, NotFound
 from services.export.recipes import get_recipe
 from services.jobs.cameras import resolve_camera
@@ -83,7 +83,7 @@ def get_job(session: Session, station: Station, job_id: str) -> Job:
 
 
 def _encode_cursor(job: Job) -> str:
-    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=dt.UTC)
+    created = as_utc(job.created_at)
     return base64.urlsafe_b64encode(json.dumps([created.isoformat(), job.id]).encode()).decode()
 
 
