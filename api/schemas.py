@@ -58,7 +58,7 @@ class JobOut(BaseModel):
         return cls(
             id=job.id, status=job.status, camera=job.camera, recipe=job.recipe, priority=job.priority,
             progress=round(min(max(job.progress, 0.0), 1.0), 4), stage=job.stage,
-            created_at=_utc(job.created_at), started_at=_utc(job.started_at), finished_at=_utc(job.finished_at),
+            created_at=as_utc(job.created_at), started_at=_utc(job.started_at), finished_at=_utc(job.finished_at),
             frames=[FrameOut(name=f.name, sha256=f.sha256, bytes=f.bytes) for f in job.frames],
             shards=[ShardOut(index=s.index, phase=s.phase, kind=s.kind, worker=s.worker, gpu=s.gpu, status=s.status,
                              attempts=s.attempts, seconds=s.seconds) for s in job.shards],

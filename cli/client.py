@@ -6,6 +6,7 @@ import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -66,15 +67,15 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
     ) as progress:
         task = progress.add_task("upload", total=total)
         readers = [_ProgressReader(p, progress, task) for p in files]
+        uploads: list[tuple[str, Any]] = [("frames", (p.name, reader, "application/octet-stream"))
+                                          for p, reader in zip(files, readers, strict=True)]
         try:
-            resp = client.post("/v1/jobs", data=data,
-                               files=[("frames", (p.name, r, "application/octet-stream"))
-                                      for p, r in zip(files, readers, strict=True)])
+            resp = client.post("/v1/jobs", data=data, files=uploads)
         except httpx.HTTPError as exc:
             raise SubmitError(f"cannot reach {api}: {exc}") from exc
         finally:
-            for r in readers:
-                r.close()
+            for reader in readers:
+                reader.close()
         if resp.status_code != 202:
             raise _error(resp)
         job = resp.json()

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -238,10 +238,10 @@ def synth(
         level: str | float = float(noise)
     except ValueError:
         level = noise
+    extra: dict[str, Any] = {"photos_dir": photos_dir} if photos_dir else {}
     try:
         shot = synthesize_shot(camera.upper(), out, scale=scale, frames=frames, seed=seed, noise=level,
-                               cfa=cfa.upper(), content=content, space=space,
-                               **({"photos_dir": photos_dir} if photos_dir else {}))
+                               cfa=cfa.upper(), content=content, space=space, **extra)
     except (ValueError, FileNotFoundError) as exc:
         raise _fail(str(exc), 2) from exc
     for f in shot.files:

@@ -190,7 +190,7 @@ def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: P
 
 
 def machine() -> dict:
-    info = {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__}
+    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__}
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info

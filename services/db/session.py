@@ -6,8 +6,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.config import get_settings
@@ -69,6 +70,11 @@ def session_scope() -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def execute_update(session: Session, statement: Executable) -> int:
+    """Run an UPDATE and return how many rows it changed (the basis of every conditional state move)."""
+    return int(cast(CursorResult[Any], session.execute(statement)).rowcount)
 
 
 def get_session() -> Iterator[Session]:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from services.config import Settings
 from services.db.models import Job, Output, Shard, as_utc, utcnow
+from services.db.session import execute_update
 from services.errors import NotFound
 from services.export.recipes import get_recipe
 from services.export.tiff import write_tiff
@@ -165,9 +166,9 @@ def ingest_job(
         plan.append({"kind": "strip", "source": raw_key(job_id, 0), "normalized": False, "noise_scale": 1.0})
 
     # Claim the plan with a conditional UPDATE: a duplicate ingest (redelivered while this one ran) loses here.
-    claimed = session.execute(
-        update(Job).where(Job.id == job_id, Job.phase == -1, Job.status.in_(ACTIVE)).values(phase=0)
-    ).rowcount
+    claimed = execute_update(
+        session, update(Job).where(Job.id == job_id, Job.phase == -1, Job.status.in_(ACTIVE)).values(phase=0)
+    )
     if not claimed:
         session.rollback()
         return []
@@ -324,10 +325,11 @@ def advance_job(session: Session, storage: Storage, settings: Settings, job_id: 
             n_groups = session.scalar(select(func.count()).where(Shard.job_id == job_id, Shard.phase == phase))
             groups = [storage.load_array(shard_key(job_id, phase, "frame_group", i)) for i in range(n_groups or 0)]
             storage.save_array(plan[phase + 1]["source"], fuse_groups(groups))
-        claimed = session.execute(
+        claimed = execute_update(
+            session,
             update(Job).where(Job.id == job_id, Job.phase == phase, Job.status.in_(ACTIVE))
             .values(phase=phase + 1, stage="enhancing")
-        ).rowcount
+        )
         if not claimed:
             session.rollback()
             return []
@@ -338,10 +340,11 @@ def advance_job(session: Session, storage: Storage, settings: Settings, job_id: 
         return _tickets(job, shards)
     # The last GPU phase is done (or a finalize was interrupted): finalize.
     if phase < len(plan):
-        claimed = session.execute(
+        claimed = execute_update(
+            session,
             update(Job).where(Job.id == job_id, Job.phase == phase, Job.status.in_(ACTIVE))
             .values(phase=len(plan), stage="encoding")
-        ).rowcount
+        )
         session.commit()
         if not claimed:
             return []

@@ -12,6 +12,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Frame, Job, Station, as_utc, utcnow
+from services.db.session import execute_update
 from services.errors import BadInput, ChecksumMismatch, Conflict, NotFound
 from services.export.recipes import get_recipe
 from services.jobs.cameras import resolve_camera
@@ -117,10 +118,11 @@ def list_jobs(
 def cancel_job(session: Session, station: Station, job_id: str) -> Job:
     """Cancel a queued or running job; shards not yet started are skipped by the workers."""
     job = get_job(session, station, job_id)
-    done = session.execute(
+    done = execute_update(
+        session,
         update(Job).where(Job.id == job_id, Job.status.in_(("queued", "running")))
         .values(status="cancelled", stage="cancelled", finished_at=utcnow())
-    ).rowcount
+    )
     session.commit()
     if not done:
         raise Conflict(f"job {job_id} is already {job.status}")

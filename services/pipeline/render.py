@@ -75,7 +75,9 @@ class RenderParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RenderParams:
-        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        """Inverse of :meth:`to_dict`; the optional keys may be missing (older rows)."""
+        optional: dict[str, Any] = {k: type(getattr(cls, k))(d[k])
+                                    for k in ("sharpen_amount", "transfer", "camera", "model") if k in d}
         return cls(
             cfa=str(d["cfa"]),
             black=tuple(float(v) for v in d["black"]),  # type: ignore[arg-type]
@@ -84,10 +86,7 @@ class RenderParams:
             rgb_cam=tuple(tuple(float(v) for v in row) for row in d["rgb_cam"]),
             noise_shot=float(d["noise_shot"]),
             noise_read=float(d["noise_read"]),
-            **({"sharpen_amount": float(d["sharpen_amount"])} if "sharpen_amount" in d else {}),
-            **({"transfer": str(d["transfer"])} if "transfer" in d else {}),
-            **({"camera": str(d["camera"])} if "camera" in d else {}),
-            **({"model": str(d["model"])} if "model" in d else {}),
+            **optional,
         )
 
 
