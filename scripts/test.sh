@@ -17,4 +17,6 @@ then
   export STRATA_TEST_REDIS_URL="redis://127.0.0.1:$port/13"
   sleep 0.5
 fi
+ruff check .
+mypy api services workers cli training
 python -m pytest -q "$@"
