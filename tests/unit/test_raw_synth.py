@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -132,9 +131,3 @@ def test_srgb_curve_round_trip() -> None:
     v = np.linspace(0, 1, 1001)
     np.testing.assert_allclose(srgb_decode(srgb_encode(v)), v, atol=1e-12)
     assert srgb_encode(np.array([0.0031308]))[0] == pytest.approx(0.04045, abs=1e-6)
-
-
-def test_tenth_scale_iq3_is_fast(tmp_path: Path) -> None:
-    start = time.perf_counter()
-    synthesize_shot("IQ3_S", tmp_path, scale=0.1)
-    assert time.perf_counter() - start < 3.0  # target < 2 s; slack for loaded CI machines
