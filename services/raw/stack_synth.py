@@ -20,19 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from services.raw.colour import as_shot_neutral, camera_rgb_matrix
-from services.raw.dng import write_dng
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
 from services.raw.synth import (
-    BLACK_LEVEL,
     COLOR_MATRIX,
-    MAKE,
     READ_NOISE_FACTOR,
-    WHITE_LEVEL,
     _make_scene,
     _render,
     _to_raw,
     shot_size,
     unprocess,
+    write_frame,
     write_ground_truth,
 )
 
@@ -133,18 +130,8 @@ def synthesize_stack(
             camera_rgb = _camera_rgb(linear)
         raw = _to_raw(unprocess(linear, cfa), noise, noise_rng)
         path = out_dir / f"frame_{k:02d}.dng"
-        write_dng(
-            path,
-            raw,
-            cfa=cfa,
-            black_level=BLACK_LEVEL,
-            white_level=WHITE_LEVEL,
-            color_matrix=COLOR_MATRIX,
-            as_shot_neutral=as_shot_neutral(COLOR_MATRIX).tolist(),
-            make=MAKE,
-            model=camera,
-            noise_profile=noise_profile,
-        )
+        write_frame(path, raw, cfa=cfa, camera=camera, color_matrix=COLOR_MATRIX,
+                    neutral=as_shot_neutral(COLOR_MATRIX).tolist(), noise_profile=noise_profile)
         files.append(path)
     return StackShot(files=files, ground_truth=ground_truth, shifts=shifts, motion_mask=motion_mask,
                      camera_rgb=camera_rgb)

@@ -239,6 +239,13 @@ def _raw_frame(
     return raw
 
 
+def write_frame(path: Path, raw: np.ndarray, *, cfa: str, camera: str, color_matrix: np.ndarray,
+                neutral: list[float], noise_profile: NoiseProfile | None, colour: ColourTags | None = None) -> None:
+    """One synthetic frame as a DNG with the synthetic back's levels and make."""
+    write_dng(path, raw, cfa=cfa, black_level=BLACK_LEVEL, white_level=WHITE_LEVEL, color_matrix=color_matrix,
+              as_shot_neutral=neutral, make=MAKE, model=camera, noise_profile=noise_profile, colour=colour)
+
+
 def write_ground_truth(linear: np.ndarray, out_dir: Path, space: str = "srgb") -> Path:
     """Write ``ground_truth.tif`` (16-bit, ``space``-encoded RGB) and ``ground_truth_linear.npy`` (float32).
 
@@ -326,19 +333,8 @@ def synthesize_shot(
             ground_truth = write_ground_truth(linear, out_dir, space)
         raw = _raw_frame(linear, cfa, colour, level, generator)
         path = out_dir / f"frame_{k:02d}.dng"
-        write_dng(
-            path,
-            raw,
-            cfa=cfa,
-            black_level=BLACK_LEVEL,
-            white_level=WHITE_LEVEL,
-            color_matrix=profile.color_matrix_1,
-            as_shot_neutral=colour.neutral.tolist(),
-            make=MAKE,
-            model=camera,
-            noise_profile=noise_profile,
-            colour=tags,
-        )
+        write_frame(path, raw, cfa=cfa, camera=camera, color_matrix=profile.color_matrix_1,
+                    neutral=colour.neutral.tolist(), noise_profile=noise_profile, colour=tags)
         files.append(path)
     return SynthShot(files=files, ground_truth=ground_truth, shifts=shifts)
 

@@ -23,6 +23,15 @@ def check_min_size(x: Tensor, radius: int, name: str = "input") -> None:
         raise ValueError(f"{name} must be larger than {radius} pixels on each side, got {tuple(x.shape)}")
 
 
+def check_mosaic(x: Tensor, name: str = "mosaic", min_size: int = 8) -> None:
+    """Raise ``ValueError`` unless ``x`` is an (H, W) tensor with even H and W of at least ``min_size``."""
+    if not isinstance(x, Tensor) or x.ndim != 2:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a (H, W) tensor, got {shape}")
+    if x.shape[0] % 2 or x.shape[1] % 2 or min(x.shape) < min_size:
+        raise ValueError(f"{name} must have even H and W of at least {min_size}, got {tuple(x.shape)}")
+
+
 def as_vector(values: Tensor | float | object, like: Tensor, n: int, name: str) -> Tensor:
     """A scalar or ``n`` values (sequence, numpy or tensor) as an (n,) tensor on ``like``'s device/dtype."""
     v = torch.as_tensor(values, dtype=like.dtype, device=like.device).flatten()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from services.pipeline.ops._checks import check_mosaic
 from services.pipeline.ops.demosaic import demosaic_malvar
 
 _PYRAMID_TAPS = (1.0 / 16, 4.0 / 16, 6.0 / 16, 4.0 / 16, 1.0 / 16)  # binomial ~ Gaussian sigma 1
@@ -44,17 +45,10 @@ class AlignParams:
             raise ValueError(f"bad alignment parameters {self}")
 
 
-def _check_mosaic(x: Tensor, name: str) -> None:
-    if not isinstance(x, Tensor) or x.ndim != 2:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a (H, W) tensor, got {shape}")
-    if x.shape[0] % 2 or x.shape[1] % 2 or min(x.shape) < 16:
-        raise ValueError(f"{name} must have even H and W of at least 16, got {tuple(x.shape)}")
-
 
 def mosaic_grey(mosaic: Tensor, cfa: str) -> Tensor:
     """(H, W) normalised mosaic -> (H, W) float32 grey: the mean of its Malvar-demosaiced R, G, B."""
-    _check_mosaic(mosaic, "mosaic")
+    check_mosaic(mosaic, "mosaic", min_size=16)
     rgb = demosaic_malvar(mosaic.to(torch.float32)[None, None], cfa)  # (1, 3, H, W)
     return rgb[0].mean(dim=0)  # (H, W)
 
@@ -69,7 +63,7 @@ def _blur(image: Tensor) -> Tensor:
 
 def grey_pyramid(grey: Tensor, levels: int | None = None) -> list[Tensor]:
     """Gaussian pyramid of a (H, W) grey image: [level 0 (H, W), level 1 (H/2, W/2) 2x2 means, ...]."""
-    _check_mosaic(grey, "grey")
+    check_mosaic(grey, "grey", min_size=16)
     h, w = grey.shape
     pyramid = [grey.to(torch.float32)]
     pyramid.append(pyramid[0].reshape(h // 2, 2, w // 2, 2).mean(dim=(1, 3)))  # (H/2, W/2)
@@ -219,7 +213,7 @@ def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignPa
     ``params.tile_size`` pixels. Use :func:`tiles_to_pixels` for a dense, smooth (2, H, W) field.
     """
     p = params or AlignParams()
-    _check_mosaic(frame, "frame")
+    check_mosaic(frame, "frame", min_size=16)
     ref_pyr = reference if isinstance(reference, list) else grey_pyramid(reference, p.levels)
     if ref_pyr[0].shape != frame.shape:
         raise ValueError(f"frame shape {tuple(frame.shape)} differs from the reference's {tuple(ref_pyr[0].shape)}")

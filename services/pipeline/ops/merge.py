@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from services.pipeline.ops._checks import check_mosaic
 from services.pipeline.ops.align import AlignParams, align_frame, grey_pyramid, tiles_to_pixels, warp
 from services.pipeline.ops.cfa import cfa_channels, cfa_masks, white_balance
 from services.pipeline.ops.demosaic import demosaic_malvar
@@ -38,13 +39,6 @@ _SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above
 _SLOPE_ITERATIONS = 3
 _SHIFT_DECIMALS = 4  # estimates are rounded: identical frames give exactly (0, 0)
 
-
-def _check_mosaic(x: Tensor, name: str) -> None:
-    if not isinstance(x, Tensor) or x.ndim != 2:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a (H, W) tensor, got {shape}")
-    if x.shape[0] % 2 or x.shape[1] % 2 or min(x.shape) < 8:
-        raise ValueError(f"{name} must have even H and W of at least 8, got {tuple(x.shape)}")
 
 
 def _planes(mosaic: Tensor) -> Tensor:
@@ -133,8 +127,8 @@ def estimate_shift(reference: Tensor, frame: Tensor, cfa: str) -> tuple[float, f
     sub-pixel shift (robust to noise). The binned shift is doubled; ``cfa`` is validated only.
     """
     cfa_channels(cfa)
-    _check_mosaic(reference, "reference")
-    _check_mosaic(frame, "frame")
+    check_mosaic(reference, "reference", min_size=8)
+    check_mosaic(frame, "frame", min_size=8)
     if reference.shape != frame.shape:
         raise ValueError(f"frame shape {tuple(frame.shape)} differs from reference {tuple(reference.shape)}")
     a = _binned_luma(reference)  # (h, w)
@@ -176,7 +170,7 @@ def shift_mosaic(frame: Tensor, dy: float, dx: float, cfa: str) -> tuple[Tensor,
     mosaic 0 there). Same dtype as ``frame`` (floating).
     """
     cfa_channels(cfa)
-    _check_mosaic(frame, "frame")
+    check_mosaic(frame, "frame", min_size=8)
     if not frame.is_floating_point():
         raise TypeError(f"frame must be floating, got {frame.dtype}")
     planes = _planes(frame)  # (4, h, w)
@@ -237,7 +231,7 @@ _FALLBACK_WEIGHT = 1e-4  # pixel shift: weight of the reference's demosaiced val
 def demosaic_camera(mosaic: Tensor, params: MergeParams) -> Tensor:
     """(H, W) normalised mosaic -> (3, H, W) camera RGB: the shot's demosaic (Malvar by default) on the
     white-balanced mosaic, gains undone."""
-    _check_mosaic(mosaic, "mosaic")
+    check_mosaic(mosaic, "mosaic", min_size=8)
     gains = torch.tensor(params.gains, dtype=torch.float32, device=mosaic.device).view(3, 1, 1)
     balanced = white_balance(mosaic.to(torch.float32)[None, None], params.gains, params.cfa)  # (1, 1, H, W)
     demosaic = params.demosaic or demosaic_malvar
@@ -285,7 +279,7 @@ class _Reference:
 
 def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
     """Demosaic the reference and build its alignment pyramid once per group."""
-    _check_mosaic(reference, "reference")
+    check_mosaic(reference, "reference", min_size=8)
     ref = reference.to(torch.float32)
     rgb = demosaic_camera(ref, params)  # (3, H, W)
     return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels))
@@ -309,7 +303,7 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     ones = torch.ones(3, h, w, dtype=torch.float32, device=ref.mosaic.device)  # (3, H, W)
     for frame in frames:
         f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
-        _check_mosaic(f, "frame")
+        check_mosaic(f, "frame", min_size=8)
         if torch.equal(f, ref.mosaic):
             acc[:3] += _fixed(ref.rgb)
             acc[3] += int(_ONE)
@@ -354,7 +348,7 @@ def pixel_shift_accumulate(reference: Tensor | _Reference, frames: Sequence[Tens
     acc = torch.zeros(6, h, w, dtype=torch.int64, device=ref.mosaic.device)  # (6, H, W)
     for frame, (dy, dx) in zip(frames, shifts, strict=True):
         f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
-        _check_mosaic(f, "frame")
+        check_mosaic(f, "frame", min_size=8)
         if torch.equal(f, ref.mosaic):
             own = masks[:, 2 : 2 + h, 2 : 2 + w]  # (3, H, W)
             acc[:3] += _fixed(own * f + (1.0 - own) * ref.rgb * _FALLBACK_WEIGHT)
