@@ -43,7 +43,9 @@ _PIXEL_SHIFT_TOLERANCE = 0.25  # px: how far measured shifts may be from whole p
 
 
 def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.Tensor:
+    """Level-normalised mosaic, cropped to even H and W (align and merge work on whole 2x2 CFA cells)."""
     arr = np.asarray(raw)
+    arr = arr[: arr.shape[0] // 2 * 2, : arr.shape[1] // 2 * 2]
     if arr.dtype == np.uint16:
         arr = arr.astype(np.int32)  # torch has few uint16 kernels
     return normalize_levels(torch.from_numpy(np.ascontiguousarray(arr)).to(device), meta.black_levels,
@@ -117,7 +119,11 @@ def merge_frame_group(
             acc = accumulate_frames(ref, mosaics, mp)  # (4, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
-    return acc.to(torch.int32).cpu().numpy()
+    out = acc.to(torch.int32).cpu().numpy()
+    h, w = np.asarray(reference[0]).shape
+    if out.shape[1:] != (h, w):  # odd frame: the last row/column repeats its neighbour's sums and weights
+        out = np.pad(out, ((0, 0), (0, h - out.shape[1]), (0, w - out.shape[2])), mode="edge")
+    return out
 
 
 def fuse_groups(groups: Sequence[np.ndarray]) -> np.ndarray:

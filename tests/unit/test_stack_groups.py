@@ -90,3 +90,12 @@ def test_render_rgb_checks_shape(stack: list[Frame]) -> None:
         render_rgb(np.zeros((8, 8), np.float32), params)
     out = render_rgb(np.full((16, 16, 3), 0.2, np.float32), params)
     assert out.shape == (16, 16, 3) and out.dtype == np.uint16
+
+
+def test_odd_sized_frames_merge_to_full_size(stack: list[Frame]) -> None:
+    odd = [(np.ascontiguousarray(raw[:-1, :-1]), meta) for raw, meta in stack]
+    params = shot_render_params(odd[0][1], odd[0][0])
+    acc = merge_frame_group(odd[0], odd, params=params)
+    fused = fuse_groups([acc])
+    assert fused.shape == (*odd[0][0].shape, 3)
+    np.testing.assert_array_equal(fused[-1, :-1], fused[-2, :-1])  # the last row repeats its neighbour
