@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU session: speed benchmarks on 2 x H200 (enhance stage, pipeline 1 vs 2 GPUs) and the stack quality bench.
+# GPU session: speed benchmarks on 2 x H200 (enhance stage, pipeline 1 vs 2 GPUs), the stack quality bench and
+# the stack exactness check (group counts, strips) on the GPU.
 # Usage on the GPU host, from the repo root: bash scripts/gpu/bench.sh OUT_DIR
 set -uo pipefail
 OUT=${1:-out}; mkdir -p "$OUT"
@@ -11,4 +12,5 @@ timeout 330 python3 -m services.bench.pipeline --devices cuda:0,cuda:1 --scale 1
   --json "$OUT/bench-pipeline.json" > "$OUT/bench-pipeline.log" 2>&1
 timeout 90 python3 -m services.quality.stack_bench --device cuda:0 --scale 0.2 \
   --json "$OUT/stack-bench.json" > "$OUT/stack-bench.log" 2>&1
-cat "$OUT/bench-enhance.log" "$OUT/bench-pipeline.log"; tail -n 30 "$OUT/stack-bench.log"
+timeout 120 python3 scripts/gpu/check_stack.py --device cuda:0 --scale 0.2 > "$OUT/check-stack.log" 2>&1
+cat "$OUT/bench-enhance.log" "$OUT/bench-pipeline.log"; tail -n 30 "$OUT/stack-bench.log"; cat "$OUT/check-stack.log"

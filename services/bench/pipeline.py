@@ -27,7 +27,7 @@ import torch
 from services.jobs.planner import plan_frame_groups, plan_strips, strip_count
 from services.pipeline.render import render_strip
 from services.pipeline.shot import shot_render_params
-from services.pipeline.stack import fuse_groups, merge_frame_group, stack_noise_factors
+from services.pipeline.stack import merge_frame_group, render_stack_strip
 from services.raw.decode import decode_raw
 from services.raw.dng import write_dng
 from services.raw.meta import RawMeta
@@ -149,7 +149,7 @@ def bench_single_frame(devices: list[str], height: int, width: int, tmp: Path, t
 
 
 def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: Path, tiff_threads: int) -> dict:
-    """IQ2_XS-style stack: decode all → frame groups on the GPUs → fuse → strips → TIFF."""
+    """IQ2_XS-style stack: decode all → frame groups on the GPUs → strips (each fuses its rows) → TIFF."""
     t = Timer()
     rng = np.random.default_rng(5)
     paths = []
@@ -164,25 +164,21 @@ def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: P
 
     def group_job(indices: list[int]) -> Callable[[str], np.ndarray]:
         return lambda device: merge_frame_group((mosaics[0], metas[0]), [(mosaics[i], metas[i]) for i in indices],
-                                                device=device, params=params)
+                                                device=device, params=params, stack_size=frames)
 
     _gpu_pool(devices, [group_job([0]) for _ in devices])  # warm-up
     results = t.run(f"align+merge {len(groups)} group(s) on {len(devices)} device(s)",
                     lambda: _gpu_pool(devices, [group_job(g) for g in groups]), devices)
-    fused = t.run("fuse groups (coordinator)", lambda: fuse_groups(results))
     strips = plan_strips(height, strip_count(height, 1288, len(devices), 2))
     image = np.empty((height, width, 3), dtype=np.uint16)
-    from dataclasses import replace
-
-    p_fused = replace(params, noise_shot=params.noise_shot / frames, noise_read=params.noise_read / frames)
 
     def strip_job(y0: int, y1: int) -> Callable[[str], None]:
         def run(device: str) -> None:
-            image[y0:y1] = render_strip(fused, y0, y1, p_fused, device=device, normalized=True,
-                                        noise_factors=stack_noise_factors(False))
+            image[y0:y1] = render_stack_strip(results, y0, y1, params, device=device, pixel_shift=False)
         return run
 
-    t.run(f"enhance {len(strips)} strips", lambda: _gpu_pool(devices, [strip_job(*s) for s in strips]), devices)
+    t.run(f"fuse + enhance {len(strips)} strips", lambda: _gpu_pool(devices, [strip_job(*s) for s in strips]),
+          devices)
     t.run(f"TIFF encode ({tiff_threads} threads)", lambda: _encode(image, tmp, tiff_threads))
     total = sum(t.stages.values())
     return {"scenario": f"{frames}-frame stack {width}x{height}", "devices": devices, "stages": t.stages,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
@@ -42,27 +44,27 @@ def write_tiff(
 ) -> tuple[str, int]:
     """Write ``rgb`` (H, W, 3) uint16 to ``key`` atomically; returns (sha256, bytes).
 
-    Tiles are compressed by ``threads`` workers (tifffile's thread pool; zstd releases the GIL).
+    Tiles are compressed by ``threads`` workers (tifffile's thread pool; zstd releases the GIL) into memory;
+    the file is then hashed on a second thread while it is written (no second read of the file).
     """
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint16:
         raise ValueError(f"expected (H, W, 3) uint16, got {rgb.shape} {rgb.dtype}")
-    with storage.writer(key) as f:
-        tifffile.imwrite(
-            f,
-            rgb,
-            photometric="rgb",
-            tile=(TILE, TILE),
-            compression=compression,
-            compressionargs={"level": 3} if compression == "zstd" else None,
-            predictor=None,
-            maxworkers=encode_threads(threads),
-            iccprofile=icc_profile(colour_space),
-            software=software,
-            metadata=None,
-        )
-    digest = hashlib.sha256()
-    size = 0
-    for chunk in storage.iter_chunks(key):
-        digest.update(chunk)
-        size += len(chunk)
-    return digest.hexdigest(), size
+    buf = io.BytesIO()
+    tifffile.imwrite(
+        buf,
+        rgb,
+        photometric="rgb",
+        tile=(TILE, TILE),
+        compression=compression,
+        compressionargs={"level": 3} if compression == "zstd" else None,
+        predictor=None,
+        maxworkers=encode_threads(threads),
+        iccprofile=icc_profile(colour_space),
+        software=software,
+        metadata=None,
+    )
+    with buf.getbuffer() as data, ThreadPoolExecutor(1) as pool:
+        digest = pool.submit(lambda: hashlib.sha256(data).hexdigest())  # hashlib releases the GIL
+        with storage.writer(key) as f:
+            f.write(data)
+        return digest.result(), len(data)

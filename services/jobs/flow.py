@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -28,13 +29,7 @@ from services.jobs.cameras import PROFILES
 from services.jobs.planner import parse_split_ratio, plan_frame_groups, plan_strips, strip_count
 from services.pipeline.render import RenderParams, render_strip
 from services.pipeline.shot import shot_render_params
-from services.pipeline.stack import (
-    frame_shifts,
-    fuse_groups,
-    merge_frame_group,
-    pixel_shift_offsets,
-    stack_noise_factors,
-)
+from services.pipeline.stack import frame_shifts, merge_frame_group, pixel_shift_offsets, render_stack_strip
 from services.raw.decode import decode_raw
 from services.raw.errors import RawError
 from services.raw.meta import RawMeta
@@ -94,8 +89,8 @@ def fail_job(session: Session, job_id: str, reason: str, storage: Storage | None
 
 
 def remove_intermediates(storage: Storage, job_id: str) -> None:
-    """Delete decoded frames, shard results and fused arrays; uploads and outputs stay."""
-    for prefix in ("raw", "fused.npy", "p0", "p1", "p2", "p3"):
+    """Delete decoded frames and shard results; uploads and outputs stay."""
+    for prefix in ("raw", "p0", "p1", "p2", "p3"):
         storage.delete_prefix(f"jobs/{job_id}/{prefix}")
 
 
@@ -114,7 +109,7 @@ def _decode_frames(job: Job, storage: Storage, settings: Settings) -> list[RawMe
                 memory_mb=settings.decode_memory_mb,
             )
 
-    workers = max(1, min(len(job.frames), 4))
+    workers = max(1, min(len(job.frames), settings.decode_workers or os.cpu_count() or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
         return list(pool.map(decode_one, range(len(job.frames))))
 
@@ -159,9 +154,8 @@ def ingest_job(
             frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]
             offsets = pixel_shift_offsets(frame_shifts(frames[0], frames))
         plan.append({"kind": "frame_group", "pixel_shift": offsets})
-        plan.append({"kind": "strip", "source": f"jobs/{job_id}/fused.npy", "normalized": True,
-                     "noise_scale": 1.0 if offsets else 1.0 / len(metas),
-                     "noise_factors": list(stack_noise_factors(offsets is not None))})
+        # Strips of a stack fuse their own rows of every group's accumulator (no fused image on the coordinator).
+        plan.append({"kind": "strip", "groups_phase": 0, "pixel_shift": offsets is not None})
     else:
         plan.append({"kind": "strip", "source": raw_key(job_id, 0), "normalized": False, "noise_scale": 1.0})
 
@@ -202,8 +196,11 @@ def _plan_phase(job: Job, phase: int, n_workers: int, ratios: list[float] | None
     n = len(use_ratio) if use_ratio else strip_count(height, settings.strip_rows, n_workers,
                                                       settings.strips_per_worker)
     strips = plan_strips(height, n, use_ratio)
+    extra = {}
+    if spec.get("groups_phase") is not None:  # a stack's strips read every frame group's accumulator
+        extra["groups"] = sum(1 for s in job.shards if s.phase == spec["groups_phase"])
     return [Shard(job_id=job.id, phase=phase, index=i, kind="strip",
-                  payload={"y0": y0, "y1": y1, "gpu_slot": i if use_ratio else None})
+                  payload={"y0": y0, "y1": y1, "gpu_slot": i if use_ratio else None, **extra})
             for i, (y0, y1) in enumerate(strips)]
 
 
@@ -226,19 +223,21 @@ def compute_shard(job: Job, shard: Shard, storage: Storage, device: str) -> None
     """Run one shard's GPU work and store its result (atomically, same bytes every time)."""
     spec = job.params["plan"][shard.phase]
     out_key = shard_key(job.id, shard.phase, shard.kind, shard.index)
-    if shard.kind == "strip":
-        source = storage.load_array(spec["source"])
-        factors = spec.get("noise_factors")
-        result = render_strip(source, shard.payload["y0"], shard.payload["y1"], _phase_render_params(job, spec),
-                              device=device, normalized=bool(spec["normalized"]),
-                              noise_factors=tuple(factors) if factors else None)
+    if shard.kind == "strip" and spec.get("groups_phase") is not None:
+        groups = [storage.load_array(shard_key(job.id, int(spec["groups_phase"]), "frame_group", i))
+                  for i in range(int(shard.payload["groups"]))]
+        result = render_stack_strip(groups, shard.payload["y0"], shard.payload["y1"], _phase_render_params(job, spec),
+                                    device=device, pixel_shift=bool(spec["pixel_shift"]))
+    elif shard.kind == "strip":
+        result = render_strip(storage.load_array(spec["source"]), shard.payload["y0"], shard.payload["y1"],
+                              _phase_render_params(job, spec), device=device, normalized=bool(spec["normalized"]))
     else:
         indices = list(shard.payload["frames"])
         metas = {i: RawMeta.from_dict(job.params["frames"][str(i)]) for i in [0, *indices]}
         frames = [(storage.load_array(raw_key(job.id, i)), metas[i]) for i in indices]
         reference = (storage.load_array(raw_key(job.id, 0)), metas[0])
         offsets = spec.get("pixel_shift")
-        result = merge_frame_group(reference, frames, device=device,
+        result = merge_frame_group(reference, frames, device=device, stack_size=len(job.frames),
                                    params=RenderParams.from_dict(job.params["render"]),
                                    pixel_shift=[tuple(offsets[i]) for i in indices] if offsets else None)
     storage.save_array(out_key, result)
@@ -319,12 +318,6 @@ def advance_job(session: Session, storage: Storage, settings: Settings, job_id: 
         if remaining:
             return []
     if phase + 1 < len(plan):
-        if plan[phase]["kind"] == "frame_group":
-            job.stage = "fusing"
-            session.commit()
-            n_groups = session.scalar(select(func.count()).where(Shard.job_id == job_id, Shard.phase == phase))
-            groups = [storage.load_array(shard_key(job_id, phase, "frame_group", i)) for i in range(n_groups or 0)]
-            storage.save_array(plan[phase + 1]["source"], fuse_groups(groups))
         claimed = execute_update(
             session,
             update(Job).where(Job.id == job_id, Job.phase == phase, Job.status.in_(ACTIVE))

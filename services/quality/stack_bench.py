@@ -14,7 +14,7 @@ import json
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,7 @@ class StackCase:
 class CaseResult:
     name: str
     frames: int
+    content: str
     psnr_single: float
     psnr_stack: float
     gain_db: float
@@ -128,7 +129,7 @@ def _merge(reference: tuple[np.ndarray, RawMeta], frames: list[tuple[np.ndarray,
     for group in plan_frame_groups(len(frames), n_groups):
         offsets = [pixel_shift[i] for i in group] if pixel_shift is not None else None
         results.append(merge_frame_group(reference, [frames[i] for i in group], device, params=params,
-                                         pixel_shift=offsets))
+                                         stack_size=len(frames), pixel_shift=offsets))
     timings[f"merge_{n_groups}g"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     fused = fuse_groups(results)
@@ -136,17 +137,20 @@ def _merge(reference: tuple[np.ndarray, RawMeta], frames: list[tuple[np.ndarray,
     return fused
 
 
-def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: float, device: str) -> CaseResult:
+def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: float, device: str,
+             content: str = "dead_leaves", photos_dir: Path | None = None) -> CaseResult:
     """Synthesize, decode, render single and stacked, and measure one case."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    shot = synthesize_stack(work / case.name, frames=case.frames, scale=scale, seed=seed, noise=noise,
-                            moving_object=case.moving_object, pixel_shift=case.pixel_shift)
+    folder = work / f"{content.replace(':', '_').replace('/', '_')}-{case.name.replace(' ', '_').replace(',', '')}"
+    shot = synthesize_stack(folder, frames=case.frames, scale=scale, seed=seed, noise=noise,
+                            moving_object=case.moving_object, pixel_shift=case.pixel_shift, content=content,
+                            photos_dir=photos_dir)
     timings["synthesize"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     frames = []
     for i, path in enumerate(shot.files):
-        npy = work / case.name / f"raw_{i:02d}.npy"
+        npy = folder / f"raw_{i:02d}.npy"
         meta = decode_raw(path, npy)
         frames.append((np.load(npy), meta))
     timings["decode"] = time.perf_counter() - t0
@@ -165,23 +169,21 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
         if offsets is None:
             raise RuntimeError("pixel-shift pattern not detected")
     fused = _merge(frames[0], frames, params, 1, device, offsets, timings)
-    scale_n = 1.0 if case.pixel_shift else 1.0 / case.frames
-    reduced = replace(params, noise_shot=params.noise_shot * scale_n, noise_read=params.noise_read * scale_n)
     t0 = time.perf_counter()
-    stacked = render_rgb(fused, reduced, device, stack_noise_factors(case.pixel_shift))
+    stacked = render_rgb(fused, params, device, stack_noise_factors(case.pixel_shift))
     timings["render_stack"] = time.perf_counter() - t0
 
     inner = np.zeros(truth.shape[:2], dtype=bool)
     inner[BORDER:-BORDER, BORDER:-BORDER] = True
     p1, pn = psnr(single, truth, inner), psnr(stacked, truth, inner)
-    result = CaseResult(case.name, case.frames, p1, pn, pn - p1, seconds=timings)
+    result = CaseResult(case.name, case.frames, content, p1, pn, pn - p1, seconds=timings)
     if case.moving_object:
         moving, static = inner & shot.motion_mask, inner & ~shot.motion_mask
         result.psnr_motion_single, result.psnr_motion_stack = psnr(single, truth, moving), psnr(stacked, truth, moving)
         result.psnr_static_single, result.psnr_static_stack = psnr(single, truth, static), psnr(stacked, truth, static)
     if case.frames >= 2:
         fused2 = _merge(frames[0], frames, params, 2, device, offsets, timings)
-        stacked2 = render_rgb(fused2, reduced, device, stack_noise_factors(case.pixel_shift))
+        stacked2 = render_rgb(fused2, params, device, stack_noise_factors(case.pixel_shift))
         diff = delta_e_2000(srgb16_to_lab(stacked[inner]), srgb16_to_lab(stacked2[inner]))
         result.groups_delta_e_mean = float(diff.mean())
         result.groups_max_lsb = int(np.abs(stacked.astype(np.int64) - stacked2.astype(np.int64)).max())
@@ -197,11 +199,13 @@ DEFAULT_CASES = (
 
 
 def run_benchmark(cases: Sequence[StackCase] = DEFAULT_CASES, *, scale: float = 0.1, seed: int = 3,
-                  noise: float = 0.002, device: str = "cpu", work_dir: Path | None = None) -> list[CaseResult]:
-    """Run every case in a scratch directory."""
+                  noise: float = 0.002, device: str = "cpu", work_dir: Path | None = None,
+                  contents: Sequence[str] = ("dead_leaves",), photos_dir: Path | None = None) -> list[CaseResult]:
+    """Run every case on every content in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="strata-stack-bench-") as tmp:
         work = Path(work_dir or tmp)
-        return [run_case(c, work, scale=scale, seed=seed, noise=noise, device=device) for c in cases]
+        return [run_case(c, work, scale=scale, seed=seed, noise=noise, device=device, content=content,
+                         photos_dir=photos_dir) for content in contents for c in cases]
 
 
 def _fmt(v: float | None) -> str:
@@ -210,18 +214,18 @@ def _fmt(v: float | None) -> str:
 
 def format_table(results: Sequence[CaseResult]) -> str:
     """A plain-text table of the results."""
-    head = (f"{'case':<26} {'single':>7} {'stack':>7} {'gain':>6} {'mov 1':>6} {'mov N':>6} {'stat 1':>6} "
-            f"{'stat N':>6} {'dE00 2g':>7} {'LSB 2g':>6}")
+    head = (f"{'content':<12} {'case':<26} {'single':>7} {'stack':>7} {'gain':>6} {'mov 1':>6} {'mov N':>6} "
+            f"{'stat 1':>6} {'stat N':>6} {'dE00 2g':>7} {'LSB 2g':>6}")
     rows = [head, "-" * len(head)]
     for r in results:
-        rows.append(f"{r.name:<26} {r.psnr_single:7.2f} {r.psnr_stack:7.2f} {r.gain_db:+6.2f} "
+        rows.append(f"{r.content:<12} {r.name:<26} {r.psnr_single:7.2f} {r.psnr_stack:7.2f} {r.gain_db:+6.2f} "
                     f"{_fmt(r.psnr_motion_single):>6} {_fmt(r.psnr_motion_stack):>6} "
                     f"{_fmt(r.psnr_static_single):>6} {_fmt(r.psnr_static_stack):>6} "
                     f"{_fmt(r.groups_delta_e_mean):>7} {r.groups_max_lsb if r.groups_max_lsb is not None else '-':>6}")
     rows.append("")
     rows.append("seconds per stage:")
     for r in results:
-        rows.append(f"  {r.name:<26} " + "  ".join(f"{k} {v:.2f}" for k, v in r.seconds.items()))
+        rows.append(f"  {r.content:<12} {r.name:<26} " + "  ".join(f"{k} {v:.2f}" for k, v in r.seconds.items()))
     return "\n".join(rows)
 
 
@@ -232,13 +236,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--noise", type=float, default=0.002, help="shot-noise coefficient (mid noise: 0.002)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--content", action="append", default=None,
+                        help="dead_leaves (default), photo:NNN, skimage:NAME or an image path; repeatable")
+    parser.add_argument("--photos", type=Path, default=None, help="directory of photo:NNN (../shared/data/photos)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    results = run_benchmark(scale=args.scale, seed=args.seed, noise=args.noise, device=args.device)
+    contents = args.content or ["dead_leaves"]
+    results = run_benchmark(scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
+                            contents=contents, photos_dir=args.photos)
     print(format_table(results))
     if args.json:
         payload: dict[str, Any] = {"scale": args.scale, "seed": args.seed, "noise": args.noise,
-                                   "device": args.device, "cases": [r.__dict__ for r in results]}
+                                   "device": args.device, "contents": contents, "cases": [r.__dict__ for r in results]}
         args.json.write_text(json.dumps(payload, indent=2))
     return 0
 

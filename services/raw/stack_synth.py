@@ -24,8 +24,7 @@ from services.raw.meta import CFA_PATTERNS, NoiseProfile
 from services.raw.synth import (
     COLOR_MATRIX,
     READ_NOISE_FACTOR,
-    _make_scene,
-    _render,
+    _content_frames,
     _to_raw,
     shot_size,
     unprocess,
@@ -74,11 +73,15 @@ def synthesize_stack(
     moving_object: bool = False,
     pixel_shift: bool = False,
     camera: str = "IQ2_XS",
+    content: str = "dead_leaves",
+    photos_dir: Path | str | None = None,
 ) -> StackShot:
     """Write ``frame_NN.dng`` + ground truth of a synthetic ``camera`` stack into ``out_dir``.
 
     ``frames`` 2..16 (4 in pixel-shift mode); random shifts uniform in [-max_shift, max_shift] (frame 0 at
     (0, 0)); ``noise`` is the shot coefficient of the NoiseProfile (read = 0.5 noise^2; 0 = noise-free).
+    ``content``: ``dead_leaves`` (rendered exactly at each shift) or a photograph as in ``synth``
+    (``photo:NNN``, ``skimage:NAME``, a path; Lanczos-resampled at each shift).
     """
     if cfa not in CFA_PATTERNS:
         raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
@@ -95,7 +98,6 @@ def synthesize_stack(
     scene_rng, shift_rng, noise_rng, object_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
-    scene = _make_scene(scene_rng, height, width)
     if pixel_shift:
         shifts = list(PIXEL_SHIFT_PATTERN)
     else:
@@ -119,8 +121,8 @@ def synthesize_stack(
     files: list[Path] = []
     ground_truth = out_dir / "ground_truth.tif"
     camera_rgb = np.zeros((height, width, 3), np.float32)
-    for k, (dy, dx) in enumerate(shifts):
-        linear = _render(scene, dy, dx)  # [H, W, 3]
+    linear_frames = _content_frames(content, height, width, shifts, scene_rng, photos_dir)
+    for k, ((dy, dx), linear) in enumerate(zip(shifts, linear_frames, strict=True)):
         if moving_object:
             cy, cx = centre + (offset if k == moved_frame else 0.0)
             alpha = _disc(height, width, cy + dy, cx + dx, radius)[..., None]  # [H, W, 1]

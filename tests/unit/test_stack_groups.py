@@ -15,6 +15,8 @@ from services.pipeline.stack import (
     merge_frame_group,
     pixel_shift_offsets,
     render_rgb,
+    render_stack_strip,
+    stack_noise_factors,
 )
 from services.raw.decode import decode_raw
 from services.raw.meta import RawMeta
@@ -36,7 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> list[Frame]:
 
 
 def _fused(frames: list[Frame], n_groups: int, **kwargs: object) -> np.ndarray:
-    groups = [merge_frame_group(frames[0], [frames[i] for i in g], **kwargs)  # type: ignore[arg-type]
+    groups = [merge_frame_group(frames[0], [frames[i] for i in g], stack_size=len(frames), **kwargs)  # type: ignore[arg-type]
               for g in plan_frame_groups(len(frames), n_groups)]
     return fuse_groups(groups)
 
@@ -44,28 +46,29 @@ def _fused(frames: list[Frame], n_groups: int, **kwargs: object) -> np.ndarray:
 def test_group_count_does_not_change_the_fused_image(stack: list[Frame]) -> None:
     params = shot_render_params(stack[0][1], stack[0][0])
     one = _fused(stack, 1, params=params)
-    assert one.shape == (146, 138, 3) and one.dtype == np.float32
+    assert one.shape == (4, 146, 138) and one.dtype == np.float32  # camera RGB + merge weight
+    assert one[3].max() == 4.0 and one[3].min() < 4.0  # the moved frame is rejected somewhere
     for n in (2, 4):
         np.testing.assert_array_equal(_fused(stack, n, params=params), one)  # bit-identical, not just close
-    reduced = replace(params, noise_shot=params.noise_shot / 4, noise_read=params.noise_read / 4)
-    np.testing.assert_array_equal(render_rgb(_fused(stack, 2, params=params), reduced), render_rgb(one, reduced))
+    np.testing.assert_array_equal(render_rgb(_fused(stack, 2, params=params), params), render_rgb(one, params))
 
 
 def test_groups_share_the_reference_parameters(stack: list[Frame]) -> None:
     # White balance and noise come from the reference only (the coordinator's RenderParams, or recomputed
     # from frame 0 identically in every group); a frame's own metadata cannot leak into its group.
     params = shot_render_params(stack[0][1], stack[0][0])
-    explicit = merge_frame_group(stack[0], stack[2:], params=params)
-    np.testing.assert_array_equal(merge_frame_group(stack[0], stack[2:]), explicit)
+    explicit = merge_frame_group(stack[0], stack[2:], params=params, stack_size=4)
+    np.testing.assert_array_equal(merge_frame_group(stack[0], stack[2:], stack_size=4), explicit)
     odd_meta = replace(stack[3][1], as_shot_neutral=(0.4, 1.0, 0.9))
-    np.testing.assert_array_equal(merge_frame_group(stack[0], [stack[2], (stack[3][0], odd_meta)]), explicit)
+    np.testing.assert_array_equal(merge_frame_group(stack[0], [stack[2], (stack[3][0], odd_meta)], stack_size=4),
+                                  explicit)
 
 
 def test_reference_counts_once_with_weight_one(stack: list[Frame]) -> None:
-    alone = merge_frame_group(stack[0], stack[:1])
+    alone = merge_frame_group(stack[0], stack[:1], stack_size=4)
     assert alone.dtype == np.int32 and alone.shape == (4, 146, 138)
     assert (alone[3] == 2**20).all()
-    assert (merge_frame_group(stack[0], stack[1:2])[3] <= 2**20).all()
+    assert (merge_frame_group(stack[0], stack[1:2], stack_size=4)[3] <= 2**20).all()
 
 
 def test_fuse_rejects_bad_groups() -> None:
@@ -86,16 +89,36 @@ def test_pixel_shift_offsets() -> None:
 
 def test_render_rgb_checks_shape(stack: list[Frame]) -> None:
     params = shot_render_params(stack[0][1], stack[0][0])
-    with pytest.raises(ValueError, match=r"\(H, W, 3\)"):
+    with pytest.raises(ValueError, match=r"\(4\|6, H, W\)"):
         render_rgb(np.zeros((8, 8), np.float32), params)
-    out = render_rgb(np.full((16, 16, 3), 0.2, np.float32), params)
-    assert out.shape == (16, 16, 3) and out.dtype == np.uint16
+    with pytest.raises(ValueError, match=r"\(4\|6, H, W\)"):
+        render_rgb(np.full((3, 16, 16), 0.2, np.float32), params)  # RGB without merge weights
+    fused = np.concatenate([np.full((3, 64, 64), 0.2, np.float32), np.full((1, 64, 64), 4.0, np.float32)])
+    out = render_rgb(fused, params)
+    assert out.shape == (64, 64, 3) and out.dtype == np.uint16
 
 
 def test_odd_sized_frames_merge_to_full_size(stack: list[Frame]) -> None:
     odd = [(np.ascontiguousarray(raw[:-1, :-1]), meta) for raw, meta in stack]
     params = shot_render_params(odd[0][1], odd[0][0])
-    acc = merge_frame_group(odd[0], odd, params=params)
+    acc = merge_frame_group(odd[0], odd, params=params, stack_size=4)
     fused = fuse_groups([acc])
-    assert fused.shape == (*odd[0][0].shape, 3)
-    np.testing.assert_array_equal(fused[-1, :-1], fused[-2, :-1])  # the last row repeats its neighbour
+    assert fused.shape == (4, *odd[0][0].shape)
+    np.testing.assert_array_equal(fused[:, -1, :-1], fused[:, -2, :-1])  # the last row repeats its neighbour
+
+
+@pytest.mark.parametrize("pixel_shift", [False, True])
+def test_stack_strips_fuse_their_rows_exactly(stack: list[Frame], pixel_shift: bool) -> None:
+    # Strips fuse their own rows of every group's accumulator: stitched, they equal the whole fused render.
+    params = shot_render_params(stack[0][1], stack[0][0])
+    offsets = [(0, 0), (0, 1), (1, 1), (1, 0)] if pixel_shift else None
+    groups = [merge_frame_group(stack[0], [stack[i] for i in g], stack_size=4, params=params,
+                                pixel_shift=[offsets[i] for i in g] if offsets else None)
+              for g in plan_frame_groups(4, 2)]
+    whole = render_rgb(fuse_groups(groups), params, noise_factors=stack_noise_factors(pixel_shift))
+    cuts = [0, 40, 86, 146]
+    strips = [render_stack_strip(groups, a, b, params, pixel_shift=pixel_shift)
+              for a, b in zip(cuts, cuts[1:], strict=False)]
+    np.testing.assert_array_equal(np.concatenate(strips), whole)
+    with pytest.raises(ValueError, match="even row"):
+        render_stack_strip(groups, 3, 9, params, pixel_shift=pixel_shift)
