@@ -217,6 +217,8 @@ def _to_host(acc: torch.Tensor) -> np.ndarray:
 def _to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host int32 array on ``device``, through the pinned staging buffer on CUDA (see :func:`_to_host`)."""
     host = np.ascontiguousarray(arr, dtype=np.int32)
+    if not host.flags.writeable:  # a whole read-only memory map: torch wants a writable buffer
+        host = host.copy()
     if device.type != "cuda":
         return torch.from_numpy(host)
     out = torch.empty(host.shape, dtype=torch.int32, device=device)
