@@ -27,6 +27,7 @@ from services.pipeline.ops import (
     to_uint16,
     white_balance,
 )
+from services.pipeline.transfer import upload
 
 SHARPEN_SIGMA = 1.0
 
@@ -98,13 +99,11 @@ def _noise_per_channel(params: RenderParams) -> tuple[list[float], list[float]]:
 
 
 def mosaic_tensor(mosaic: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Host (H, W) array -> device tensor, keeping uint16 narrow across the bus."""
+    """Host (H, W) array -> device tensor, keeping uint16 narrow across the bus (pinned staging on CUDA)."""
+    if mosaic.dtype == np.uint16:
+        return upload(mosaic, device).to(torch.int32)  # int32: uint16 has few kernels
     arr = np.ascontiguousarray(mosaic)
-    if not arr.flags.writeable:  # read-only memmap: torch wants a writable buffer; rows are read once
-        arr = arr.copy()
-    if arr.dtype == np.uint16:
-        return torch.from_numpy(arr).to(device).to(torch.int32)  # int32: uint16 has few kernels
-    return torch.from_numpy(arr).to(device)
+    return torch.from_numpy(arr if arr.flags.writeable else arr.copy()).to(device)
 
 
 @torch.inference_mode()

@@ -16,7 +16,6 @@ camera RGB then the merge weight(s), only exists strip by strip on the GPUs.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,6 +41,7 @@ from services.pipeline.render import (
     rows_needed,
 )
 from services.pipeline.shot import shot_render_params
+from services.pipeline.transfer import download, upload
 from services.raw.meta import RawMeta
 
 Frame = tuple[np.ndarray, RawMeta]
@@ -145,7 +145,7 @@ def merge_frame_group(
             acc = accumulate_frames(ref, mosaics, mp)  # (4, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
-    out = _to_host(acc.to(torch.int32))
+    out = download(acc.to(torch.int32))
     h, w = np.asarray(reference[0]).shape
     if out.shape[1:] != (h, w):  # odd frame: the last row/column repeats its neighbour's sums and weights
         out = np.pad(out, ((0, 0), (0, h - out.shape[1]), (0, w - out.shape[2])), mode="edge")
@@ -175,61 +175,10 @@ def fuse_rows(groups: Sequence[np.ndarray], top: int, bottom: int, device: str |
     dev = torch.device(device)
     total = torch.zeros((groups[0].shape[0], bottom - top, groups[0].shape[2]), dtype=torch.int64, device=dev)
     for g in groups:
-        total += _to_device(g[:, top:bottom], dev)
+        total += upload(g[:, top:bottom], dev)
     rgb = total[:3].to(torch.float64) / total[3:].clamp(min=1).to(torch.float64)  # (3, rows, W)
     weight = total[3:].to(torch.float64) / 2.0**FIXED_POINT_BITS  # (1|3, rows, W)
     return torch.cat([rgb, weight]).to(torch.float32)[None]
-
-
-_STAGING_BYTES = 32 << 20
-_staging: dict[str, tuple[threading.Lock, torch.Tensor]] = {}  # per device: its lock and pinned buffer
-_staging_lock = threading.Lock()
-
-
-def _pinned(device: torch.device) -> tuple[threading.Lock, torch.Tensor]:
-    """The device's pinned host staging buffer (int32, allocated once per process) and its lock."""
-    with _staging_lock:
-        if str(device) not in _staging:
-            pinned = torch.empty(_STAGING_BYTES // 4, dtype=torch.int32, pin_memory=True)
-            _staging[str(device)] = (threading.Lock(), pinned)
-        return _staging[str(device)]
-
-
-def _to_host(acc: torch.Tensor) -> np.ndarray:
-    """A (C, H, W) int32 device tensor as a host array, through the pinned staging buffer on CUDA.
-
-    A plain ``.cpu()`` of a 50 MP group accumulator (800 MB, pageable) took about 0.7 s on the H200 hosts;
-    pinned chunks move at PCIe speed.
-    """
-    if acc.device.type != "cuda":
-        return acc.cpu().numpy()
-    out = np.empty(tuple(acc.shape), dtype=np.int32)
-    flat_out, flat = out.reshape(-1), acc.reshape(-1)
-    lock, buf = _pinned(acc.device)
-    with lock:
-        for start in range(0, flat.numel(), buf.numel()):
-            n = min(buf.numel(), flat.numel() - start)
-            buf[:n].copy_(flat[start : start + n])
-            flat_out[start : start + n] = buf[:n].numpy()
-    return out
-
-
-def _to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host int32 array on ``device``, through the pinned staging buffer on CUDA (see :func:`_to_host`)."""
-    host = np.ascontiguousarray(arr, dtype=np.int32)
-    if not host.flags.writeable:  # a whole read-only memory map: torch wants a writable buffer
-        host = host.copy()
-    if device.type != "cuda":
-        return torch.from_numpy(host)
-    out = torch.empty(host.shape, dtype=torch.int32, device=device)
-    flat_out, flat = out.reshape(-1), torch.from_numpy(host.reshape(-1))
-    lock, buf = _pinned(device)
-    with lock:
-        for start in range(0, flat.numel(), buf.numel()):
-            n = min(buf.numel(), flat.numel() - start)
-            buf[:n].copy_(flat[start : start + n])
-            flat_out[start : start + n].copy_(buf[:n])  # synchronous: the buffer is reused next
-    return out
 
 
 def fuse_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
