@@ -122,3 +122,20 @@ def test_stack_strips_fuse_their_rows_exactly(stack: list[Frame], pixel_shift: b
     np.testing.assert_array_equal(np.concatenate(strips), whole)
     with pytest.raises(ValueError, match="even row"):
         render_stack_strip(groups, 3, 9, params, pixel_shift=pixel_shift)
+
+
+def test_shifts_are_measured_on_a_central_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.pipeline import stack as stack_module
+
+    grid = np.arange(230 * 219).reshape(230, 219)
+    window = stack_module._centre(grid, 96)
+    y0, x0 = divmod(int(window[0, 0]), 219)
+    assert window.shape == (96, 96) and y0 % 2 == 0 and x0 % 2 == 0  # starts on a CFA cell
+    assert abs(y0 + 48 - 115) <= 2 and abs(x0 + 48 - 109) <= 2  # centred
+    shot = synthesize_stack(tmp_path, frames=4, scale=0.03, seed=4, pixel_shift=True)
+    frames = []
+    for i, path in enumerate(shot.files):
+        meta = decode_raw(path, tmp_path / f"raw_{i}.npy")
+        frames.append((np.load(tmp_path / f"raw_{i}.npy"), meta))
+    monkeypatch.setattr(stack_module, "SHIFT_WINDOW", 96)  # smaller than the frames: a real crop
+    assert pixel_shift_offsets(stack_module.frame_shifts(frames[0], frames)) == [(0, 0), (0, 1), (1, 1), (1, 0)]
