@@ -8,6 +8,7 @@ straight into the pinned buffer). On the CPU these are plain conversions.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,6 +34,24 @@ def _blocks(arr: np.ndarray) -> list[np.ndarray]:
     return [b for sub in arr for b in _blocks(sub)]
 
 
+def _stage(arr: np.ndarray, staging: np.ndarray, flush: Callable[[int, int], object]) -> None:
+    """Copy ``arr`` in C order through ``staging``: ``flush(offset, n)`` is called whenever the first ``n``
+    staged elements (those at flat ``offset`` of ``arr``) are ready; short blocks (rows of a crop) share a flush.
+    ``flush`` must be done with the buffer when it returns."""
+    done = filled = 0
+    for block in _blocks(arr):
+        start = 0
+        while start < block.size:
+            n = min(staging.size - filled, block.size - start)
+            np.copyto(staging[filled : filled + n], block[start : start + n])
+            filled, start = filled + n, start + n
+            if filled == staging.size:
+                flush(done, filled)
+                done, filled = done + filled, 0
+    if filled:
+        flush(done, filled)
+
+
 def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host int32 or uint16 array (a memory map or a slice of one) as a tensor of that dtype on ``device``."""
     if arr.dtype not in _TORCH_DTYPES:
@@ -46,14 +65,8 @@ def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     lock, raw = _pinned(device)
     buf = raw.view(dtype)  # the pinned bytes as this dtype
     staging = raw.numpy().view(arr.dtype)
-    done = 0
     with lock:
-        for block in _blocks(arr):
-            for start in range(0, block.size, staging.size):
-                n = min(staging.size, block.size - start)
-                np.copyto(staging[:n], block[start : start + n])
-                flat_out[done : done + n].copy_(buf[:n])  # synchronous: the buffer is reused next
-                done += n
+        _stage(arr, staging, lambda offset, n: flat_out[offset : offset + n].copy_(buf[:n]))  # synchronous copies
     return out
 
 
