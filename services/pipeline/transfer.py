@@ -1,29 +1,35 @@
-"""Host <-> GPU copies of large arrays through one pinned staging buffer per device.
+"""Host <-> GPU copies of large arrays through pinned staging slots per device, host copies on threads.
 
-Pageable copies of the stack's 800 MB group accumulators took about 0.7 s on the H200 hosts; through a reused
-pinned buffer they move at PCIe speed, and each contiguous host row block is copied once (from a memory map
-straight into the pinned buffer). On the CPU these are plain conversions.
+Pageable copies of the stack's 800 MB group accumulators took about 0.7 s on the H200 hosts. Through a pinned
+buffer they move at PCIe speed, and the host side (a memory map or a fresh array, page faults included) is
+copied into/out of the pinned slots by a few threads while the device copies the previous slot: 0.26 s for one
+800 MB accumulator with one thread and a single slot, 0.07 s like this (H200 host, docs/PERFORMANCE.md). Each
+contiguous host row block is copied once; short blocks (rows of a crop) share a slot. On the CPU these are
+plain conversions.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-STAGING_BYTES = 32 << 20
+STAGING_BYTES = 64 << 20
+SLOTS = 4  # pinned slots per device = host copy threads
 _TORCH_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(np.int32): torch.int32, np.dtype(np.uint16): torch.uint16}
-_staging: dict[str, tuple[threading.Lock, torch.Tensor]] = {}  # per device: its lock and pinned buffer
+_staging: dict[str, tuple[threading.Lock, torch.Tensor, ThreadPoolExecutor]] = {}
 _staging_lock = threading.Lock()
 
 
-def _pinned(device: torch.device) -> tuple[threading.Lock, torch.Tensor]:
-    """The device's pinned host staging buffer (bytes, allocated once per process) and its lock."""
+def _pinned(device: torch.device) -> tuple[threading.Lock, torch.Tensor, ThreadPoolExecutor]:
+    """The device's pinned host staging bytes (allocated once per process), its lock and its copy threads."""
     with _staging_lock:
         if str(device) not in _staging:
-            _staging[str(device)] = (threading.Lock(), torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True))
+            _staging[str(device)] = (threading.Lock(), torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True),
+                                     ThreadPoolExecutor(SLOTS, thread_name_prefix=f"strata-copy-{device}"))
         return _staging[str(device)]
 
 
@@ -34,22 +40,72 @@ def _blocks(arr: np.ndarray) -> list[np.ndarray]:
     return [b for sub in arr for b in _blocks(sub)]
 
 
-def _stage(arr: np.ndarray, staging: np.ndarray, flush: Callable[[int, int], object]) -> None:
-    """Copy ``arr`` in C order through ``staging``: ``flush(offset, n)`` is called whenever the first ``n``
-    staged elements (those at flat ``offset`` of ``arr``) are ready; short blocks (rows of a crop) share a flush.
-    ``flush`` must be done with the buffer when it returns."""
-    done = filled = 0
+def _chunks(arr: np.ndarray, size: int) -> list[list[np.ndarray]]:
+    """``arr`` in C order as chunks of at most ``size`` elements, each a list of 1-D views (short blocks share)."""
+    chunks: list[list[np.ndarray]] = []
+    current: list[np.ndarray] = []
+    filled = 0
     for block in _blocks(arr):
         start = 0
         while start < block.size:
-            n = min(staging.size - filled, block.size - start)
-            np.copyto(staging[filled : filled + n], block[start : start + n])
+            n = min(size - filled, block.size - start)
+            current.append(block[start : start + n])
             filled, start = filled + n, start + n
-            if filled == staging.size:
-                flush(done, filled)
-                done, filled = done + filled, 0
-    if filled:
-        flush(done, filled)
+            if filled == size:
+                chunks.append(current)
+                current, filled = [], 0
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _fill(slot: np.ndarray, pieces: Sequence[np.ndarray]) -> int:
+    at = 0
+    for piece in pieces:
+        np.copyto(slot[at : at + piece.size], piece)  # releases the GIL
+        at += piece.size
+    return at
+
+
+def _stage_in(arr: np.ndarray, slots: Sequence[np.ndarray], flush: Callable[[int, int, int], object],
+              pool: ThreadPoolExecutor) -> None:
+    """Copy ``arr`` in C order through ``slots``: threads fill the slots ahead; ``flush(offset, n, slot)`` runs
+    in order on this thread once a slot holds the ``n`` elements at flat ``offset`` of ``arr``, and must be done
+    with the slot when it returns."""
+    chunks = _chunks(arr, slots[0].size)
+    pending: dict[int, Future[int]] = {}
+    for k in range(min(len(slots), len(chunks))):
+        pending[k] = pool.submit(_fill, slots[k], chunks[k])
+    offset = 0
+    for k in range(len(chunks)):
+        n = pending.pop(k).result()
+        flush(offset, n, k % len(slots))
+        offset += n
+        if k + len(slots) < len(chunks):
+            pending[k + len(slots)] = pool.submit(_fill, slots[k % len(slots)], chunks[k + len(slots)])
+
+
+def _stage_out(out: np.ndarray, slots: Sequence[np.ndarray], fetch: Callable[[int, int, int], object],
+               pool: ThreadPoolExecutor) -> None:
+    """Fill flat ``out`` through ``slots``: ``fetch(offset, n, slot)`` puts elements [offset, offset + n) into
+    the slot (on this thread, in order), then a thread copies them to ``out`` while the next slot is fetched."""
+    size = slots[0].size
+    pending: list[Future[None] | None] = [None] * len(slots)
+    for k, start in enumerate(range(0, out.size, size)):
+        s = k % len(slots)
+        if (previous := pending[s]) is not None:
+            previous.result()
+        n = min(size, out.size - start)
+        fetch(start, n, s)
+        pending[s] = pool.submit(np.copyto, out[start : start + n], slots[s][:n])
+    for p in pending:
+        if p is not None:
+            p.result()
+
+
+def _slots(raw: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+    per = raw.numel() // SLOTS
+    return [raw[i * per : (i + 1) * per].view(dtype) for i in range(SLOTS)]
 
 
 def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -62,11 +118,11 @@ def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     dtype = _TORCH_DTYPES[arr.dtype]
     out = torch.empty(arr.shape, dtype=dtype, device=device)
     flat_out = out.reshape(-1)
-    lock, raw = _pinned(device)
-    buf = raw.view(dtype)  # the pinned bytes as this dtype
-    staging = raw.numpy().view(arr.dtype)
+    lock, raw, pool = _pinned(device)
+    bufs = _slots(raw, dtype)
     with lock:
-        _stage(arr, staging, lambda offset, n: flat_out[offset : offset + n].copy_(buf[:n]))  # synchronous copies
+        _stage_in(arr, [b.numpy().view(arr.dtype) for b in bufs],
+                  lambda offset, n, s: flat_out[offset : offset + n].copy_(bufs[s][:n]), pool)  # synchronous
     return out
 
 
@@ -77,17 +133,14 @@ def download(tensor: torch.Tensor) -> np.ndarray:
     found = [k for k, v in _TORCH_DTYPES.items() if v == tensor.dtype]
     if not found:
         raise TypeError(f"download takes int32 or uint16 tensors, got {tensor.dtype}")
-    np_dtype = found[0]
-    out = np.empty(tuple(tensor.shape), dtype=np_dtype)
-    flat_out, flat = out.reshape(-1), tensor.reshape(-1)
-    lock, raw = _pinned(tensor.device)
-    buf, staging = raw.view(tensor.dtype), raw.numpy().view(np_dtype)
+    out = np.empty(tuple(tensor.shape), dtype=found[0])
+    flat = tensor.reshape(-1)
+    lock, raw, pool = _pinned(tensor.device)
+    bufs = _slots(raw, tensor.dtype)
     with lock:
-        for start in range(0, flat.numel(), staging.size):
-            n = min(staging.size, flat.numel() - start)
-            buf[:n].copy_(flat[start : start + n])
-            flat_out[start : start + n] = staging[:n]
+        _stage_out(out.reshape(-1), [b.numpy().view(found[0]) for b in bufs],
+                   lambda offset, n, s: bufs[s][:n].copy_(flat[offset : offset + n]), pool)  # synchronous
     return out
 
 
-__all__ = ["STAGING_BYTES", "download", "upload"]
+__all__ = ["SLOTS", "STAGING_BYTES", "download", "upload"]

@@ -29,17 +29,31 @@ def test_transfer_refuses_other_dtypes() -> None:
 
 
 @pytest.mark.parametrize("size", [1, 5, 13, 1000])
-def test_staging_covers_crops_in_order(size: int) -> None:
-    # The CUDA path's staging loop, run with a numpy "device": every element lands once, in C order.
-    from services.pipeline.transfer import _stage
+@pytest.mark.parametrize("slots", [1, 3])
+def test_staging_covers_crops_in_order(size: int, slots: int) -> None:
+    # The CUDA path's staging loops, run with a numpy "device" and real copy threads: every element crosses
+    # once, in C order, and no slot is reused before its copy is done.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.pipeline.transfer import _stage_in, _stage_out
 
     a = np.arange(3 * 11 * 7, dtype=np.int32).reshape(3, 11, 7)
-    for part in (a, a[:, 2:9], a[:, :10, :6], a[0, :, :5]):
-        out = np.full(part.size, -1, np.int32)
-        staging = np.empty(size, np.int32)
+    bufs = [np.empty(size, np.int32) for _ in range(slots)]
+    with ThreadPoolExecutor(slots) as pool:
+        for part in (a, a[:, 2:9], a[:, :10, :6], a[0, :, :5]):
+            device = np.full(part.size, -1, np.int32)
 
-        def flush(offset: int, n: int, out: np.ndarray = out, staging: np.ndarray = staging) -> None:
-            out[offset : offset + n] = staging[:n]
+            def flush(offset: int, n: int, s: int, device: np.ndarray = device) -> None:
+                device[offset : offset + n] = bufs[s][:n]
+                bufs[s][:n] = -2  # the slot is free again: a late host copy would show up as -2
 
-        _stage(part, staging, flush)
-        np.testing.assert_array_equal(out.reshape(part.shape), part)
+            _stage_in(part, bufs, flush, pool)
+            np.testing.assert_array_equal(device.reshape(part.shape), part)
+
+            back = np.full(part.size, -1, np.int32)
+
+            def fetch(offset: int, n: int, s: int, device: np.ndarray = device) -> None:
+                bufs[s][:n] = device[offset : offset + n]
+
+            _stage_out(back, bufs, fetch, pool)
+            np.testing.assert_array_equal(back.reshape(part.shape), part)
