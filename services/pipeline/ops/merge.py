@@ -28,13 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from services.pipeline.ops._checks import check_mosaic
 from services.pipeline.ops.align import AlignParams, align_frame, grey_pyramid, tiles_to_pixels, warp
 from services.pipeline.ops.cfa import cfa_channels, cfa_masks, white_balance
 from services.pipeline.ops.demosaic import demosaic_malvar
-from services.pipeline.ops.filters import box_mean, local_min_max
+from services.pipeline.ops.filters import local_min_max
 
 _SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above it CFA aliasing grows)
 _SLOPE_ITERATIONS = 3
@@ -245,8 +246,14 @@ def demosaic_camera(mosaic: Tensor, params: MergeParams) -> Tensor:
     return demosaic(balanced, params.cfa)[0] / gains  # (3, H, W)
 
 
+def _window_mean(x: Tensor, radius: int) -> Tensor:
+    """Mean over a (2r+1)^2 window with reflect padding, (B, C, H, W): one pooling kernel. Merges always see
+    whole frames on one device, so unlike the renderer's filters this need not be strip-exact."""
+    return F.avg_pool2d(F.pad(x, (radius, radius, radius, radius), mode="reflect"), 2 * radius + 1, stride=1)
+
+
 def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params: MergeParams,
-                   local_range: bool = False) -> Tensor:
+                   local_range: bool = False, level: Tensor | None = None) -> Tensor:
     """Per-pixel weight (H, W) in [0, 1] of ``candidate`` against ``reference`` (both (3, H, W) camera RGB).
 
     ``samples`` (3, H, W) marks where the candidate holds a usable value of each channel (0/1). In a window of
@@ -256,6 +263,7 @@ def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params
     eroded by one pixel so the rim of a rejected region is rejected too. With ``local_range`` the difference
     is only what lies outside the reference's 3x3 min/max of that channel, which tolerates the reference's
     interpolation error where the candidate holds raw samples at sites the reference had to interpolate.
+    ``level``: the reference's window means (1, 3, H, W) when the caller has them (:func:`prepare_reference`).
     """
     r = params.window_radius
     share = torch.tensor(_CHANNEL_SHARE, dtype=reference.dtype, device=reference.device).view(1, 3, 1, 1)
@@ -264,14 +272,16 @@ def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params
         diff = ((candidate[None] - hi).clamp(min=0.0) - (lo - candidate[None]).clamp(min=0.0)) * samples
     else:
         diff = ((candidate - reference) * samples)[None]  # (1, 3, H, W)
-    count = box_mean(samples[None], r)  # (1, 3, H, W) fraction of the window with samples
-    mean_diff = box_mean(diff, r) / count.clamp(min=1e-6)  # (1, 3, H, W)
-    level = box_mean(reference[None], r).clamp(min=0.0)  # (1, 3, H, W)
+    means = _window_mean(torch.cat([diff, samples[None]], dim=1), r)  # (1, 6, H, W)
+    count = means[:, 3:]  # (1, 3, H, W) fraction of the window with samples
+    mean_diff = means[:, :3] / count.clamp(min=1e-6)  # (1, 3, H, W)
+    if level is None:
+        level = _window_mean(reference[None], r)
     n = (count * share * (2 * r + 1) ** 2).clamp(min=1.0)  # (1, 3, H, W) independent samples, roughly
-    variance = 2.0 * (params.shot * level + params.read + _VARIANCE_FLOOR) / n  # (1, 3, H, W)
+    variance = 2.0 * (params.shot * level.clamp(min=0.0) + params.read + _VARIANCE_FLOOR) / n  # (1, 3, H, W)
     z2 = (mean_diff.square() / variance * (count > 0)).sum(dim=1, keepdim=True)  # (1, 1, H, W)
     weight = ((params.reject_high - z2) / (params.reject_high - params.reject_low)).clamp(0.0, 1.0)
-    eroded, _ = local_min_max(weight, 1)  # (1, 1, H, W)
+    eroded = -F.max_pool2d(F.pad(-weight, (1, 1, 1, 1), mode="reflect"), 3, stride=1)  # (1, 1, H, W)
     return eroded[0, 0]  # (H, W)
 
 
@@ -282,6 +292,7 @@ class _Reference:
     mosaic: Tensor  # (H, W)
     rgb: Tensor  # (3, H, W)
     pyramid: list[Tensor]
+    level: Tensor  # (1, 3, H, W) window means of rgb for the motion test
 
 
 def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
@@ -289,7 +300,8 @@ def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
     check_mosaic(reference, "reference", min_size=8)
     ref = reference.to(torch.float32)
     rgb = demosaic_camera(ref, params)  # (3, H, W)
-    return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels))
+    return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels),
+                      _window_mean(rgb[None], params.window_radius))
 
 
 def _fixed(x: Tensor) -> Tensor:
@@ -320,7 +332,7 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
         # Bicubic: bilinear resampling at fractional offsets is a low-pass that differs from frame to frame; on
         # detailed photographs it cost up to 2.9 dB of the 8-frame gain (stack benchmark, docs/QUALITY.md).
         moved, valid = warp(rgb, tiles_to_pixels(flow, params.align.tile_size, (h, w)), mode="bicubic")
-        weight = motion_weights(ref.rgb, moved, ones * valid, params) * valid  # (H, W)
+        weight = motion_weights(ref.rgb, moved, ones * valid, params, level=ref.level) * valid  # (H, W)
         acc[:3] += _fixed(moved * weight)
         acc[3] += _fixed(weight)
     return acc
@@ -367,7 +379,7 @@ def pixel_shift_accumulate(reference: Tensor | _Reference, frames: Sequence[Tens
             raise ValueError(f"pixel-shift offsets must be within one pixel, got {(dy, dx)}")
         moved, valid = integer_shift(f, dy, dx)  # (H, W) each
         colour = masks[:, 2 + dy : 2 + dy + h, 2 + dx : 2 + dx + w] * valid  # (3, H, W) frame's colour per site
-        weight = motion_weights(ref.rgb, moved * colour, colour, params, local_range=True)  # (H, W)
+        weight = motion_weights(ref.rgb, moved * colour, colour, params, local_range=True, level=ref.level)
         acc[:3] += _fixed(colour * moved * weight)
         acc[3:] += _fixed(colour * weight)
     return acc
