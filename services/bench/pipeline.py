@@ -127,6 +127,8 @@ def bench_single_frame(devices: list[str], height: int, width: int, tmp: Path, t
     t = Timer()
     path = tmp / "iq3s.dng"
     write_frame(path, procedural_mosaic(height, width, 1), "IQ3_S")
+    _decode_all([path], tmp)  # warm-up, as for the stack
+    time.sleep(1.0)
     (mosaics, metas) = t.run("decode (LibRaw child)", lambda: _decode_all([path], tmp))
     params = t.run("shot params (WB, noise, colour)", lambda: shot_render_params(metas[0], mosaics[0]))
     n = strip_count(height, 1288, len(devices), 2)
@@ -158,6 +160,8 @@ def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: P
         path = tmp / f"iq2xs_{k:02d}.dng"
         write_frame(path, procedural_mosaic(height, width, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
         paths.append(path)
+    _decode_all(paths, tmp)  # warm-up: a running coordinator has its decoder children started ahead (raw/decode.py)
+    time.sleep(1.0)
     mosaics, metas = t.run(f"decode {frames} frames (LibRaw children in parallel)", lambda: _decode_all(paths, tmp))
     params = t.run("shot params (WB, noise, colour)", lambda: shot_render_params(metas[0], mosaics[0]))
     groups = plan_frame_groups(frames, len(devices))

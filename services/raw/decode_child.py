@@ -171,9 +171,18 @@ def _classify(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point; returns the process exit code."""
+    """Entry point; returns the process exit code. ``-``: a spare started ahead of need, which imports the
+    decoder, then reads the three paths from stdin, one per line (none: its parent is gone, exit quietly)."""
+    if argv == ["-"]:
+        import rawpy  # noqa: F401  (the import is what a spare does while it waits)
+
+        import services.raw.dng  # noqa: F401
+
+        argv = sys.stdin.read().splitlines()
+        if not argv:
+            return 0
     if len(argv) != 3:
-        print("usage: python -m services.raw.decode_child <raw> <out.npy> <out.json>", file=sys.stderr)
+        print("usage: python -m services.raw.decode_child <raw> <out.npy> <out.json> | -", file=sys.stderr)
         return 2
     raw_path, out_npy, out_json = (Path(a) for a in argv)
     try:

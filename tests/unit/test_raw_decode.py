@@ -51,6 +51,25 @@ def test_decodes_synthetic_frame(tmp_path: Path) -> None:
     assert not (tmp_path / "frame.npy.part").exists()
 
 
+def test_decodes_through_spare_children(tmp_path: Path) -> None:
+    """Decodes after the first run in children started ahead of need; each child decodes one file and exits."""
+    shot = synthesize_shot("IQ2_XS", tmp_path / "shot", scale=0.02, frames=2)
+    first = decode_raw(shot.files[0], tmp_path / "a.npy")
+    deadline = time.monotonic() + 30
+    while not decode._spares._idle and time.monotonic() < deadline:  # the refill thread starts one
+        time.sleep(0.05)
+    _, spare = decode._spares._idle[-1]
+    second = decode_raw(shot.files[1], tmp_path / "b.npy")
+    assert spare.returncode == 0  # this spare did the decode and exited
+    assert first.cfa == second.cfa and np.load(tmp_path / "b.npy").shape == (second.height, second.width)
+
+
+def test_spare_child_exits_quietly_when_its_parent_goes() -> None:
+    child = decode._spawn([*decode._DEFAULT_COMMAND, "-"], 8192)
+    _, err = child.communicate(b"", timeout=60)  # stdin closed with no paths, as when the parent exits
+    assert child.returncode == 0 and err == b""
+
+
 def test_exact_pixels_and_per_site_black_levels(tmp_path: Path) -> None:
     """A 2x2 BlackLevel pattern maps to sites; pixels come back bit-exact."""
     mosaic = np.random.default_rng(2).integers(0, 65535, (30, 42)).astype(np.uint16)
