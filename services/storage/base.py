@@ -18,7 +18,9 @@ import numpy as np
 class Storage(ABC):
     @abstractmethod
     def writer(self, key: str) -> AbstractContextManager[BinaryIO]:
-        """A binary file that becomes visible under ``key`` only when the block exits without error."""
+        """A binary file that becomes visible under ``key`` only when the block exits without error.
+
+        Seekable; readable too where the backend allows it (local files: a writer may map what it wrote)."""
 
     @abstractmethod
     def path_writer(self, key: str) -> AbstractContextManager[Path]:

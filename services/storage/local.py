@@ -37,7 +37,7 @@ class LocalStorage(Storage):
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
-        with self.path_writer(key) as tmp, open(tmp, "wb") as f:
+        with self.path_writer(key) as tmp, open(tmp, "w+b") as f:  # readable: writers may map what they wrote
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -1,0 +1,39 @@
+"""write_tiff: the file round-trips, its sha256 is that of the stored bytes, with or without a mappable writer."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import pytest
+import tifffile
+
+from services.export.tiff import write_tiff
+from services.storage.local import LocalStorage
+
+
+class WriteOnlyStorage(LocalStorage):
+    """A backend whose writer cannot be read back (as a network stream would be)."""
+
+    @contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        with self.path_writer(key) as tmp, open(tmp, "wb") as f:
+            yield f
+
+
+@pytest.mark.parametrize("compression", ["zstd", None])
+@pytest.mark.parametrize("backend", [LocalStorage, WriteOnlyStorage])
+def test_round_trip_and_digest(tmp_path: Path, compression: str | None, backend: type[LocalStorage]) -> None:
+    rgb = np.random.default_rng(3).integers(0, 65535, (300, 520, 3)).astype(np.uint16)
+    storage = backend(tmp_path)
+    sha, size = write_tiff(storage, "out/a.tif", rgb, compression=compression, threads=2)
+    data = (tmp_path / "out" / "a.tif").read_bytes()
+    assert size == len(data) and sha == hashlib.sha256(data).hexdigest()
+    with tifffile.TiffFile(tmp_path / "out" / "a.tif") as tif:
+        np.testing.assert_array_equal(tif.asarray(), rgb)
+        assert tif.pages[0].is_tiled and tif.pages[0].compression == (50000 if compression else 1)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["a.tif"]  # no temporary left behind
