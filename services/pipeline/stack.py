@@ -47,6 +47,11 @@ from services.raw.meta import RawMeta
 Frame = tuple[np.ndarray, RawMeta]
 _PIXEL_SHIFT_TOLERANCE = 0.25  # px: how far measured shifts may be from whole pixels
 SHIFT_WINDOW = 2048  # px: the central square the global shifts are measured on
+# Each frame's model pass is told this many times the stack's noise (per-sample noise / frames). Swept on the stack
+# benchmark (CPU, scale 0.1, mid noise; gains 4 / 8 frames), 1 -> 2 (and the residual share 0.5 -> 0.3): dead
+# leaves +3.99 / +5.79 -> +4.04 / +5.84 dB, photo:033 +2.35 / +3.47 -> +2.81 / +3.85, photo:036 +2.63 / +3.35 ->
+# +2.55 / +3.32; 3 lost 0.3 dB on dead leaves (docs/QUALITY.md has the sweep).
+MERGE_NOISE_FACTOR = 2.0
 
 
 def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.Tensor:
@@ -59,21 +64,23 @@ def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.T
 def merge_params(params: RenderParams, device: str | torch.device | None = None, stack_size: int = 1) -> MergeParams:
     """The merge parameters implied by the shot's shared render parameters.
 
-    With a ``device``, each frame is demosaiced and denoised by the shot's model package, told the noise the
-    whole stack of ``stack_size`` frames will have (the per-sample noise / ``stack_size``): it removes about
-    what averaging would leave and keeps the detail; averaging then takes the rest down, and a light filter
-    after fusion (:func:`stack_noise_factors`) finishes. Measured on the stack benchmark (CPU, scale 0.1, mid
-    noise, dead leaves, bilinear warps, gain over the single-frame render, 4 / 8 frames): package at the
-    stack's noise +4.2 / +6.1 dB; at noise 0 (a pure demosaic, denoised after fusion) +3.2 / +5.5 dB; Malvar
-    +2.2 / +3.6 dB (docs/QUALITY.md has the current numbers, with bicubic warps and photographs).
+    With a ``device``, each frame is demosaiced and denoised by the shot's model package, told
+    :data:`MERGE_NOISE_FACTOR` times the noise the whole stack of ``stack_size`` frames will have (per-sample
+    noise / ``stack_size``): it removes about what averaging would leave and keeps the detail; averaging then
+    takes the rest down, and a light filter after fusion (:func:`stack_noise_factors`) finishes. Measured on the
+    stack benchmark (CPU, scale 0.1, mid noise, dead leaves, bilinear warps, gain over the single-frame render,
+    4 / 8 frames): package at the stack's noise +4.2 / +6.1 dB; at noise 0 (a pure demosaic, denoised after
+    fusion) +3.2 / +5.5 dB; Malvar +2.2 / +3.6 dB (docs/QUALITY.md has the current numbers, with bicubic warps,
+    photographs and the factor's sweep).
     """
     if stack_size < 1:
         raise ValueError(f"stack_size must be >= 1, got {stack_size}")
     demosaic = None
     if device is not None:
         enhancer = load_enhancer(params.camera, device, package=params.model)
-        shot = tuple(g * params.noise_shot / stack_size for g in params.gains)
-        read = tuple(g * g * params.noise_read / stack_size for g in params.gains)
+        told = MERGE_NOISE_FACTOR / stack_size if stack_size > 1 else 1.0  # 1: a frame at its own noise (pixel shift)
+        shot = tuple(g * params.noise_shot * told for g in params.gains)
+        read = tuple(g * g * params.noise_read * told for g in params.gains)
 
         def demosaic(balanced: torch.Tensor, cfa: str) -> torch.Tensor:
             return enhancer.enhance(balanced, cfa, shot, read)
@@ -202,9 +209,10 @@ def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: R
     return render_fused(fused, params, stack_noise_factors(pixel_shift))[y0 - top : y1 - top]
 
 
-# The frames were already denoised at the stack's noise level, so the filter after fusion takes out only this
-# share of the (interpolated) noise left over the merge weight (measured, stack benchmark: 0.5 beats 0 and 1).
-STACK_RESIDUAL_NOISE = 0.5
+# The frames were already denoised (at MERGE_NOISE_FACTOR x the stack's noise), so the filter after fusion takes out
+# only this share of the (interpolated) noise left over the merge weight (stack benchmark: 0.3 beat 0.5 and 0.7 with
+# the factor at 2, and 0.5 beat 0 and 1 with it at 1).
+STACK_RESIDUAL_NOISE = 0.3
 
 
 def stack_noise_factors(pixel_shift: bool) -> tuple[float, float, float]:
@@ -219,6 +227,7 @@ def stack_noise_factors(pixel_shift: bool) -> tuple[float, float, float]:
 
 
 __all__ = [
+    "MERGE_NOISE_FACTOR",
     "STACK_RESIDUAL_NOISE",
     "check_groups",
     "fuse_groups",
