@@ -10,6 +10,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from services.config import get_settings
+from services.db.models import Job
 from services.db.session import reset_engine, session_scope
 from services.errors import NotFound
 from services.jobs import flow
@@ -40,6 +41,17 @@ def dispatch_advance(job_id: str, priority: str) -> None:
 
 def enqueue_ingest(job_id: str, priority: str) -> None:
     ingest.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=PRIORITIES.get(priority, 0))
+
+
+def _start_over(exc: flow.IntermediateLost) -> None:
+    """A step found an intermediate gone (its host crashed): the job starts over from its uploads."""
+    log.warning("job %s: %s", exc.job_id, exc)
+    with session_scope() as session:
+        job = session.get(Job, exc.job_id)
+        priority = job.priority if job is not None else "interactive"
+        restart = flow.rewind_job(session, get_storage(), exc.job_id, str(exc))
+    if restart:
+        enqueue_ingest(exc.job_id, priority)
 
 
 def _fail(job_id: str, step: str, exc: BaseException) -> None:
@@ -80,6 +92,9 @@ def run_shard(self: Task, shard_id: int) -> None:
                                      device=ctx.device, delay_s=settings.fault_shard_delay_s)
     except NotFound:
         return
+    except flow.IntermediateLost as exc:
+        _start_over(exc)
+        return
     except TRANSIENT as exc:
         raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 60), max_retries=20) from exc
     except Exception as exc:  # noqa: BLE001 - retried a bounded number of times, then the job fails
@@ -104,6 +119,9 @@ def advance(job_id: str) -> None:
         if isinstance(exc, NotFound):
             return
         raise
+    except flow.IntermediateLost as exc:
+        _start_over(exc)
+        return
     except Exception as exc:  # noqa: BLE001
         _fail(job_id, "advance", exc)
         return

@@ -36,11 +36,12 @@ class LocalStorage(Storage):
             tmp.unlink(missing_ok=True)
 
     @contextmanager
-    def writer(self, key: str) -> Iterator[BinaryIO]:
+    def writer(self, key: str, durable: bool = True) -> Iterator[BinaryIO]:
         with self.path_writer(key) as tmp, open(tmp, "w+b") as f:  # readable: writers may map what they wrote
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
 
     def open(self, key: str) -> BinaryIO:
         return open(self._path(key), "rb")

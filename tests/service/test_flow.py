@@ -128,3 +128,68 @@ def test_pixel_shift_stack_runs_through_the_flow(db: str, tmp_path: Path) -> Non
     fused = fuse_groups([merge_frame_group(frames[0], frames, stack_size=4, params=params, pixel_shift=offsets)])
     whole = render_rgb(fused, params, noise_factors=stack_noise_factors(True))
     np.testing.assert_array_equal(tifffile.imread(io.BytesIO(out)), whole)
+
+
+def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> None:
+    """Intermediates are not synced: a step that finds one gone (a host crash) rewinds the job to its uploads,
+    which then runs to the end; past MAX_REWINDS the job fails with the reason."""
+    import hashlib
+    import uuid
+
+    import pytest
+
+    from services.config import get_settings
+    from services.jobs.service import ReceivedFile, create_job
+    from services.raw.stack_synth import synthesize_stack
+    from services.storage import get_storage
+
+    shot = synthesize_stack(tmp_path / "s", frames=3, scale=0.03, seed=4)
+    storage, settings = get_storage(), get_settings()
+    job_id = uuid.uuid4().hex
+    files = []
+    for path in shot.files:
+        key = f"uploads/{job_id}/{path.name}"
+        with storage.writer(key) as f:
+            f.write(path.read_bytes())
+        files.append(ReceivedFile(path.name, key, hashlib.sha256(path.read_bytes()).hexdigest(),
+                                  path.stat().st_size, "IQ2_XS"))
+    with session_scope() as session:
+        station = Station(name="lost-station", token_hash="y")
+        session.add(station)
+        session.flush()
+        create_job(session, station, job_id, files, camera="IQ2_XS", recipe=None, priority=None, sha256=[])
+
+    def run_groups() -> list[flow.ShardTicket]:
+        with session_scope() as session:
+            tickets = flow.ingest_job(session, storage, settings, job_id, n_workers=2)
+        for t in tickets:
+            with session_scope() as session:
+                flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+        with session_scope() as session:
+            return flow.advance_job(session, storage, settings, job_id)
+
+    strips = run_groups()
+    storage.local_path(flow.shard_key(job_id, 0, "frame_group", 1)).write_bytes(b"\x93NUMPY torn")  # a crash
+    with pytest.raises(flow.IntermediateLost) as lost, session_scope() as session:
+        flow.run_shard(session, storage, strips[0].shard_id, worker="w@h", gpu="0", device="cpu")
+    assert lost.value.job_id == job_id and "frame_group_001" in str(lost.value)
+    with session_scope() as session:
+        assert flow.rewind_job(session, storage, job_id, str(lost.value))
+        job = session.get(Job, job_id)
+        assert (job.status, job.phase, job.params) == ("queued", -1, {"rewinds": 1})
+        assert session.query(Shard).filter(Shard.job_id == job_id).count() == 0
+    for t in run_groups():  # the restart runs to the end
+        with session_scope() as session:
+            flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+    with session_scope() as session:
+        flow.advance_job(session, storage, settings, job_id)
+        job = session.get(Job, job_id)
+        assert job.status == "done" and job.params["rewinds"] == 1, job.error
+    with session_scope() as session:  # past the limit the job fails with the reason
+        stuck = _job(session)
+        stuck.params = {**stuck.params, "rewinds": flow.MAX_REWINDS}
+        stuck_id = stuck.id
+    with session_scope() as session:
+        assert not flow.rewind_job(session, storage, stuck_id, "intermediate x lost")
+        job = session.get(Job, stuck_id)
+        assert job.status == "failed" and job.error == f"intermediate x lost (after {flow.MAX_REWINDS} restarts)"

@@ -20,7 +20,7 @@ class WriteOnlyStorage(LocalStorage):
     """A backend whose writer cannot be read back (as a network stream would be)."""
 
     @contextmanager
-    def writer(self, key: str) -> Iterator[BinaryIO]:
+    def writer(self, key: str, durable: bool = True) -> Iterator[BinaryIO]:
         with self.path_writer(key) as tmp, open(tmp, "wb") as f:
             yield f
 
