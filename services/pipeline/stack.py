@@ -132,6 +132,7 @@ def merge_frame_group(
     stack_size: int,
     params: RenderParams | None = None,
     pixel_shift: Sequence[tuple[int, int]] | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Align ``frames`` to the shared reference and accumulate them: int32 (4, H, W), or (6, H, W) in pixel shift.
 
@@ -140,7 +141,8 @@ def merge_frame_group(
     ``params`` are the shot's shared parameters (gains and noise; computed from the reference when None).
     ``pixel_shift`` gives each frame's whole-pixel offset (from :func:`pixel_shift_offsets` on the
     coordinator) and switches to the pixel-shift combine. A frame identical to the reference (frame 0 in
-    group 0) counts as the reference.
+    group 0) counts as the reference. ``out``: where to put the result (C-contiguous int32 of the result's
+    shape, e.g. a writable memory map from ``Storage.array_writer``); returned.
     """
     dev = torch.device(device)
     shared = params or shot_render_params(reference[1], reference[0])
@@ -152,10 +154,18 @@ def merge_frame_group(
             acc = accumulate_frames(ref, mosaics, mp)  # (4, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
-    out = download(acc.to(torch.int32))
     h, w = np.asarray(reference[0]).shape
-    if out.shape[1:] != (h, w):  # odd frame: the last row/column repeats its neighbour's sums and weights
-        out = np.pad(out, ((0, 0), (0, h - out.shape[1]), (0, w - out.shape[2])), mode="edge")
+    if out is None:
+        out = np.empty((acc.shape[0], h, w), dtype=np.int32)
+    if out.shape != (acc.shape[0], h, w):
+        raise ValueError(f"out must be {(acc.shape[0], h, w)}, got {out.shape}")
+    h2, w2 = acc.shape[1:]
+    if (h2, w2) == (h, w):
+        return download(acc.to(torch.int32), out)
+    part = download(acc.to(torch.int32))  # odd frame: the last row/column repeats its neighbour's sums and weights
+    out[:, :h2, :w2] = part
+    out[:, h2:, :w2] = part[:, -1:]
+    out[:, :, w2:] = out[:, :, w2 - 1 : w2]
     return out
 
 

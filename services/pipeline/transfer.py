@@ -126,14 +126,19 @@ def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return out
 
 
-def download(tensor: torch.Tensor) -> np.ndarray:
-    """A device int32 or uint16 tensor as a host array."""
-    if tensor.device.type != "cuda":
-        return tensor.cpu().numpy()
+def download(tensor: torch.Tensor, out: np.ndarray | None = None) -> np.ndarray:
+    """A device int32 or uint16 tensor as a host array: ``out`` (C-contiguous, same shape and dtype; e.g. a
+    writable memory map, so the bytes land in the file's pages in one copy) or a new array."""
     found = [k for k, v in _TORCH_DTYPES.items() if v == tensor.dtype]
     if not found:
         raise TypeError(f"download takes int32 or uint16 tensors, got {tensor.dtype}")
-    out = np.empty(tuple(tensor.shape), dtype=found[0])
+    if out is None:
+        out = np.empty(tuple(tensor.shape), dtype=found[0])
+    elif out.shape != tuple(tensor.shape) or out.dtype != found[0] or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous {found[0]} {tuple(tensor.shape)}, got {out.dtype} {out.shape}")
+    if tensor.device.type != "cuda":
+        np.copyto(out, tensor.cpu().numpy())
+        return out
     flat = tensor.reshape(-1)
     lock, raw, pool = _pinned(tensor.device)
     bufs = _slots(raw, tensor.dtype)

@@ -105,6 +105,23 @@ def test_odd_sized_frames_merge_to_full_size(stack: list[Frame]) -> None:
     fused = fuse_groups([acc])
     assert fused.shape == (4, *odd[0][0].shape)
     np.testing.assert_array_equal(fused[:, -1, :-1], fused[:, -2, :-1])  # the last row repeats its neighbour
+    np.testing.assert_array_equal(fused[:, :, -1], fused[:, :, -2])
+
+
+@pytest.mark.parametrize("crop", [0, 1])
+def test_merge_fills_a_memory_mapped_result_in_place(stack: list[Frame], tmp_path: Path, crop: int) -> None:
+    """The flow's path: the accumulator lands in a writable memory map (Storage.array_writer), same values."""
+    from services.storage.local import LocalStorage
+
+    frames = [(np.ascontiguousarray(raw[: raw.shape[0] - crop, : raw.shape[1] - crop]), meta) for raw, meta in stack]
+    params = shot_render_params(frames[0][1], frames[0][0])
+    expected = merge_frame_group(frames[0], frames[1:3], params=params, stack_size=4)
+    storage = LocalStorage(tmp_path)
+    with storage.array_writer("g.npy", expected.shape, np.int32, durable=False) as out:
+        assert merge_frame_group(frames[0], frames[1:3], params=params, stack_size=4, out=out) is out
+    np.testing.assert_array_equal(storage.load_array("g.npy"), expected)
+    with pytest.raises(ValueError, match="out must be"):
+        merge_frame_group(frames[0], frames[1:2], params=params, stack_size=4, out=np.empty((4, 2, 2), np.int32))
 
 
 @pytest.mark.parametrize("pixel_shift", [False, True])
