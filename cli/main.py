@@ -299,11 +299,11 @@ def quality(ctx: typer.Context) -> None:
 
 @app.command("bench", context_settings=PASS_THROUGH)
 def bench(ctx: typer.Context) -> None:
-    """Speed benchmarks: `strata bench pipeline|enhance|stack [options]` (docs/PERFORMANCE.md)."""
+    """Benchmarks: `strata bench pipeline|enhance|stack|service [options]` (docs/PERFORMANCE.md)."""
     import importlib
 
     kinds = {"pipeline": "services.bench.pipeline", "enhance": "services.bench.enhance",
-             "stack": "services.quality.stack_bench"}
+             "stack": "services.quality.stack_bench", "service": "services.bench.service"}
     if not ctx.args or ctx.args[0] not in kinds:
         raise _fail(f"usage: strata bench {{{'|'.join(kinds)}}} [options]; --help after the kind for options", 2)
     module = importlib.import_module(kinds[ctx.args[0]])
