@@ -404,21 +404,23 @@ def advance_job(session: Session, storage: Storage, settings: Settings, job_id: 
 
 
 def finalize_job(session: Session, storage: Storage, settings: Settings, job_id: str) -> None:
-    """Stitch the strips, write the TIFF with a thread pool, record the output, mark the job done."""
+    """Write the TIFF from the strips with a thread pool, record the output, mark the job done."""
     job = _load_job(session, job_id)
     last = len(job.params["plan"]) - 1
     height, width = (int(v) for v in job.params["size"])
     strips = session.scalars(
         select(Shard).where(Shard.job_id == job_id, Shard.phase == last).order_by(Shard.index)
     ).all()
-    image = np.empty((height, width, 3), dtype=np.uint16)  # [H, W, RGB]
-    for s in strips:
-        image[s.payload["y0"]:s.payload["y1"]] = load_intermediate(storage, job_id,
-                                                                   shard_key(job_id, last, "strip", s.index))
+    # The strips' rows, memory-mapped: the TIFF's tiles are cut from them (no stitched copy of the image).
+    bands = [(int(s.payload["y0"]), load_intermediate(storage, job_id, shard_key(job_id, last, "strip", s.index)))
+             for s in strips]
+    covered = (sum(rows.shape[0] for _, rows in bands), {rows.shape[1] for _, rows in bands})
+    if covered != (height, {width}):
+        raise ValueError(f"strips cover {covered[0]} rows, widths {sorted(covered[1])}; image {width}x{height}")
     recipe = get_recipe(job.recipe)
     name = f"{Path(job.frames[0].name).stem}.tif"
     key = f"jobs/{job_id}/out/{name}"
-    sha, size = write_tiff(storage, key, image, colour_space=recipe.colour_space, compression=recipe.compression,
+    sha, size = write_tiff(storage, key, bands, colour_space=recipe.colour_space, compression=recipe.compression,
                            threads=settings.tiff_threads)
     existing = session.scalars(select(Output).where(Output.job_id == job_id, Output.name == name)).one_or_none()
     if existing is None:

@@ -37,3 +37,16 @@ def test_round_trip_and_digest(tmp_path: Path, compression: str | None, backend:
         np.testing.assert_array_equal(tif.asarray(), rgb)
         assert tif.pages[0].is_tiled and tif.pages[0].compression == (50000 if compression else 1)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["a.tif"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("compression", ["zstd", None])
+def test_bands_write_the_same_file_as_the_stitched_image(tmp_path: Path, compression: str | None) -> None:
+    rgb = np.random.default_rng(4).integers(0, 65535, (477, 520, 3)).astype(np.uint16)
+    storage = LocalStorage(tmp_path)
+    whole = write_tiff(storage, "whole.tif", rgb, compression=compression, threads=2)
+    cuts = [0, 100, 400, 477]  # bands straddle tile rows; the last tile row and column are partial
+    bands = [(a, rgb[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    assert write_tiff(storage, "bands.tif", bands, compression=compression, threads=2) == whole
+    assert (tmp_path / "bands.tif").read_bytes() == (tmp_path / "whole.tif").read_bytes()
+    with pytest.raises(ValueError, match="consecutive"):
+        write_tiff(storage, "bad.tif", [(0, rgb[:100]), (150, rgb[150:])])
