@@ -6,6 +6,7 @@ the whole object. An object store can implement the same interface later.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -58,13 +59,49 @@ class Storage(ABC):
     def array_writer(self, key: str, shape: tuple[int, ...], dtype: np.dtype | type, durable: bool = True
                      ) -> Iterator[np.ndarray]:
         """A writable memory-mapped ``.npy`` of ``shape`` and ``dtype`` to fill in place, published under ``key``
-        when the block exits without error (no second copy of a large result through a file write)."""
+        when the block exits without error (no second copy of a large result through a file write).
+
+        Not durable and not flushed, a file extended this way can come back from a host crash at full size with
+        holes of zeros (a written file comes back short, which ``np.load`` notices). So a digest of a strided
+        sample of the values is published first, beside it (``<key>.sample``), and :meth:`load_array` checks it.
+        """
         with self.path_writer(key) as tmp:
             array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
             yield array
-            if durable:
-                array.flush()  # msync: the pages are on disk
-            del array  # unmapped; unsynced pages stay in the page cache
+            if durable or self.shared_between_hosts():
+                array.flush()  # msync: on disk, or on the file server (another host's reader needs the pages there)
+            else:  # published before the array: if the array's rename survives a crash, so did this one's
+                with self.writer(key + SAMPLE_SUFFIX, durable=False) as f:
+                    f.write(_sample_digest(array).encode())
+            del array  # unmapped; on a local disk unsynced pages stay in the page cache
+
+    def shared_between_hosts(self) -> bool:
+        """Whether readers on other hosts may open what this process writes (then memory-mapped writes must
+        reach the server before publishing). True unless the backend knows better."""
+        return True
 
     def load_array(self, key: str, mmap: bool = True) -> np.ndarray:
-        return np.load(self.local_path(key), mmap_mode="r" if mmap else None, allow_pickle=False)
+        """A stored array (memory-mapped by default). ``ValueError`` when it is torn: short (``np.load``) or, for
+        an :meth:`array_writer` array, not matching its sample digest."""
+        array = np.load(self.local_path(key), mmap_mode="r" if mmap else None, allow_pickle=False)
+        if self.exists(key + SAMPLE_SUFFIX):
+            with self.open(key + SAMPLE_SUFFIX) as f:
+                expected = f.read().decode("ascii", "replace")
+            if _sample_digest(array) != expected:
+                raise ValueError(f"{key} does not match its sample digest (torn by a crash?)")
+        return array
+
+
+SAMPLE_SUFFIX = ".sample"
+_SAMPLES = 1 << 16
+
+
+def _sample_digest(array: np.ndarray) -> str:
+    """BLAKE2b of every n-th value (about 65536 of them), shape and dtype: cheap, and a hole of zeros left by a
+    crash shows up unless the values it covers were zero at every sampled place."""
+    flat = array.reshape(-1)
+    sample = np.ascontiguousarray(flat[:: max(1, flat.size // _SAMPLES)])
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{array.shape}{array.dtype.str}".encode())
+    h.update(sample.tobytes())
+    return h.hexdigest()

@@ -7,6 +7,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,6 +44,11 @@ class LocalStorage(Storage):
             if durable:
                 os.fsync(f.fileno())
 
+    def shared_between_hosts(self) -> bool:
+        """True when the root is on a network filesystem (NFS, SMB, Ceph, Lustre, FUSE ...), from /proc/mounts;
+        also when that cannot be read."""
+        return _network_filesystem(self.root)
+
     def open(self, key: str) -> BinaryIO:
         return open(self._path(key), "rb")
 
@@ -75,3 +81,31 @@ class LocalStorage(Storage):
                     break
                 remaining -= len(data)
                 yield data
+
+
+_LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "tmpfs", "overlay", "f2fs", "jfs", "reiserfs",
+                      "bcachefs", "vfat", "exfat", "ntfs", "ntfs3", "hfsplus", "apfs"}
+
+
+def mount_type(path: Path, mounts: str) -> str:
+    """The filesystem type of the mount holding ``path``, from /proc/mounts text ("" when none matches)."""
+    best, fstype = "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = str(path) == point or str(path).startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype
+
+
+@lru_cache(maxsize=16)
+def _network_filesystem(path: Path) -> bool:
+    """Whether ``path`` lies on a filesystem other hosts may share: anything not known to be local."""
+    try:
+        mounts = Path("/proc/mounts").read_text()
+    except OSError:
+        return True
+    return mount_type(path, mounts) not in _LOCAL_FILESYSTEMS
