@@ -193,3 +193,39 @@ def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> Non
         assert not flow.rewind_job(session, storage, stuck_id, "intermediate x lost")
         job = session.get(Job, stuck_id)
         assert job.status == "failed" and job.error == f"intermediate x lost (after {flow.MAX_REWINDS} restarts)"
+
+
+def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path) -> None:
+    import hashlib
+    import uuid
+
+    import numpy as np
+
+    from services.bench.pipeline import CM, NEUTRAL
+    from services.config import get_settings
+    from services.jobs.service import ReceivedFile, create_job
+    from services.raw.dng import write_dng
+    from services.storage import get_storage
+
+    storage, settings = get_storage(), get_settings()
+    job_id = uuid.uuid4().hex
+    files = []
+    for i in range(2):  # LibRaw refuses images under 22 px a side
+        path = tmp_path / f"tiny_{i}.dng"
+        write_dng(path, np.full((12, 40), 9000 + i, np.uint16), cfa="RGGB", black_level=1024, white_level=65535,
+                  color_matrix=CM, as_shot_neutral=NEUTRAL, make="Phase One", model="IQ2_XS")
+        key = f"uploads/{job_id}/{path.name}"
+        with storage.writer(key) as f:
+            f.write(path.read_bytes())
+        files.append(ReceivedFile(path.name, key, hashlib.sha256(path.read_bytes()).hexdigest(),
+                                  path.stat().st_size, "IQ2_XS"))
+    with session_scope() as session:
+        station = Station(name="tiny-station", token_hash="z")
+        session.add(station)
+        session.flush()
+        create_job(session, station, job_id, files, camera="IQ2_XS", recipe=None, priority=None, sha256=[])
+    with session_scope() as session:
+        assert flow.ingest_job(session, storage, settings, job_id, n_workers=2) == []
+        job = session.get(Job, job_id)
+        assert job.status == "failed"
+        assert job.error.startswith("decode failed: LibRaw:") and "RAW" in job.error

@@ -52,6 +52,22 @@ def test_output_shape_dtype_and_bad_input(make: object) -> None:
         enh.enhance(x, "RGGB", -SHOT, READ)
 
 
+@pytest.mark.parametrize("size", [(2, 2), (9, 9), (16, 30), (40, 12)])
+def test_frames_smaller_than_the_receptive_field_render(size: tuple[int, int]) -> None:
+    """Thumbnails: the canvas is reflected more than once instead of refusing the frame."""
+    from services.pipeline.ops.filters import reflect_pad_any
+
+    out = _jdd().enhance(_mosaic(*size), "GRBG", SHOT, READ)
+    assert out.shape == (1, 3, *size) and bool(torch.isfinite(out).all())
+    x = _mosaic(12, 10)
+    assert torch.equal(reflect_pad_any(x, (3, 2, 4, 5)), torch.nn.functional.pad(x, (3, 2, 4, 5), mode="reflect"))
+    rows = torch.arange(12.0).view(1, 1, 12, 1).expand(1, 1, 12, 10)  # each pixel holds its row index
+    big = reflect_pad_any(rows, (25, 0, 7, 30))  # past the far edge: reflected again
+    assert big.shape == (1, 1, 49, 35)
+    index = torch.arange(49.0).view(49, 1) - 7  # the row each output row stands for
+    assert bool(((big[0, 0] - index) % 2 == 0).all())  # every row comes from a row of the same CFA parity
+
+
 @pytest.mark.parametrize("make", [_jdd, _classical])
 @pytest.mark.parametrize("y", [60, 61])
 def test_receptive_field_is_exact(make: object, y: int) -> None:

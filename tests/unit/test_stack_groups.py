@@ -156,3 +156,14 @@ def test_shifts_are_measured_on_a_central_window(tmp_path: Path, monkeypatch: py
         frames.append((np.load(tmp_path / f"raw_{i}.npy"), meta))
     monkeypatch.setattr(stack_module, "SHIFT_WINDOW", 96)  # smaller than the frames: a real crop
     assert pixel_shift_offsets(stack_module.frame_shifts(frames[0], frames)) == [(0, 0), (0, 1), (1, 1), (1, 0)]
+
+
+@pytest.mark.parametrize("size", [(24, 30), (33, 47)])
+def test_frames_smaller_than_the_models_field_merge_and_render(stack: list[Frame], size: tuple[int, int]) -> None:
+    """Small frames (down to LibRaw's 22 px) are merged and rendered, not refused by the model's field of view."""
+    h, w = size
+    small = [(np.ascontiguousarray(raw[:h, :w]), meta) for raw, meta in stack]
+    params = shot_render_params(small[0][1], small[0][0])
+    fused = fuse_groups([merge_frame_group(small[0], small, params=params, stack_size=4)])
+    out = render_rgb(fused, params, noise_factors=stack_noise_factors(False))
+    assert out.shape == (h, w, 3) and out.dtype == np.uint16

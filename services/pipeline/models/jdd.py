@@ -30,6 +30,7 @@ from services.pipeline.models.errors import ModelMismatch
 from services.pipeline.models.manifest import Manifest
 from services.pipeline.ops import demosaic_bilinear
 from services.pipeline.ops.cfa import cfa_channels
+from services.pipeline.ops.filters import reflect_pad_any
 
 ARCHITECTURE = "strata_jdd_v1"
 DEFAULT_CONFIG: dict[str, Any] = {"width": 48, "dilations": [1, 1, 2, 2, 1, 1]}
@@ -145,12 +146,11 @@ class JDDEnhancer(Enhancer):
     def _enhance(self, mosaic: Tensor, cfa: str, shot: Tensor, read: Tensor) -> Tensor:
         h, w = mosaic.shape[-2:]
         pad = 2 * self.net.radius  # full-res pixels the valid network eats on each side
-        if h <= pad + 1 or w <= pad + 1:
-            raise ValueError(f"mosaic must be larger than {pad + 1} pixels on each side, got {tuple(mosaic.shape)}")
         oy, ox = r_site_offset(cfa)
         # Start the canvas on an R site (oy, ox rows/columns of reflection) and end it on an even size.
         bottom, right = (h + oy) % 2, (w + ox) % 2
-        canvas = F.pad(mosaic, (pad + ox, pad + right, pad + oy, pad + bottom), mode="reflect")
+        # Frames smaller than the receptive field are reflected more than once (a mirrored tiling).
+        canvas = reflect_pad_any(mosaic, (pad + ox, pad + right, pad + oy, pad + bottom))
         if self.device.type == "cuda":
             canvas = canvas.contiguous(memory_format=torch.channels_last)
         autocast = self.compute_dtype != torch.float32

@@ -21,6 +21,20 @@ def reflect_pad(x: Tensor, radius: int) -> Tensor:
     return F.pad(x, (radius, radius, radius, radius), mode="reflect")
 
 
+def reflect_pad_any(x: Tensor, pads: tuple[int, int, int, int]) -> Tensor:
+    """``F.pad(x, pads, mode="reflect")`` (left, right, top, bottom) for pads of any size: where a pad reaches
+    past the opposite edge the image is reflected again (a mirrored tiling). Reflection keeps the CFA parity."""
+    left, right, top, bottom = pads
+    while left or right or top or bottom:
+        h, w = x.shape[-2], x.shape[-1]
+        step = (min(left, w - 1), min(right, w - 1), min(top, h - 1), min(bottom, h - 1))
+        if not any(step):  # a single row or column cannot be reflected
+            return F.pad(x, (left, right, top, bottom), mode="replicate")
+        x = F.pad(x, step, mode="reflect")
+        left, right, top, bottom = (p - s for p, s in zip((left, right, top, bottom), step, strict=True))
+    return x
+
+
 def shifted(padded: Tensor, radius: int, dy: int, dx: int) -> Tensor:
     """View (B, C, H, W) of ``padded`` (B, C, H+2r, W+2r) whose pixel (y, x) is image pixel (y+dy, x+dx)."""
     h = padded.shape[-2] - 2 * radius
