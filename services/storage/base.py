@@ -62,8 +62,8 @@ class Storage(ABC):
         when the block exits without error (no second copy of a large result through a file write).
 
         Not durable and not flushed, a file extended this way can come back from a host crash at full size with
-        holes of zeros (a written file comes back short, which ``np.load`` notices). So a digest of a strided
-        sample of the values is published first, beside it (``<key>.sample``), and :meth:`load_array` checks it.
+        holes of zeros (a written file comes back short, which ``np.load`` notices). So a digest of
+        sampled runs of the values is published first, beside it (``<key>.sample``), and :meth:`load_array` checks it.
         """
         with self.path_writer(key) as tmp:
             array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
@@ -93,14 +93,20 @@ class Storage(ABC):
 
 
 SAMPLE_SUFFIX = ".sample"
-_SAMPLES = 1 << 16
+_BLOCKS, _BLOCK = 1024, 64  # sampled runs of values, spread evenly over the array
 
 
 def _sample_digest(array: np.ndarray) -> str:
-    """BLAKE2b of every n-th value (about 65536 of them), shape and dtype: cheap, and a hole of zeros left by a
-    crash shows up unless the values it covers were zero at every sampled place."""
+    """BLAKE2b of 1024 evenly spread runs of 64 values, with the shape and dtype. Cheap on a memory map (about
+    1024 pages touched; a strided sample touching a page per value cost readers 0.1 s per 800 MB accumulator),
+    and a crash's hole of zeros longer than the spacing (0.8 MB in 800 MB) cannot miss a run, which shows it
+    unless the values there were zero anyway."""
     flat = array.reshape(-1)
-    sample = np.ascontiguousarray(flat[:: max(1, flat.size // _SAMPLES)])
+    if flat.size <= _BLOCKS * _BLOCK:
+        sample = np.ascontiguousarray(flat)
+    else:
+        starts = np.arange(_BLOCKS, dtype=np.int64) * (flat.size - _BLOCK) // (_BLOCKS - 1)
+        sample = flat[starts[:, None] + np.arange(_BLOCK, dtype=np.int64)[None, :]]
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{array.shape}{array.dtype.str}".encode())
     h.update(sample.tobytes())
