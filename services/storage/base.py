@@ -62,8 +62,8 @@ class Storage(ABC):
         when the block exits without error (no second copy of a large result through a file write).
 
         Not durable and not flushed, a file extended this way can come back from a host crash at full size with
-        holes of zeros (a written file comes back short, which ``np.load`` notices). So a digest of
-        sampled runs of the values is published first, beside it (``<key>.sample``), and :meth:`load_array` checks it.
+        holes of zeros (a written file comes back short, which ``np.load`` notices). So a digest of sampled runs
+        of the values is published first, beside it (``<key>.sample``), and :meth:`load_array` checks it.
         """
         with self.path_writer(key) as tmp:
             array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
