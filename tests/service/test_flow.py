@@ -23,6 +23,31 @@ def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600
     return job
 
 
+def _stack_job(paths: list[Path], station_name: str) -> str:
+    """Store ``paths`` as a job's uploads and create the IQ2_XS job, as the API does; returns its id."""
+    import hashlib
+    import uuid
+
+    from services.jobs.service import ReceivedFile, create_job
+    from services.storage import get_storage
+
+    storage = get_storage()
+    job_id = uuid.uuid4().hex
+    files = []
+    for path in paths:
+        key = f"uploads/{job_id}/{path.name}"
+        with storage.writer(key) as f:
+            f.write(path.read_bytes())
+        files.append(ReceivedFile(path.name, key, hashlib.sha256(path.read_bytes()).hexdigest(),
+                                  path.stat().st_size, "IQ2_XS"))
+    with session_scope() as session:
+        station = Station(name=station_name, token_hash=station_name)
+        session.add(station)
+        session.flush()
+        create_job(session, station, job_id, files, camera="IQ2_XS", recipe=None, priority=None, sha256=[])
+    return job_id
+
+
 def test_reconcile_finds_lost_shards_stalled_phases_and_lost_ingests(db: str) -> None:
     old = utcnow() - dt.timedelta(seconds=600)
     with session_scope() as session:
@@ -72,15 +97,12 @@ def test_advance_waits_for_the_whole_phase_and_moves_once(db: str) -> None:
 def test_pixel_shift_stack_runs_through_the_flow(db: str, tmp_path: Path) -> None:
     """A 4-shot pixel-shift stack through ingest, frame groups on two "workers", strips and finalize: the plan
     records the pattern, strips fuse every group, and the TIFF equals the whole fused render."""
-    import hashlib
     import io
-    import uuid
 
     import numpy as np
     import tifffile
 
     from services.config import get_settings
-    from services.jobs.service import ReceivedFile, create_job
     from services.pipeline.render import RenderParams
     from services.pipeline.stack import fuse_groups, merge_frame_group, render_rgb, stack_noise_factors
     from services.raw.decode import decode_raw
@@ -89,19 +111,7 @@ def test_pixel_shift_stack_runs_through_the_flow(db: str, tmp_path: Path) -> Non
 
     shot = synthesize_stack(tmp_path / "ps", frames=4, scale=0.04, seed=9, pixel_shift=True)
     storage, settings = get_storage(), get_settings()
-    job_id = uuid.uuid4().hex
-    files = []
-    for path in shot.files:
-        key = f"uploads/{job_id}/{path.name}"
-        with storage.writer(key) as f:
-            f.write(path.read_bytes())
-        files.append(ReceivedFile(path.name, key, hashlib.sha256(path.read_bytes()).hexdigest(),
-                                  path.stat().st_size, "IQ2_XS"))
-    with session_scope() as session:
-        station = Station(name="ps-station", token_hash="x")
-        session.add(station)
-        session.flush()
-        create_job(session, station, job_id, files, camera="IQ2_XS", recipe=None, priority=None, sha256=[])
+    job_id = _stack_job(shot.files, "ps-station")
     with session_scope() as session:
         tickets = flow.ingest_job(session, storage, settings, job_id, n_workers=2)
         job = session.get(Job, job_id)
@@ -133,31 +143,16 @@ def test_pixel_shift_stack_runs_through_the_flow(db: str, tmp_path: Path) -> Non
 def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> None:
     """Intermediates are not synced: a step that finds one gone (a host crash) rewinds the job to its uploads,
     which then runs to the end; past MAX_REWINDS the job fails with the reason."""
-    import hashlib
-    import uuid
 
     import pytest
 
     from services.config import get_settings
-    from services.jobs.service import ReceivedFile, create_job
     from services.raw.stack_synth import synthesize_stack
     from services.storage import get_storage
 
     shot = synthesize_stack(tmp_path / "s", frames=3, scale=0.03, seed=4)
     storage, settings = get_storage(), get_settings()
-    job_id = uuid.uuid4().hex
-    files = []
-    for path in shot.files:
-        key = f"uploads/{job_id}/{path.name}"
-        with storage.writer(key) as f:
-            f.write(path.read_bytes())
-        files.append(ReceivedFile(path.name, key, hashlib.sha256(path.read_bytes()).hexdigest(),
-                                  path.stat().st_size, "IQ2_XS"))
-    with session_scope() as session:
-        station = Station(name="lost-station", token_hash="y")
-        session.add(station)
-        session.flush()
-        create_job(session, station, job_id, files, camera="IQ2_XS", recipe=None, priority=None, sha256=[])
+    job_id = _stack_job(shot.files, "lost-station")
 
     def run_groups() -> list[flow.ShardTicket]:
         with session_scope() as session:
@@ -196,34 +191,21 @@ def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> Non
 
 
 def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path) -> None:
-    import hashlib
-    import uuid
 
     import numpy as np
 
     from services.bench.pipeline import CM, NEUTRAL
     from services.config import get_settings
-    from services.jobs.service import ReceivedFile, create_job
     from services.raw.dng import write_dng
     from services.storage import get_storage
 
     storage, settings = get_storage(), get_settings()
-    job_id = uuid.uuid4().hex
-    files = []
+    paths = []
     for i in range(2):  # LibRaw refuses images under 22 px a side
-        path = tmp_path / f"tiny_{i}.dng"
-        write_dng(path, np.full((12, 40), 9000 + i, np.uint16), cfa="RGGB", black_level=1024, white_level=65535,
+        paths.append(tmp_path / f"tiny_{i}.dng")
+        write_dng(paths[-1], np.full((12, 40), 9000 + i, np.uint16), cfa="RGGB", black_level=1024, white_level=65535,
                   color_matrix=CM, as_shot_neutral=NEUTRAL, make="Phase One", model="IQ2_XS")
-        key = f"uploads/{job_id}/{path.name}"
-        with storage.writer(key) as f:
-            f.write(path.read_bytes())
-        files.append(ReceivedFile(path.name, key, hashlib.sha256(path.read_bytes()).hexdigest(),
-                                  path.stat().st_size, "IQ2_XS"))
-    with session_scope() as session:
-        station = Station(name="tiny-station", token_hash="z")
-        session.add(station)
-        session.flush()
-        create_job(session, station, job_id, files, camera="IQ2_XS", recipe=None, priority=None, sha256=[])
+    job_id = _stack_job(paths, "tiny-station")
     with session_scope() as session:
         assert flow.ingest_job(session, storage, settings, job_id, n_workers=2) == []
         job = session.get(Job, job_id)
