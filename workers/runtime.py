@@ -73,6 +73,27 @@ def _warm_up(device: str) -> None:
                               noise_shot=1e-4, noise_read=1e-6, camera=camera, model=model)
         render_mosaic(np.full((128, 128), 0.5, dtype=np.float32), params, device=device, normalized=True)
         log.info("%s: model package %s resident on %s", camera, model, device)
+    _warm_up_stacks(device)
+
+
+def _warm_up_stacks(device: str) -> None:
+    """A tiny stack merged and rendered as a stack strip: the merge's kernels load and the pinned staging slots and
+    copy threads exist before the first frame group arrives."""
+    import numpy as np
+
+    from services.pipeline.models.registry import default_package, package_ref
+    from services.pipeline.shot import shot_render_params
+    from services.pipeline.stack import merge_frame_group, render_stack_strip
+    from services.raw.meta import RawMeta
+
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(1000, 20000, (64, 64), dtype=np.uint16) for _ in range(3)]
+    meta = RawMeta(width=64, height=64, cfa="RGGB", black_levels=(0.0,) * 4, white_level=65535.0,
+                   color_matrix=((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)), as_shot_neutral=None,
+                   make="", model="IQ2_XS", noise_profile=None)
+    params = shot_render_params(meta, frames[0], camera="IQ2_XS", model=package_ref(default_package("IQ2_XS")))
+    group = merge_frame_group((frames[0], meta), [(f, meta) for f in frames], device, stack_size=3, params=params)
+    render_stack_strip([group], 0, 64, params, device, pixel_shift=False)
 
 
 def start(name: str) -> None:
@@ -93,6 +114,10 @@ def start(name: str) -> None:
                       pid=os.getpid())
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s)
     _heartbeat.start()
+    if kind == "coordinator":  # decoder children waiting for the first stack's frames
+        from services.raw.decode import prestart
+
+        prestart(settings.decode_workers or min(8, os.cpu_count() or 1), settings.decode_memory_mb)
     if kind == "coordinator" and settings.reconcile_interval_s > 0:
         threading.Thread(target=_reconcile_loop, args=(settings.reconcile_interval_s,), name="strata-reconcile",
                          daemon=True).start()

@@ -6,7 +6,8 @@ have children of their own through multiprocessing.
 Every decode still gets a fresh child, but children are started ahead of need (:class:`_Spares`): a spare has
 imported numpy and rawpy and waits for its one file on stdin, so a decode does not pay the interpreter start
 (about 0.2-0.3 s of a 50 MP frame's 0.5-1 s). The process keeps as many spares as it has run decodes at once
-(at most :data:`MAX_SPARES`); a spare exits when its parent does (end of stdin).
+(at most :data:`MAX_SPARES`; a coordinator starts with :func:`prestart`); a spare exits when its parent does
+(end of stdin).
 """
 
 from __future__ import annotations
@@ -101,10 +102,17 @@ class _Spares:
         self._idle: list[tuple[int, subprocess.Popen[bytes]]] = []  # (memory_mb, child)
         self._running = 0
         self._want = 0
+        self._pid = os.getpid()
+
+    def _forked(self) -> None:
+        """In a forked process the inherited spares are the parent's children: forget them (caller holds the lock)."""
+        if self._pid != os.getpid():
+            self._idle, self._running, self._pid = [], 0, os.getpid()
 
     def take(self, memory_mb: int) -> subprocess.Popen[bytes] | None:
         """A live spare with this memory limit (None if there is none); counts one more running decode."""
         with self._lock:
+            self._forked()
             self._running += 1
             self._want = min(MAX_SPARES, max(self._want, self._running))
             while self._idle:
@@ -122,11 +130,19 @@ class _Spares:
         """Start spares until as many wait as decodes have run at once."""
         while True:
             with self._lock:
+                self._forked()
                 if len(self._idle) >= self._want:
                     return
             child = _spawn([*_DEFAULT_COMMAND, "-"], memory_mb)
             with self._lock:
                 self._idle.append((memory_mb, child))
+
+
+def prestart(count: int, memory_mb: int = 8192) -> None:
+    """Have ``count`` spares (at most :data:`MAX_SPARES`) waiting before the first decode (a coordinator starting)."""
+    with _spares._lock:
+        _spares._want = min(MAX_SPARES, max(_spares._want, count))
+    threading.Thread(target=_spares.refill, args=(memory_mb,), daemon=True).start()
 
 
 def _discard(child: subprocess.Popen[bytes]) -> None:

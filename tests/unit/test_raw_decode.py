@@ -64,6 +64,22 @@ def test_decodes_through_spare_children(tmp_path: Path) -> None:
     assert first.cfa == second.cfa and np.load(tmp_path / "b.npy").shape == (second.height, second.width)
 
 
+def test_prestarted_spares_and_a_fork_does_not_take_its_parents() -> None:
+    decode.prestart(2)
+    deadline = time.monotonic() + 30
+    while len(decode._spares._idle) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    inherited = list(decode._spares._idle)
+    assert len(inherited) >= 2
+    decode._spares._pid = -1  # as seen from a forked process: the spares are another process's children
+    try:
+        assert decode._spares.take(8192) is None and decode._spares._idle == []
+    finally:
+        decode._spares.done()
+        for _, child in inherited:
+            decode._discard(child)
+
+
 def test_spare_child_exits_quietly_when_its_parent_goes() -> None:
     child = decode._spawn([*decode._DEFAULT_COMMAND, "-"], 8192)
     _, err = child.communicate(b"", timeout=60)  # stdin closed with no paths, as when the parent exits
