@@ -161,10 +161,11 @@ def decode_raw(path: Path, out_npy: Path, *, timeout_s: float = 300.0, memory_mb
     ``memory_mb`` of address space or runs longer than ``timeout_s`` seconds.
     """
     path, out_npy = Path(path), Path(out_npy)
-    warm = CHILD_COMMAND == _DEFAULT_COMMAND  # tests swap in children that crash or hang: those start cold
     with tempfile.TemporaryDirectory(prefix="strata-decode-") as tmp:
         out_json = Path(tmp) / "meta.json"
         args = [str(path), str(out_npy), str(out_json)]
+        # Tests swap in children that crash or hang, and a spare reads one path per line: those start cold.
+        warm = CHILD_COMMAND == _DEFAULT_COMMAND and not any("\n" in a for a in args)
         proc = _spares.take(memory_mb) if warm else None
         try:
             if warm:

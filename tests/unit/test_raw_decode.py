@@ -80,6 +80,14 @@ def test_prestarted_spares_and_a_fork_does_not_take_its_parents() -> None:
             decode._discard(child)
 
 
+def test_a_path_with_a_line_break_decodes_in_a_fresh_child(tmp_path: Path) -> None:
+    shot = synthesize_shot("IQ2_XS", tmp_path / "shot", scale=0.02, frames=2)
+    odd = tmp_path / "line\nbreak.dng"
+    odd.write_bytes(shot.files[0].read_bytes())
+    meta = decode_raw(odd, tmp_path / "out\n.npy")
+    assert np.load(tmp_path / "out\n.npy").shape == (meta.height, meta.width)
+
+
 def test_spare_child_exits_quietly_when_its_parent_goes() -> None:
     child = decode._spawn([*decode._DEFAULT_COMMAND, "-"], 8192)
     _, err = child.communicate(b"", timeout=60)  # stdin closed with no paths, as when the parent exits
