@@ -110,9 +110,13 @@ def write_tiff(
             f.flush()
             written = _mapped(f, size)
             # Hash what was written (from the page cache) while the writer's exit makes it durable (fsync).
-            digest = pool.submit(hashlib.sha256, written) if written is not None else None
-        if written is None or digest is None:  # a backend whose writer cannot be mapped: read the object back
-            return _sha256_stored(storage, key), size
+            if written is not None:
+                digest = pool.submit(hashlib.sha256, written)
+        if written is None:  # a backend whose writer cannot be mapped: read the object back
+            h = hashlib.sha256()
+            for chunk in storage.iter_chunks(key):
+                h.update(chunk)
+            return h.hexdigest(), size
         with written:
             return digest.result().hexdigest(), size
 
@@ -123,11 +127,3 @@ def _mapped(f: BinaryIO, size: int) -> mmap.mmap | None:
         return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
     except (OSError, ValueError, AttributeError):  # no descriptor, opened write-only, empty
         return None
-
-
-def _sha256_stored(storage: Storage, key: str) -> str:
-    h = hashlib.sha256()
-    with storage.open(key) as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()

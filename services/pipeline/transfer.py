@@ -3,7 +3,7 @@
 Pageable copies of the stack's 800 MB group accumulators took about 0.7 s on the H200 hosts. Through a pinned
 buffer they move at PCIe speed, and the host side (a memory map or a fresh array, page faults included) is
 copied into/out of the pinned slots by a few threads while the device copies the previous slot: 0.26 s for one
-800 MB accumulator with one thread and a single slot, 0.07 s like this (H200 host, docs/PERFORMANCE.md). Each
+800 MB accumulator with one thread and a single slot, 0.07-0.08 s like this (H200 host, docs/PERFORMANCE.md). Each
 contiguous host row block is copied once; short blocks (rows of a crop) share a slot. On the CPU these are
 plain conversions.
 """
