@@ -10,7 +10,15 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 
 
 class SubmitError(Exception):
@@ -82,17 +90,20 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
         console.print(f"job {job['id']} queued ({job['camera']}, {len(job['frames'])} frame(s))")
         if not wait:
             return []
-        bar = progress.add_task("render", total=None)
-        deadline = time.monotonic() + timeout
-        while job["status"] in ("queued", "running"):
-            if time.monotonic() > deadline:
-                raise SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
-            time.sleep(0.5)
-            r = client.get(f"/v1/jobs/{job['id']}")
-            if r.status_code != 200:
-                raise _error(r)
-            job = r.json()
-            progress.update(bar, description=f"render: {job['stage']} {job['progress']:.0%}")
+        progress.stop()
+        with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                      console=console) as rendering:
+            bar = rendering.add_task(f"render: {job['stage']}", total=100)
+            deadline = time.monotonic() + timeout
+            while job["status"] in ("queued", "running"):
+                if time.monotonic() > deadline:
+                    raise SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
+                time.sleep(0.5)
+                r = client.get(f"/v1/jobs/{job['id']}")
+                if r.status_code != 200:
+                    raise _error(r)
+                job = r.json()
+                rendering.update(bar, description=f"render: {job['stage']}", completed=100 * job["progress"])
         if job["status"] != "done":
             raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -173,6 +173,22 @@ def test_iq2xs_stack_end_to_end(stack: Stack, shots: dict[str, list[Path]]) -> N
     assert _check_tiff(data, image, _ground_truth(shots["IQ2_XS"])) > MIN_PSNR_DB
 
 
+def test_cli_submit_uploads_waits_and_downloads(stack: Stack, shots: dict[str, list[Path]], tmp_path: Path) -> None:
+    """`strata submit`'s client: upload with progress, wait for the job, download and verify the TIFF."""
+    from rich.console import Console
+
+    from cli.client import submit_shot
+
+    token = stack.headers["Authorization"].removeprefix("Bearer ")
+    out = io.StringIO()
+    saved = submit_shot(stack.url, token, shots["IQ2_XS"], camera=None, recipe="tiff16", priority="batch",
+                        wait=True, out_dir=tmp_path / "out", timeout=120, console=Console(file=out, width=100))
+    assert [p.name for p in saved] == ["frame_00.tif"]
+    assert "render: done" in out.getvalue() and "100%" in out.getvalue()
+    image = tifffile.imread(saved[0])
+    assert psnr(image / 65535.0, _ground_truth(shots["IQ2_XS"]) / 65535.0) > MIN_PSNR_DB
+
+
 def test_stitched_strips_equal_the_one_piece_render(stack: Stack, shots: dict[str, list[Path]]) -> None:
     """The TIFF the service stitched from strips equals rendering the whole frame at once (≤ 1 LSB)."""
     from services.pipeline.render import render_mosaic
