@@ -92,7 +92,8 @@ def _warm_up_stacks(device: str) -> None:
                    color_matrix=((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)), as_shot_neutral=None,
                    make="", model="IQ2_XS", noise_profile=None)
     params = shot_render_params(meta, frames[0], camera="IQ2_XS", model=package_ref(default_package("IQ2_XS")))
-    group = merge_frame_group((frames[0], meta), [(f, meta) for f in frames], device, stack_size=3, params=params)
+    group = merge_frame_group((frames[0], meta), [(f, meta) for f in frames], device, stack_size=3, positions=[0, 1, 2],
+                             params=params)
     render_stack_strip([group], 0, 64, params, device, pixel_shift=False)
 
 

@@ -35,7 +35,7 @@ def main() -> None:
     by_groups = {}
     for n in (1, 2, 4):
         groups = [merge_frame_group(frames[0], [frames[i] for i in g], args.device, params=params,
-                                    stack_size=len(frames)) for g in plan_frame_groups(len(frames), n)]
+                                    stack_size=len(frames), positions=g) for g in plan_frame_groups(len(frames), n)]
         by_groups[n] = groups
         same = all(np.array_equal(a, b) for a, b in zip(fuse_groups(groups), fuse_groups(by_groups[1]), strict=True))
         print(f"{n} group(s): fused stack identical to 1 group: {same}")

@@ -168,7 +168,7 @@ def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: P
 
     def group_job(indices: list[int]) -> Callable[[str], np.ndarray]:
         return lambda device: merge_frame_group((mosaics[0], metas[0]), [(mosaics[i], metas[i]) for i in indices],
-                                                device=device, params=params, stack_size=frames)
+                                                device=device, params=params, stack_size=frames, positions=indices)
 
     _gpu_pool(devices, [group_job([0]) for _ in devices])  # warm-up
     results = t.run(f"align+merge {len(groups)} group(s) on {len(devices)} device(s)",

@@ -294,7 +294,7 @@ def compute_shard(job: Job, shard: Shard, storage: Storage, device: str) -> None
         channels = 6 if offsets else 4
         # The accumulator goes from the GPU straight into the file's pages (a memory map), not durable (see above).
         with storage.array_writer(out_key, (channels, *reference[0].shape), np.int32, durable=False) as out:
-            merge_frame_group(reference, frames, device=device, stack_size=len(job.frames),
+            merge_frame_group(reference, frames, device=device, stack_size=len(job.frames), positions=indices,
                               params=RenderParams.from_dict(job.params["render"]),
                               pixel_shift=[tuple(offsets[i]) for i in indices] if offsets else None, out=out)
         return

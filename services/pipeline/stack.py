@@ -130,6 +130,7 @@ def merge_frame_group(
     device: str | torch.device = "cpu",
     *,
     stack_size: int,
+    positions: Sequence[int],
     params: RenderParams | None = None,
     pixel_shift: Sequence[tuple[int, int]] | None = None,
     out: np.ndarray | None = None,
@@ -137,13 +138,18 @@ def merge_frame_group(
     """Align ``frames`` to the shared reference and accumulate them: int32 (4, H, W), or (6, H, W) in pixel shift.
 
     ``stack_size`` is the number of frames in the whole stack (all groups): every group demosaics with the same
-    noise level, so groups stay interchangeable (:func:`merge_params`).
+    noise level, so groups stay interchangeable (:func:`merge_params`). ``positions``: each frame's index in the
+    whole stack (the planner's frame indices; 0 is the reference), which fixes how its demosaic is oriented
+    (:func:`services.pipeline.ops.merge.accumulate_frames`).
     ``params`` are the shot's shared parameters (gains and noise; computed from the reference when None).
     ``pixel_shift`` gives each frame's whole-pixel offset (from :func:`pixel_shift_offsets` on the
     coordinator) and switches to the pixel-shift combine. A frame identical to the reference (frame 0 in
     group 0) counts as the reference. ``out``: where to put the result (C-contiguous int32 of the result's
     shape, e.g. a writable memory map from ``Storage.array_writer``); returned.
     """
+    if len(positions) != len(frames) or any(not 0 <= p < stack_size for p in positions):
+        raise ValueError(f"need one stack position in 0..{stack_size - 1} per frame, got {list(positions)} "
+                         f"for {len(frames)} frames")
     dev = torch.device(device)
     shared = params or shot_render_params(reference[1], reference[0])
     mp = merge_params(shared, dev, stack_size if pixel_shift is None else 1)
@@ -151,7 +157,7 @@ def merge_frame_group(
         ref = prepare_reference(_normalised(*reference, dev), mp)
         mosaics = [_normalised(raw, meta, dev) for raw, meta in frames]
         if pixel_shift is None:
-            acc = accumulate_frames(ref, mosaics, mp)  # (4, H, W)
+            acc = accumulate_frames(ref, mosaics, mp, positions)  # (4, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
     h, w = np.asarray(reference[0]).shape

@@ -129,7 +129,7 @@ def _merge(reference: tuple[np.ndarray, RawMeta], frames: list[tuple[np.ndarray,
     for group in plan_frame_groups(len(frames), n_groups):
         offsets = [pixel_shift[i] for i in group] if pixel_shift is not None else None
         results.append(merge_frame_group(reference, [frames[i] for i in group], device, params=params,
-                                         stack_size=len(frames), pixel_shift=offsets))
+                                         stack_size=len(frames), positions=group, pixel_shift=offsets))
     timings[f"merge_{n_groups}g"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     fused = fuse_groups(results)

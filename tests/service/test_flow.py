@@ -135,7 +135,8 @@ def test_pixel_shift_stack_runs_through_the_flow(db: str, tmp_path: Path) -> Non
         meta = decode_raw(path, tmp_path / f"raw_{i}.npy")
         frames.append((np.load(tmp_path / f"raw_{i}.npy"), meta))
     offsets = [(0, 0), (0, 1), (1, 1), (1, 0)]
-    fused = fuse_groups([merge_frame_group(frames[0], frames, stack_size=4, params=params, pixel_shift=offsets)])
+    fused = fuse_groups([merge_frame_group(frames[0], frames, stack_size=4, positions=range(4), params=params,
+                                              pixel_shift=offsets)])
     whole = render_rgb(fused, params, noise_factors=stack_noise_factors(True))
     np.testing.assert_array_equal(tifffile.imread(io.BytesIO(out)), whole)
 

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from services.pipeline.ops import accumulate_frames, estimate_shift, shift_mosaic
+from services.pipeline.ops.cfa import ORIENTATIONS, cfa_masks, orient, oriented_cfa, unorient
 from services.pipeline.ops.merge import (
     FIXED_POINT_BITS,
     MergeParams,
     demosaic_camera,
     integer_shift,
     pixel_shift_accumulate,
+    prepare_reference,
 )
 from tests.unit.test_ops_synthetic import mosaic_of, textured_rgb
 
@@ -135,3 +137,49 @@ def test_bad_input() -> None:
         estimate_shift(torch.rand(16, 16), torch.rand(16, 18), "RGGB")
     with pytest.raises(ValueError, match="cfa"):
         shift_mosaic(torch.rand(16, 16), 0.0, 0.0, "XXXX")
+
+
+@pytest.mark.parametrize("cfa", ["RGGB", "BGGR", "GRBG", "GBRG"])
+def test_orientations_keep_bayer_cells_and_invert(cfa: str) -> None:
+    x = torch.rand(2, 1, 6, 10)
+    masks = cfa_masks(cfa, 6, 10)  # (3, 6, 10)
+    for k in range(len(ORIENTATIONS)):
+        assert torch.equal(unorient(orient(x, k), k), x)
+        # The oriented mosaic is the Bayer mosaic of the oriented pattern: its colour masks turn with it.
+        assert torch.equal(orient(masks, k), cfa_masks(oriented_cfa(cfa, k), *orient(masks, k).shape[-2:]))
+    with pytest.raises(ValueError, match="orientation"):
+        orient(x, 8)
+
+
+def test_oriented_demosaic_is_turned_back() -> None:
+    mosaic = _noisy(mosaic_of(textured_rgb(32, 48, seed=2), "GRBG"), seed=1)
+    # A demosaic that puts each site's value in its own colour: any wrong pattern or geometry shows.
+    def by_site(balanced: torch.Tensor, cfa: str) -> torch.Tensor:
+        return cfa_masks(cfa, *balanced.shape[-2:])[None] * balanced
+
+    params = MergeParams(cfa="GRBG", gains=(1.8, 1.0, 1.4), shot=0.002, read=2e-6, demosaic=by_site)
+    upright = demosaic_camera(mosaic, params)
+    malvar = MergeParams(cfa="GRBG", gains=(1.8, 1.0, 1.4), shot=0.002, read=2e-6)
+    for k in range(len(ORIENTATIONS)):
+        assert torch.equal(demosaic_camera(mosaic, params, k), upright)
+        # Malvar's filters are symmetric: turning the mosaic changes only the rounding.
+        torch.testing.assert_close(demosaic_camera(mosaic, malvar, k), demosaic_camera(mosaic, malvar),
+                                   atol=1e-5, rtol=0)
+
+
+def test_positions_pick_each_frames_orientation() -> None:
+    clean = mosaic_of(textured_rgb(64, 64, seed=4), "RGGB")
+    frames = [_noisy(clean, seed=s) for s in range(3)]
+    seen: list[str] = []
+
+    def spy(balanced: torch.Tensor, cfa: str) -> torch.Tensor:
+        seen.append(cfa)
+        return cfa_masks(cfa, *balanced.shape[-2:])[None] * balanced
+
+    params = MergeParams(cfa="RGGB", gains=(1.0, 1.0, 1.0), shot=0.002, read=2e-6, demosaic=spy)
+    reference = prepare_reference(frames[0], params)
+    seen.clear()
+    accumulate_frames(reference, frames[1:], params, positions=[9, 2])  # positions 9 and 2: orientations 1 and 2
+    assert seen == [oriented_cfa("RGGB", 1), oriented_cfa("RGGB", 2)] == ["BGGR", "GRBG"]
+    with pytest.raises(ValueError, match="stack position"):
+        accumulate_frames(reference, frames[1:], params, positions=[1])

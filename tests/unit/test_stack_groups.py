@@ -38,7 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> list[Frame]:
 
 
 def _fused(frames: list[Frame], n_groups: int, **kwargs: object) -> np.ndarray:
-    groups = [merge_frame_group(frames[0], [frames[i] for i in g], stack_size=len(frames), **kwargs)  # type: ignore[arg-type]
+    groups = [merge_frame_group(frames[0], [frames[i] for i in g], stack_size=len(frames), positions=g, **kwargs)  # type: ignore[arg-type]
               for g in plan_frame_groups(len(frames), n_groups)]
     return fuse_groups(groups)
 
@@ -57,18 +57,19 @@ def test_groups_share_the_reference_parameters(stack: list[Frame]) -> None:
     # White balance and noise come from the reference only (the coordinator's RenderParams, or recomputed
     # from frame 0 identically in every group); a frame's own metadata cannot leak into its group.
     params = shot_render_params(stack[0][1], stack[0][0])
-    explicit = merge_frame_group(stack[0], stack[2:], params=params, stack_size=4)
-    np.testing.assert_array_equal(merge_frame_group(stack[0], stack[2:], stack_size=4), explicit)
+    explicit = merge_frame_group(stack[0], stack[2:], params=params, stack_size=4, positions=[2, 3])
+    np.testing.assert_array_equal(merge_frame_group(stack[0], stack[2:], stack_size=4, positions=[2, 3]), explicit)
     odd_meta = replace(stack[3][1], as_shot_neutral=(0.4, 1.0, 0.9))
-    np.testing.assert_array_equal(merge_frame_group(stack[0], [stack[2], (stack[3][0], odd_meta)], stack_size=4),
+    np.testing.assert_array_equal(merge_frame_group(stack[0], [stack[2], (stack[3][0], odd_meta)], stack_size=4,
+                                                    positions=[2, 3]),
                                   explicit)
 
 
 def test_reference_counts_once_with_weight_one(stack: list[Frame]) -> None:
-    alone = merge_frame_group(stack[0], stack[:1], stack_size=4)
+    alone = merge_frame_group(stack[0], stack[:1], stack_size=4, positions=[0])
     assert alone.dtype == np.int32 and alone.shape == (4, 146, 138)
     assert (alone[3] == 2**20).all()
-    assert (merge_frame_group(stack[0], stack[1:2], stack_size=4)[3] <= 2**20).all()
+    assert (merge_frame_group(stack[0], stack[1:2], stack_size=4, positions=[1])[3] <= 2**20).all()
 
 
 def test_fuse_rejects_bad_groups() -> None:
@@ -101,7 +102,7 @@ def test_render_rgb_checks_shape(stack: list[Frame]) -> None:
 def test_odd_sized_frames_merge_to_full_size(stack: list[Frame]) -> None:
     odd = [(np.ascontiguousarray(raw[:-1, :-1]), meta) for raw, meta in stack]
     params = shot_render_params(odd[0][1], odd[0][0])
-    acc = merge_frame_group(odd[0], odd, params=params, stack_size=4)
+    acc = merge_frame_group(odd[0], odd, params=params, stack_size=4, positions=range(4))
     fused = fuse_groups([acc])
     assert fused.shape == (4, *odd[0][0].shape)
     np.testing.assert_array_equal(fused[:, -1, :-1], fused[:, -2, :-1])  # the last row repeats its neighbour
@@ -115,13 +116,14 @@ def test_merge_fills_a_memory_mapped_result_in_place(stack: list[Frame], tmp_pat
 
     frames = [(np.ascontiguousarray(raw[: raw.shape[0] - crop, : raw.shape[1] - crop]), meta) for raw, meta in stack]
     params = shot_render_params(frames[0][1], frames[0][0])
-    expected = merge_frame_group(frames[0], frames[1:3], params=params, stack_size=4)
+    expected = merge_frame_group(frames[0], frames[1:3], params=params, stack_size=4, positions=[1, 2])
     storage = LocalStorage(tmp_path)
     with storage.array_writer("g.npy", expected.shape, np.int32, durable=False) as out:
-        assert merge_frame_group(frames[0], frames[1:3], params=params, stack_size=4, out=out) is out
+        assert merge_frame_group(frames[0], frames[1:3], params=params, stack_size=4, positions=[1, 2], out=out) is out
     np.testing.assert_array_equal(storage.load_array("g.npy"), expected)
     with pytest.raises(ValueError, match="out must be"):
-        merge_frame_group(frames[0], frames[1:2], params=params, stack_size=4, out=np.empty((4, 2, 2), np.int32))
+        merge_frame_group(frames[0], frames[1:2], params=params, stack_size=4, positions=[1],
+                          out=np.empty((4, 2, 2), np.int32))
 
 
 @pytest.mark.parametrize("pixel_shift", [False, True])
@@ -129,7 +131,7 @@ def test_stack_strips_fuse_their_rows_exactly(stack: list[Frame], pixel_shift: b
     # Strips fuse their own rows of every group's accumulator: stitched, they equal the whole fused render.
     params = shot_render_params(stack[0][1], stack[0][0])
     offsets = [(0, 0), (0, 1), (1, 1), (1, 0)] if pixel_shift else None
-    groups = [merge_frame_group(stack[0], [stack[i] for i in g], stack_size=4, params=params,
+    groups = [merge_frame_group(stack[0], [stack[i] for i in g], stack_size=4, positions=g, params=params,
                                 pixel_shift=[offsets[i] for i in g] if offsets else None)
               for g in plan_frame_groups(4, 2)]
     whole = render_rgb(fuse_groups(groups), params, noise_factors=stack_noise_factors(pixel_shift))
@@ -164,6 +166,6 @@ def test_frames_smaller_than_the_models_field_merge_and_render(stack: list[Frame
     h, w = size
     small = [(np.ascontiguousarray(raw[:h, :w]), meta) for raw, meta in stack]
     params = shot_render_params(small[0][1], small[0][0])
-    fused = fuse_groups([merge_frame_group(small[0], small, params=params, stack_size=4)])
+    fused = fuse_groups([merge_frame_group(small[0], small, params=params, stack_size=4, positions=range(4))])
     out = render_rgb(fused, params, noise_factors=stack_noise_factors(False))
     assert out.shape == (h, w, 3) and out.dtype == np.uint16

@@ -37,6 +37,59 @@ def cfa_masks(cfa: str, h: int, w: int, device: torch.device | str | None = None
     return (channel.unsqueeze(0) == wanted).to(dtype)  # (3, H, W)
 
 
+# The 8 orientations of the square's symmetry group as (transpose, flip columns, flip rows), applied in that order:
+# identity, rotations by 180, 90 and 270 degrees, then the four reflections. Even H and W keep every one of them
+# on whole CFA cells, so an oriented mosaic is again a Bayer mosaic (of another pattern, see oriented_cfa).
+ORIENTATIONS: tuple[tuple[bool, bool, bool], ...] = (
+    (False, False, False), (False, True, True), (True, True, False), (True, False, True),
+    (False, True, False), (False, False, True), (True, False, False), (True, True, True),
+)
+
+
+def _orientation(k: int) -> tuple[bool, bool, bool]:
+    if not 0 <= k < len(ORIENTATIONS):
+        raise ValueError(f"orientation must be 0..{len(ORIENTATIONS) - 1}, got {k}")
+    return ORIENTATIONS[k]
+
+
+def orient(x: Tensor, k: int) -> Tensor:
+    """``x`` (..., H, W) in orientation ``k`` (:data:`ORIENTATIONS`); :func:`unorient` undoes it."""
+    transpose, flip_x, flip_y = _orientation(k)
+    if transpose:
+        x = x.transpose(-1, -2)
+    if flip_x:
+        x = x.flip(-1)
+    if flip_y:
+        x = x.flip(-2)
+    return x
+
+
+def unorient(x: Tensor, k: int) -> Tensor:
+    """Inverse of :func:`orient`."""
+    transpose, flip_x, flip_y = _orientation(k)
+    if flip_y:
+        x = x.flip(-2)
+    if flip_x:
+        x = x.flip(-1)
+    if transpose:
+        x = x.transpose(-1, -2)
+    return x
+
+
+def oriented_cfa(cfa: str, k: int) -> str:
+    """The pattern of a ``cfa`` mosaic (even H and W) after :func:`orient` by ``k``."""
+    s = cfa.upper()
+    cfa_channels(s)
+    transpose, flip_x, flip_y = _orientation(k)
+    if transpose:
+        s = s[0] + s[2] + s[1] + s[3]
+    if flip_x:
+        s = s[1] + s[0] + s[3] + s[2]
+    if flip_y:
+        s = s[2] + s[3] + s[0] + s[1]
+    return s
+
+
 def white_balance(mosaic: Tensor, gains: Tensor | Sequence[float], cfa: str) -> Tensor:
     """Multiply each site of a (B, 1, H, W) mosaic by the gain of its channel; gains are (R, G, B)."""
     check_image(mosaic, 1, "mosaic")
