@@ -1,7 +1,9 @@
 """Stack quality benchmark: synthetic stacks with known ground truth through the real decode/merge/render path.
 
 For each case it reports PSNR against the ground truth of (a) the project's single-frame render of the
-reference frame and (b) the merged stack rendered at the reduced noise level, the gain in dB, PSNR inside and
+reference frame and (b) the merged stack rendered at the reduced noise level, the gain in dB, (c) the gain of
+the equivalent long exposure (the same reference frame with 1/N of the noise, rendered alone: what a merge that
+only averages the light could reach), PSNR inside and
 outside a moving object's region, the colour difference (mean CIEDE2000, max 16-bit difference) between a
 1-group and a 2-group merge, and the time per stage on the chosen device. ``main`` is CLI-callable
 (``python -m services.quality.stack_bench --scale 0.1 --json out.json``).
@@ -111,6 +113,7 @@ class CaseResult:
     psnr_single: float
     psnr_stack: float
     gain_db: float
+    long_exposure_gain_db: float | None = None
     psnr_motion_single: float | None = None
     psnr_motion_stack: float | None = None
     psnr_static_single: float | None = None
@@ -177,6 +180,12 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     inner[BORDER:-BORDER, BORDER:-BORDER] = True
     p1, pn = psnr(single, truth, inner), psnr(stacked, truth, inner)
     result = CaseResult(case.name, case.frames, content, p1, pn, pn - p1, seconds=timings)
+    if not case.moving_object:
+        t0 = time.perf_counter()
+        result.long_exposure_gain_db = psnr(_long_exposure(case, folder, scale=scale, seed=seed, noise=noise,
+                                                           content=content, photos_dir=photos_dir, device=device),
+                                            truth, inner) - p1
+        timings["long_exposure"] = time.perf_counter() - t0
     if case.moving_object:
         moving, static = inner & shot.motion_mask, inner & ~shot.motion_mask
         result.psnr_motion_single, result.psnr_motion_stack = psnr(single, truth, moving), psnr(stacked, truth, moving)
@@ -188,6 +197,16 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
         result.groups_delta_e_mean = float(diff.mean())
         result.groups_max_lsb = int(np.abs(stacked.astype(np.int64) - stacked2.astype(np.int64)).max())
     return result
+
+
+def _long_exposure(case: StackCase, folder: Path, *, scale: float, seed: int, noise: float, content: str,
+                   photos_dir: Path | None, device: str) -> np.ndarray:
+    """The single-frame render of the same reference frame with 1/N of the noise (the same scene and seed)."""
+    shot = synthesize_stack(folder / "long_exposure", frames=2, scale=scale, seed=seed, noise=noise / case.frames,
+                            content=content, photos_dir=photos_dir)
+    meta = decode_raw(shot.files[0], folder / "long_exposure" / "raw.npy")
+    raw = np.load(folder / "long_exposure" / "raw.npy")
+    return render_mosaic(raw, shot_render_params(meta, raw), device)
 
 
 DEFAULT_CASES = (
@@ -214,14 +233,16 @@ def _fmt(v: float | None) -> str:
 
 def format_table(results: Sequence[CaseResult]) -> str:
     """A plain-text table of the results."""
-    head = (f"{'content':<12} {'case':<26} {'single':>7} {'stack':>7} {'gain':>6} {'mov 1':>6} {'mov N':>6} "
-            f"{'stat 1':>6} {'stat N':>6} {'dE00 2g':>7} {'LSB 2g':>6}")
+    head = (f"{'content':<12} {'case':<26} {'single':>7} {'stack':>7} {'gain':>6} {'long':>6} {'mov 1':>6} "
+            f"{'mov N':>6} {'stat 1':>6} {'stat N':>6} {'dE00 2g':>7} {'LSB 2g':>6}")
     rows = [head, "-" * len(head)]
     for r in results:
+        long = "-" if r.long_exposure_gain_db is None else f"{r.long_exposure_gain_db:+.2f}"
         rows.append(f"{r.content:<12} {r.name:<26} {r.psnr_single:7.2f} {r.psnr_stack:7.2f} {r.gain_db:+6.2f} "
-                    f"{_fmt(r.psnr_motion_single):>6} {_fmt(r.psnr_motion_stack):>6} "
+                    f"{long:>6} {_fmt(r.psnr_motion_single):>6} {_fmt(r.psnr_motion_stack):>6} "
                     f"{_fmt(r.psnr_static_single):>6} {_fmt(r.psnr_static_stack):>6} "
                     f"{_fmt(r.groups_delta_e_mean):>7} {r.groups_max_lsb if r.groups_max_lsb is not None else '-':>6}")
+    rows.append("gain: the stack over the single-frame render (dB); long: the same frame with 1/N of the noise over it")
     rows.append("")
     rows.append("seconds per stage:")
     for r in results:

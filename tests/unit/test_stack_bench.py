@@ -39,4 +39,5 @@ def test_srgb16_to_lab_and_psnr() -> None:
 def test_tiny_case_runs_end_to_end(tmp_path: Path) -> None:
     result = run_case(StackCase("tiny", 2), tmp_path, scale=0.02, seed=1, noise=0.002, device="cpu")
     assert result.gain_db > 0 and result.groups_max_lsb == 0 and result.groups_delta_e_mean == 0.0
+    assert result.long_exposure_gain_db is not None and result.long_exposure_gain_db > 0
     assert "tiny" in format_table([result]) and result.seconds["merge_1g"] > 0
