@@ -108,15 +108,24 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
             raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
         out_dir.mkdir(parents=True, exist_ok=True)
         saved = []
-        for o in job["outputs"]:
-            dest = out_dir / o["name"]
-            with client.stream("GET", o["url"]) as r:
-                if r.status_code != 200:
-                    raise _error(r)
-                with open(dest, "wb") as f:
-                    for chunk in r.iter_bytes(1 << 20):
-                        f.write(chunk)
-            if _sha256(dest) != o["sha256"]:
-                raise SubmitError(f"downloaded {dest} does not match its sha256")
-            saved.append(dest)
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      console=console) as downloading:
+            for o in job["outputs"]:
+                dest = out_dir / o["name"]
+                part = dest.with_name(dest.name + ".part")  # renamed only once complete and verified
+                bar = downloading.add_task(f"download {o['name']}", total=o["bytes"])
+                digest = hashlib.sha256()
+                with client.stream("GET", o["url"]) as r:
+                    if r.status_code != 200:
+                        raise _error(r)
+                    with open(part, "wb") as f:
+                        for chunk in r.iter_bytes(1 << 20):
+                            f.write(chunk)
+                            digest.update(chunk)
+                            downloading.advance(bar, len(chunk))
+                if digest.hexdigest() != o["sha256"]:
+                    part.unlink(missing_ok=True)
+                    raise SubmitError(f"downloaded {dest} does not match its sha256")
+                part.replace(dest)
+                saved.append(dest)
         return saved

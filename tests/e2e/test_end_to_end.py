@@ -184,7 +184,8 @@ def test_cli_submit_uploads_waits_and_downloads(stack: Stack, shots: dict[str, l
     saved = submit_shot(stack.url, token, shots["IQ2_XS"], camera=None, recipe="tiff16", priority="batch",
                         wait=True, out_dir=tmp_path / "out", timeout=120, console=Console(file=out, width=100))
     assert [p.name for p in saved] == ["frame_00.tif"]
-    assert "render: done" in out.getvalue() and "100%" in out.getvalue()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["frame_00.tif"]  # no .part left behind
+    assert "render: done" in out.getvalue() and "100%" in out.getvalue() and "download frame_00.tif" in out.getvalue()
     image = tifffile.imread(saved[0])
     assert psnr(image / 65535.0, _ground_truth(shots["IQ2_XS"]) / 65535.0) > MIN_PSNR_DB
 
