@@ -64,13 +64,12 @@ def _error(resp: httpx.Response) -> SubmitError:
 def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, recipe: str, priority: str,
                 wait: bool, out_dir: Path, timeout: float, console: Console) -> list[Path]:
     """Upload ``files`` as one job; with ``wait``, poll until it ends and download the outputs."""
-    headers = {"Authorization": f"Bearer {token}"}
     data: dict[str, str | list[str]] = {"recipe": recipe, "priority": priority,
                                         "sha256": [_sha256(p) for p in files]}
     if camera:
         data["camera"] = camera
     total = sum(p.stat().st_size for p in files)
-    with httpx.Client(base_url=api, headers=headers, timeout=httpx.Timeout(60, read=600)) as client, Progress(
+    with connect(api, token) as client, Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console
     ) as progress:
         task = progress.add_task("upload", total=total)
@@ -91,41 +90,72 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
         if not wait:
             return []
         progress.stop()
-        with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                      console=console) as rendering:
-            bar = rendering.add_task(f"render: {job['stage']}", total=100)
-            deadline = time.monotonic() + timeout
-            while job["status"] in ("queued", "running"):
-                if time.monotonic() > deadline:
-                    raise SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
-                time.sleep(0.5)
-                r = client.get(f"/v1/jobs/{job['id']}")
-                if r.status_code != 200:
-                    raise _error(r)
-                job = r.json()
-                rendering.update(bar, description=f"render: {job['stage']}", completed=100 * job["progress"])
-        if job["status"] != "done":
-            raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        saved = []
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      console=console) as downloading:
-            for o in job["outputs"]:
-                dest = out_dir / o["name"]
-                part = dest.with_name(dest.name + ".part")  # renamed only once complete and verified
-                bar = downloading.add_task(f"download {o['name']}", total=o["bytes"])
-                digest = hashlib.sha256()
+        job = wait_for_job(client, job, timeout, console)
+        return download_outputs(client, job, out_dir, console)
+
+
+def connect(api: str, token: str) -> httpx.Client:
+    """An HTTP client for the API with the station's token."""
+    return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"},
+                        timeout=httpx.Timeout(60, read=600))
+
+
+def call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
+    """One API call; its JSON body, or a SubmitError with the API's error type and detail."""
+    try:
+        resp = client.request(method, url, **kwargs)
+    except httpx.HTTPError as exc:
+        raise SubmitError(f"cannot reach {client.base_url}: {exc}") from exc
+    if resp.status_code >= 400:
+        raise _error(resp)
+    return resp.json()
+
+
+def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, console: Console) -> dict[str, Any]:
+    """Poll ``job`` with a progress bar (stage, percent, elapsed) until it ends; raises unless it is done."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                  console=console) as rendering:
+        bar = rendering.add_task(f"render: {job['stage']}", total=100, completed=100 * job["progress"])
+        deadline = time.monotonic() + timeout
+        while job["status"] in ("queued", "running"):
+            if time.monotonic() > deadline:
+                raise SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
+            time.sleep(0.5)
+            job = call(client, "GET", f"/v1/jobs/{job['id']}")
+            rendering.update(bar, description=f"render: {job['stage']}", completed=100 * job["progress"])
+    if job["status"] != "done":
+        raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
+    return job
+
+
+def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, console: Console) -> list[Path]:
+    """Download a done job's outputs into ``out_dir`` with a progress bar: each into a .part file, hashed while
+    streaming, renamed only once it matches the job's sha256."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    saved = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=console) as downloading:
+        for o in job["outputs"]:
+            dest = out_dir / o["name"]
+            part = dest.with_name(dest.name + ".part")
+            bar = downloading.add_task(f"download {o['name']}", total=o["bytes"])
+            digest = hashlib.sha256()
+            try:
                 with client.stream("GET", o["url"]) as r:
                     if r.status_code != 200:
+                        r.read()
                         raise _error(r)
                     with open(part, "wb") as f:
                         for chunk in r.iter_bytes(1 << 20):
                             f.write(chunk)
                             digest.update(chunk)
                             downloading.advance(bar, len(chunk))
-                if digest.hexdigest() != o["sha256"]:
-                    part.unlink(missing_ok=True)
-                    raise SubmitError(f"downloaded {dest} does not match its sha256")
-                part.replace(dest)
-                saved.append(dest)
-        return saved
+            except httpx.HTTPError as exc:
+                part.unlink(missing_ok=True)
+                raise SubmitError(f"download of {o['name']} failed: {exc}") from exc
+            if digest.hexdigest() != o["sha256"]:
+                part.unlink(missing_ok=True)
+                raise SubmitError(f"downloaded {dest} does not match its sha256")
+            part.replace(dest)
+            saved.append(dest)
+    return saved

@@ -1,4 +1,4 @@
-"""The `strata` command line: serve, workers, submit, synth, token, db."""
+"""The `strata` command line: serve, workers, coordinator, submit, jobs, synth, token, db, bench, quality."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ app = typer.Typer(help="Strata: asynchronous RAW render service.", no_args_is_he
                   pretty_exceptions_enable=False)
 token_app = typer.Typer(help="Station tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
+app.add_typer(jobs_app, name="jobs")
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]
@@ -212,7 +214,7 @@ def workers_cmd(
 
 @app.command()
 def coordinator(data_dir: DataDir = None) -> None:
-    """Start the coordinator worker (decode, plan, fuse, finalize/TIFF) on this host."""
+    """Start the coordinator worker (decode, plan, finalize/TIFF) on this host."""
     workers_cmd(gpus=None, coordinator=True, gpu_workers=False, data_dir=data_dir)
 
 
@@ -265,6 +267,19 @@ def submit(
     """Upload a shot with a progress bar, wait for it, download the TIFF(s)."""
     from cli.client import SubmitError, submit_shot
 
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        paths = submit_shot(url, tok, files, camera=camera, recipe=recipe,
+                            priority=priority, wait=wait, out_dir=out, timeout=timeout, console=console)
+    except SubmitError as exc:
+        raise _fail(str(exc)) from exc
+    for p in paths:
+        print(p)
+
+
+def _api_token(api: str | None, token: str | None, data_dir: Path | None) -> tuple[str, str]:
+    """The API URL and station token: the options, else STRATA_API_URL / STRATA_TOKEN / the token file, else the
+    local `strata serve`'s."""
     _use_data_dir(data_dir, create=False)
     settings = get_settings()
     local = _local_service()
@@ -277,9 +292,115 @@ def submit(
     if not tok:
         raise _fail(f"no token: pass --token, set STRATA_TOKEN, or run `strata serve` (it writes "
                     f"{settings.token_file})")
+    return api or settings.api_url, tok
+
+
+ApiOpt = Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")]
+TokenOpt = Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")]
+
+
+def _stdout() -> Console:
+    """Results go to stdout (progress and messages to stderr); piped or redirected, 200 columns wide, so job ids
+    and names are not cut to 80."""
+    out = Console()
+    return out if out.is_terminal else Console(width=200)
+
+
+def _duration(job: dict[str, Any]) -> str:
+    if not job.get("started_at"):
+        return "-"
+    import datetime as dt
+
+    start = dt.datetime.fromisoformat(job["started_at"])
+    end = dt.datetime.fromisoformat(job["finished_at"]) if job.get("finished_at") else dt.datetime.now(dt.UTC)
+    return f"{(end - start).total_seconds():.1f} s"
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: Annotated[str | None, typer.Option(help="queued, running, done, failed or cancelled.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=200, help="How many, newest first.")] = 20,
+    api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
+) -> None:
+    """This station's jobs, newest first."""
+    from rich.table import Table
+
+    from cli.client import SubmitError, call, connect
+
+    url, tok = _api_token(api, token, data_dir)
+    params: dict[str, str | int] = {"limit": limit} | ({"status": status} if status else {})
     try:
-        paths = submit_shot(api or settings.api_url, tok, files, camera=camera, recipe=recipe,
-                            priority=priority, wait=wait, out_dir=out, timeout=timeout, console=console)
+        with connect(url, tok) as client:
+            jobs = call(client, "GET", "/v1/jobs", params=params)["jobs"]
+    except SubmitError as exc:
+        raise _fail(str(exc)) from exc
+    table = Table("job", "status", "stage", "progress", "camera", "frames", "created (UTC)", "time", "output")
+    for j in jobs:
+        table.add_row(j["id"], j["status"], j["stage"], f"{j['progress']:.0%}", j["camera"], str(len(j["frames"])),
+                      j["created_at"][:19].replace("T", " "), _duration(j),
+                      ", ".join(o["name"] for o in j["outputs"]) or (j.get("error") or "")[:40])
+    _stdout().print(table)
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
+    """One job: status, frames, shards (worker, GPU, seconds), outputs, error."""
+    from rich.table import Table
+
+    from cli.client import SubmitError, call, connect
+
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            j = call(client, "GET", f"/v1/jobs/{job_id}")
+    except SubmitError as exc:
+        raise _fail(str(exc)) from exc
+    out = _stdout()
+    out.print(f"job {j['id']}: {j['status']} ({j['stage']}, {j['progress']:.0%}), {j['camera']}, "
+              f"recipe {j['recipe']}, priority {j['priority']}, time {_duration(j)}")
+    out.print("frames: " + ", ".join(f["name"] for f in j["frames"]))
+    if j["shards"]:
+        table = Table("phase", "shard", "kind", "status", "worker", "GPU", "attempts", "seconds")
+        for sh in j["shards"]:
+            table.add_row(str(sh["phase"]), str(sh["index"]), sh["kind"], sh["status"], sh["worker"] or "-",
+                          sh["gpu"] or "-", str(sh["attempts"]),
+                          "-" if sh["seconds"] is None else f"{sh['seconds']:.2f}")
+        out.print(table)
+    for o in j["outputs"]:
+        out.print(f"output {o['name']}: {o['bytes']} bytes, sha256 {o['sha256']}")
+    if j.get("error"):
+        out.print(f"error: {j['error']}")
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
+    """Cancel a queued or running job (a shard already computing finishes; its result is dropped)."""
+    from cli.client import SubmitError, call, connect
+
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            j = call(client, "POST", f"/v1/jobs/{job_id}/cancel")
+    except SubmitError as exc:
+        raise _fail(str(exc)) from exc
+    _stdout().print(f"job {j['id']}: {j['status']}")
+
+
+@jobs_app.command("download")
+def jobs_download(
+    job_id: str,
+    out: Annotated[Path, typer.Option("--out", help="Where to save outputs.")] = Path("."),
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for a job still running.")] = 3600,
+    api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
+) -> None:
+    """Wait for a job (progress bar) and download its outputs, verified against their sha256."""
+    from cli.client import SubmitError, call, connect, download_outputs, wait_for_job
+
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            job = wait_for_job(client, call(client, "GET", f"/v1/jobs/{job_id}"), timeout, console)
+            paths = download_outputs(client, job, out, console)
     except SubmitError as exc:
         raise _fail(str(exc)) from exc
     for p in paths:

@@ -190,6 +190,32 @@ def test_cli_submit_uploads_waits_and_downloads(stack: Stack, shots: dict[str, l
     assert psnr(image / 65535.0, _ground_truth(shots["IQ2_XS"]) / 65535.0) > MIN_PSNR_DB
 
 
+def test_cli_jobs_list_show_download_cancel(stack: Stack, shots: dict[str, list[Path]], tmp_path: Path) -> None:
+    """`strata jobs`: the station's jobs in a table, one job's shards, its outputs downloaded, a cancel."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    token = stack.headers["Authorization"].removeprefix("Bearer ")
+    auth = ["--api", stack.url, "--token", token]
+    done = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
+    runner = CliRunner()
+    listed = runner.invoke(app, ["jobs", "list", "--status", "done", *auth], terminal_width=200)
+    assert listed.exit_code == 0, listed.output
+    assert done["id"] in listed.output and "frame_00.tif" in listed.output
+    shown = runner.invoke(app, ["jobs", "show", done["id"], *auth], terminal_width=200)
+    assert shown.exit_code == 0 and "strip" in shown.output and done["outputs"][0]["sha256"] in shown.output
+    got = runner.invoke(app, ["jobs", "download", done["id"], "--out", str(tmp_path), *auth])
+    assert got.exit_code == 0, got.output
+    assert (tmp_path / "frame_00.tif").read_bytes() == _download(stack, done)[0]
+    missing = runner.invoke(app, ["jobs", "show", "no-such-job", *auth])
+    assert missing.exit_code != 0 and "404" in missing.output
+    queued = _submit(stack, shots["IQ3_S"], priority="batch")
+    cancelled = runner.invoke(app, ["jobs", "cancel", queued["id"], *auth])
+    assert cancelled.exit_code == 0 and "cancelled" in cancelled.output
+    assert _wait(stack, queued["id"])["status"] == "cancelled"
+
+
 def test_stitched_strips_equal_the_one_piece_render(stack: Stack, shots: dict[str, list[Path]]) -> None:
     """The TIFF the service stitched from strips equals rendering the whole frame at once (≤ 1 LSB)."""
     from services.pipeline.render import render_mosaic
