@@ -94,6 +94,10 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
         return download_outputs(client, job, out_dir, console)
 
 
+class Unreachable(SubmitError):
+    """The API did not answer, or answered 5xx: worth trying again."""
+
+
 def connect(api: str, token: str) -> httpx.Client:
     """An HTTP client for the API with the station's token."""
     return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"},
@@ -105,14 +109,19 @@ def call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
     try:
         resp = client.request(method, url, **kwargs)
     except httpx.HTTPError as exc:
-        raise SubmitError(f"cannot reach {client.base_url}: {exc}") from exc
+        raise Unreachable(f"cannot reach {client.base_url}: {exc}") from exc
+    if resp.status_code >= 500:
+        raise Unreachable(str(_error(resp)))
     if resp.status_code >= 400:
         raise _error(resp)
     return resp.json()
 
 
 def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, console: Console) -> dict[str, Any]:
-    """Poll ``job`` with a progress bar (stage, percent, elapsed) until it ends; raises unless it is done."""
+    """Poll ``job`` with a progress bar (stage, percent, elapsed) until it ends; raises unless it is done.
+
+    An API that stops answering for a while (a restart, a load balancer hiccup) is waited for until ``timeout``;
+    the job keeps running on the workers meanwhile."""
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                   console=console) as rendering:
         bar = rendering.add_task(f"render: {job['stage']}", total=100, completed=100 * job["progress"])
@@ -121,7 +130,12 @@ def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, cons
             if time.monotonic() > deadline:
                 raise SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
             time.sleep(0.5)
-            job = call(client, "GET", f"/v1/jobs/{job['id']}")
+            try:
+                job = call(client, "GET", f"/v1/jobs/{job['id']}")
+            except Unreachable as exc:
+                rendering.update(bar, description=f"render: waiting for the API ({exc})"[:70])
+                time.sleep(2.0)
+                continue
             rendering.update(bar, description=f"render: {job['stage']}", completed=100 * job["progress"])
     if job["status"] != "done":
         raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
