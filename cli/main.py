@@ -316,6 +316,19 @@ def _duration(job: dict[str, Any]) -> str:
     return f"{(end - start).total_seconds():.1f} s"
 
 
+def _api_call(api: str | None, token: str | None, data_dir: Path | None, method: str, path: str,
+              **kwargs: Any) -> Any:
+    """One call to the station's API (URL and token resolved as for `strata submit`); a clean exit on error."""
+    from cli.client import SubmitError, call, connect
+
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            return call(client, method, path, **kwargs)
+    except SubmitError as exc:
+        raise _fail(str(exc)) from exc
+
+
 @jobs_app.command("list")
 def jobs_list(
     status: Annotated[str | None, typer.Option(help="queued, running, done, failed or cancelled.")] = None,
@@ -325,15 +338,8 @@ def jobs_list(
     """This station's jobs, newest first."""
     from rich.table import Table
 
-    from cli.client import SubmitError, call, connect
-
-    url, tok = _api_token(api, token, data_dir)
     params: dict[str, str | int] = {"limit": limit} | ({"status": status} if status else {})
-    try:
-        with connect(url, tok) as client:
-            jobs = call(client, "GET", "/v1/jobs", params=params)["jobs"]
-    except SubmitError as exc:
-        raise _fail(str(exc)) from exc
+    jobs = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params)["jobs"]
     table = Table("job", "status", "stage", "progress", "camera", "frames", "created (UTC)", "time", "output")
     for j in jobs:
         table.add_row(j["id"], j["status"], j["stage"], f"{j['progress']:.0%}", j["camera"], str(len(j["frames"])),
@@ -347,14 +353,7 @@ def jobs_show(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir:
     """One job: status, frames, shards (worker, GPU, seconds), outputs, error."""
     from rich.table import Table
 
-    from cli.client import SubmitError, call, connect
-
-    url, tok = _api_token(api, token, data_dir)
-    try:
-        with connect(url, tok) as client:
-            j = call(client, "GET", f"/v1/jobs/{job_id}")
-    except SubmitError as exc:
-        raise _fail(str(exc)) from exc
+    j = _api_call(api, token, data_dir, "GET", f"/v1/jobs/{job_id}")
     out = _stdout()
     out.print(f"job {j['id']}: {j['status']} ({j['stage']}, {j['progress']:.0%}), {j['camera']}, "
               f"recipe {j['recipe']}, priority {j['priority']}, time {_duration(j)}")
@@ -375,14 +374,7 @@ def jobs_show(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir:
 @jobs_app.command("cancel")
 def jobs_cancel(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
     """Cancel a queued or running job (a shard already computing finishes; its result is dropped)."""
-    from cli.client import SubmitError, call, connect
-
-    url, tok = _api_token(api, token, data_dir)
-    try:
-        with connect(url, tok) as client:
-            j = call(client, "POST", f"/v1/jobs/{job_id}/cancel")
-    except SubmitError as exc:
-        raise _fail(str(exc)) from exc
+    j = _api_call(api, token, data_dir, "POST", f"/v1/jobs/{job_id}/cancel")
     _stdout().print(f"job {j['id']}: {j['status']}")
 
 

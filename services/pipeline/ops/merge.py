@@ -259,7 +259,7 @@ def demosaic_camera(mosaic: Tensor, params: MergeParams, orientation: int = 0) -
     if orientation == 0:
         return demosaic(balanced, params.cfa)[0] / gains  # (3, H, W)
     rgb = demosaic(orient(balanced, orientation).contiguous(), oriented_cfa(params.cfa, orientation))  # (1, 3, ...)
-    return unorient(rgb[0], orientation).contiguous() / gains  # (3, H, W)
+    return (unorient(rgb[0], orientation) / gains).contiguous()  # (3, H, W); one copy at most
 
 
 def _window_mean(x: Tensor, radius: int) -> Tensor:
