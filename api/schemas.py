@@ -24,6 +24,8 @@ class ShardOut(BaseModel):
     status: str = Field(description="pending | running | done | failed")
     attempts: int
     seconds: float | None
+    started_at: dt.datetime | None = Field(default=None, description="When its last attempt started (UTC).")
+    finished_at: dt.datetime | None = Field(default=None, description="When it finished (UTC).")
 
 
 class OutputOut(BaseModel):
@@ -61,7 +63,8 @@ class JobOut(BaseModel):
             created_at=as_utc(job.created_at), started_at=_utc(job.started_at), finished_at=_utc(job.finished_at),
             frames=[FrameOut(name=f.name, sha256=f.sha256, bytes=f.bytes) for f in job.frames],
             shards=[ShardOut(index=s.index, phase=s.phase, kind=s.kind, worker=s.worker, gpu=s.gpu, status=s.status,
-                             attempts=s.attempts, seconds=s.seconds) for s in job.shards],
+                             attempts=s.attempts, seconds=s.seconds, started_at=_utc(s.started_at),
+                             finished_at=_utc(s.finished_at)) for s in job.shards],
             outputs=[OutputOut(name=o.name, url=f"/v1/jobs/{job.id}/outputs/{o.name}", sha256=o.sha256,
                                bytes=o.bytes) for o in job.outputs],
             error=job.error,

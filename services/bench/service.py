@@ -6,7 +6,10 @@ pipeline benchmark leaves out (queue hops, group accumulators and strips through
     strata bench service --repeats 3     # uses the local service's URL and token
 
 Per run: ``upload`` (client side, the POST until 202), ``processing`` (the job's started_at -> finished_at:
-decode, shared parameters, every GPU phase, the TIFF) and ``queued -> done`` (created_at -> finished_at). The
+decode, shared parameters, every GPU phase, the TIFF) and ``queued -> done`` (created_at -> finished_at), and the
+processing split from the shards' own stamps (``timeline``): ``ingest`` (job started -> first shard started: decode,
+shared parameters, plan), each phase's span (its first shard started -> its last finished), the ``hop`` between
+phases (dispatch of the next phase's shards) and ``finalize`` (last shard finished -> job finished: the TIFF). The
 first run of each scenario also warms the workers (model load, CUDA start, decoder children); the table marks it.
 Frames are the pipeline benchmark's procedural DNGs (content does not change the work).
 """
@@ -35,6 +38,27 @@ def _stamp(value: str | None) -> dt.datetime | None:
 def _seconds(a: str | None, b: str | None) -> float | None:
     ta, tb = _stamp(a), _stamp(b)
     return (tb - ta).total_seconds() if ta and tb else None
+
+
+def timeline(job: dict[str, Any]) -> dict[str, float]:
+    """Where a finished job's processing time went, from its own stamps and its shards' (see the module doc)."""
+    shards = [s for s in job["shards"] if s.get("started_at") and s.get("finished_at")]
+    if not shards or not job.get("started_at") or not job.get("finished_at"):
+        return {}
+    out: dict[str, float] = {}
+    phases = sorted({s["phase"] for s in shards})
+    start = min(s["started_at"] for s in shards if s["phase"] == phases[0])
+    out["ingest"] = _seconds(job["started_at"], start) or 0.0
+    last_end = None
+    for p in phases:
+        mine = [s for s in shards if s["phase"] == p]
+        first, end = min(s["started_at"] for s in mine), max(s["finished_at"] for s in mine)
+        if last_end is not None:
+            out[f"hop {p}"] = _seconds(last_end, first) or 0.0
+        out[f"phase {p} {mine[0]['kind']}"] = _seconds(first, end) or 0.0
+        last_end = end
+    out["finalize"] = _seconds(last_end, job["finished_at"]) or 0.0
+    return out
 
 
 def run_job(client: httpx.Client, files: list[Path], timeout: float) -> dict[str, Any]:
@@ -67,7 +91,7 @@ def run_job(client: httpx.Client, files: list[Path], timeout: float) -> dict[str
     return {"job": job["id"], "upload_s": upload,
             "processing_s": _seconds(job["started_at"], job["finished_at"]),
             "queued_to_done_s": _seconds(job["created_at"], job["finished_at"]),
-            "gpus": sorted({s["gpu"] for s in job["shards"]}), "shard_max_s": phases}
+            "gpus": sorted({s["gpu"] for s in job["shards"]}), "shard_max_s": phases, "timeline_s": timeline(job)}
 
 
 def _frames(tmp: Path, scenario: str, scale: float, frames: int) -> list[Path]:
@@ -125,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{scenario:6s} run {run}{' (cold)' if run == 0 else '       '}  upload {r['upload_s']:6.2f} s  "
                       f"processing {r['processing_s']:6.2f} s  queued->done {r['queued_to_done_s']:6.2f} s  "
                       f"GPUs {','.join(r['gpus'])}  [{shards}]", flush=True)
+                if r["timeline_s"]:
+                    print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items()), flush=True)
     args.json.write_text(json.dumps({"machine": machine(), "api": api, "results": results}, indent=2))
     print(f"wrote {args.json}")
     return 0

@@ -16,7 +16,7 @@ camera RGB then the merge weight(s), only exists strip by strip on the GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -134,6 +134,7 @@ def merge_frame_group(
     params: RenderParams | None = None,
     pixel_shift: Sequence[tuple[int, int]] | None = None,
     out: np.ndarray | None = None,
+    out_ready: Callable[[], object] | None = None,
 ) -> np.ndarray:
     """Align ``frames`` to the shared reference and accumulate them: int32 (4, H, W), or (6, H, W) in pixel shift.
 
@@ -145,7 +146,8 @@ def merge_frame_group(
     ``pixel_shift`` gives each frame's whole-pixel offset (from :func:`pixel_shift_offsets` on the
     coordinator) and switches to the pixel-shift combine. A frame identical to the reference (frame 0 in
     group 0) counts as the reference. ``out``: where to put the result (C-contiguous int32 of the result's
-    shape, e.g. a writable memory map from ``Storage.array_writer``); returned.
+    shape, e.g. a writable memory map from ``Storage.array_writer``); returned. ``out_ready``: called once the
+    merge is computed, before anything is written into ``out`` (waits for :func:`~services.pipeline.transfer.prefault`).
     """
     if len(positions) != len(frames) or any(not 0 <= p < stack_size for p in positions):
         raise ValueError(f"need one stack position in 0..{stack_size - 1} per frame, got {list(positions)} "
@@ -161,6 +163,8 @@ def merge_frame_group(
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
     h, w = np.asarray(reference[0]).shape
+    if out_ready is not None:
+        out_ready()
     if out is None:
         out = np.empty((acc.shape[0], h, w), dtype=np.int32)
     if out.shape != (acc.shape[0], h, w):

@@ -148,4 +148,35 @@ def download(tensor: torch.Tensor, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-__all__ = ["SLOTS", "STAGING_BYTES", "download", "upload"]
+PREFAULT_THREADS = 8
+PREFAULT_BLOCK = 16 << 20  # bytes per zero-fill task
+_prefault_pool: ThreadPoolExecutor | None = None
+
+
+def prefault(arr: np.ndarray) -> Callable[[], None]:
+    """Start touching every page of a fresh writable memory map (``arr``, C-contiguous) on background threads;
+    returns a wait function to call before the real bytes are written into it.
+
+    A new file's pages are allocated on first write: downloading an 800 MB group accumulator straight into a fresh
+    memory-mapped ``.npy`` took 0.33-0.41 s on an H200 host, into memory already touched 0.04-0.08 s
+    (``scripts/gpu/io_probe.py``). Zero-filling the map while the GPU merges (numpy releases the GIL for the fill,
+    torch while it waits on the device) moves that allocation off the critical path.
+    """
+    global _prefault_pool
+    if not arr.flags.c_contiguous or not arr.flags.writeable:
+        raise ValueError("prefault needs a writable C-contiguous array")
+    flat = arr.reshape(-1).view(np.uint8)
+    with _staging_lock:
+        if _prefault_pool is None:
+            _prefault_pool = ThreadPoolExecutor(PREFAULT_THREADS, thread_name_prefix="strata-prefault")
+        pool = _prefault_pool
+    futures = [pool.submit(flat[i : i + PREFAULT_BLOCK].fill, 0) for i in range(0, flat.size, PREFAULT_BLOCK)]
+
+    def wait() -> None:
+        for f in futures:
+            f.result()
+
+    return wait
+
+
+__all__ = ["PREFAULT_THREADS", "SLOTS", "STAGING_BYTES", "download", "prefault", "upload"]

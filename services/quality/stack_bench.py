@@ -36,7 +36,7 @@ from services.pipeline.stack import (
 )
 from services.raw.colour import srgb_decode, srgb_to_xyz_matrix
 from services.raw.decode import decode_raw
-from services.raw.meta import RawMeta
+from services.raw.meta import CFA_PATTERNS, RawMeta
 from services.raw.stack_synth import synthesize_stack
 
 BORDER = 8  # px excluded from every metric: frames shifted by up to max_shift lack data at the edges
@@ -141,14 +141,15 @@ def _merge(reference: tuple[np.ndarray, RawMeta], frames: list[tuple[np.ndarray,
 
 
 def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: float, device: str,
-             content: str = "dead_leaves", photos_dir: Path | None = None) -> CaseResult:
+             content: str = "dead_leaves", photos_dir: Path | None = None, cfa: str = "RGGB",
+             max_shift: float = 1.5) -> CaseResult:
     """Synthesize, decode, render single and stacked, and measure one case."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     folder = work / f"{content.replace(':', '_').replace('/', '_')}-{case.name.replace(' ', '_').replace(',', '')}"
     shot = synthesize_stack(folder, frames=case.frames, scale=scale, seed=seed, noise=noise,
                             moving_object=case.moving_object, pixel_shift=case.pixel_shift, content=content,
-                            photos_dir=photos_dir)
+                            photos_dir=photos_dir, cfa=cfa, max_shift=max_shift)
     timings["synthesize"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     frames = []
@@ -183,7 +184,8 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     if not case.moving_object:
         t0 = time.perf_counter()
         result.long_exposure_gain_db = psnr(_long_exposure(case, folder, scale=scale, seed=seed, noise=noise,
-                                                           content=content, photos_dir=photos_dir, device=device),
+                                                           content=content, photos_dir=photos_dir, device=device,
+                                                           cfa=cfa),
                                             truth, inner) - p1
         timings["long_exposure"] = time.perf_counter() - t0
     if case.moving_object:
@@ -200,10 +202,10 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
 
 
 def _long_exposure(case: StackCase, folder: Path, *, scale: float, seed: int, noise: float, content: str,
-                   photos_dir: Path | None, device: str) -> np.ndarray:
+                   photos_dir: Path | None, device: str, cfa: str = "RGGB") -> np.ndarray:
     """The single-frame render of the same reference frame with 1/N of the noise (the same scene and seed)."""
     shot = synthesize_stack(folder / "long_exposure", frames=2, scale=scale, seed=seed, noise=noise / case.frames,
-                            content=content, photos_dir=photos_dir)
+                            content=content, photos_dir=photos_dir, cfa=cfa)
     meta = decode_raw(shot.files[0], folder / "long_exposure" / "raw.npy")
     raw = np.load(folder / "long_exposure" / "raw.npy")
     return render_mosaic(raw, shot_render_params(meta, raw), device)
@@ -219,12 +221,14 @@ DEFAULT_CASES = (
 
 def run_benchmark(cases: Sequence[StackCase] = DEFAULT_CASES, *, scale: float = 0.1, seed: int = 3,
                   noise: float = 0.002, device: str = "cpu", work_dir: Path | None = None,
-                  contents: Sequence[str] = ("dead_leaves",), photos_dir: Path | None = None) -> list[CaseResult]:
-    """Run every case on every content in a scratch directory."""
+                  contents: Sequence[str] = ("dead_leaves",), photos_dir: Path | None = None, cfa: str = "RGGB",
+                  max_shift: float = 1.5) -> list[CaseResult]:
+    """Run every case on every content in a scratch directory (``cfa``: the frames' CFA pattern; ``max_shift``:
+    the largest random shift of a frame, px)."""
     with tempfile.TemporaryDirectory(prefix="strata-stack-bench-") as tmp:
         work = Path(work_dir or tmp)
         return [run_case(c, work, scale=scale, seed=seed, noise=noise, device=device, content=content,
-                         photos_dir=photos_dir) for content in contents for c in cases]
+                         photos_dir=photos_dir, cfa=cfa, max_shift=max_shift) for content in contents for c in cases]
 
 
 def _fmt(v: float | None) -> str:
@@ -260,14 +264,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--content", action="append", default=None,
                         help="dead_leaves (default), photo:NNN, skimage:NAME or an image path; repeatable")
     parser.add_argument("--photos", type=Path, default=None, help="directory of photo:NNN (../shared/data/photos)")
+    parser.add_argument("--cfa", default="RGGB", choices=CFA_PATTERNS, help="the frames' CFA pattern")
+    parser.add_argument("--max-shift", type=float, default=1.5, help="largest random frame shift (px)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     contents = args.content or ["dead_leaves"]
     results = run_benchmark(scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
-                            contents=contents, photos_dir=args.photos)
+                            contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift)
     print(format_table(results))
     if args.json:
-        payload: dict[str, Any] = {"scale": args.scale, "seed": args.seed, "noise": args.noise,
+        payload: dict[str, Any] = {"scale": args.scale, "seed": args.seed, "noise": args.noise, "cfa": args.cfa,
+                                   "max_shift": args.max_shift,
                                    "device": args.device, "contents": contents, "cases": [r.__dict__ for r in results]}
         args.json.write_text(json.dumps(payload, indent=2))
     return 0

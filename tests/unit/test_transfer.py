@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.pipeline.transfer import download, upload
+from services.pipeline.transfer import download, prefault, upload
 
 
 def test_upload_takes_slices_of_read_only_memory_maps(tmp_path: Path) -> None:
@@ -57,3 +57,16 @@ def test_staging_covers_crops_in_order(size: int, slots: int) -> None:
 
             _stage_out(back, bufs, fetch, pool)
             np.testing.assert_array_equal(back.reshape(part.shape), part)
+
+
+def test_prefault_touches_a_fresh_memory_map_and_the_real_bytes_follow(tmp_path: Path) -> None:
+    out = np.lib.format.open_memmap(tmp_path / "acc.npy", mode="w+", dtype=np.int32, shape=(4, 37, 1029))
+    out[:] = 7  # a map that held something: prefault leaves zeros, the caller's write comes after the wait
+    wait = prefault(out)
+    wait()
+    assert not out.any()
+    values = np.arange(out.size, dtype=np.int32).reshape(out.shape)
+    download(torch.from_numpy(values), out)
+    np.testing.assert_array_equal(np.load(tmp_path / "acc.npy"), values)
+    with pytest.raises(ValueError, match="writable C-contiguous"):
+        prefault(values[:, :, ::2])

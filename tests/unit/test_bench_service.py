@@ -1,0 +1,25 @@
+"""The service benchmark's timeline: where a job's processing time went, from the API's stamps."""
+
+from services.bench.service import timeline
+
+
+def _shard(phase: int, kind: str, start: str, end: str) -> dict:
+    return {"phase": phase, "kind": kind, "started_at": f"2026-11-30T10:00:{start}Z",
+            "finished_at": f"2026-11-30T10:00:{end}Z"}
+
+
+def test_timeline_splits_processing_into_ingest_phases_hops_and_finalize() -> None:
+    job = {"started_at": "2026-11-30T10:00:00.000000Z", "finished_at": "2026-11-30T10:00:03.000000Z",
+           "shards": [_shard(0, "frame_group", "00.500000", "01.900000"), _shard(0, "frame_group", "00.520000",
+                                                                                  "02.000000"),
+                      _shard(1, "strip", "02.050000", "02.200000"), _shard(1, "strip", "02.060000", "02.300000")]}
+    t = timeline(job)
+    assert list(t) == ["ingest", "phase 0 frame_group", "hop 1", "phase 1 strip", "finalize"]
+    assert abs(t["ingest"] - 0.5) < 1e-9 and abs(t["phase 0 frame_group"] - 1.5) < 1e-9
+    assert abs(t["hop 1"] - 0.05) < 1e-9 and abs(t["phase 1 strip"] - 0.25) < 1e-9
+    assert abs(t["finalize"] - 0.7) < 1e-9
+    assert abs(sum(t.values()) - 3.0) < 1e-9  # the parts cover the whole processing time
+
+
+def test_timeline_is_empty_without_stamps() -> None:
+    assert timeline({"started_at": None, "finished_at": None, "shards": []}) == {}
