@@ -232,6 +232,10 @@ def synth(
     space: Annotated[str, typer.Option(help="Ground truth's output space: srgb, adobergb, prophoto, linear.")]
     = "srgb",
     photos_dir: Annotated[Path | None, typer.Option(help="Folder of photo:NNN images.")] = None,
+    max_shift: Annotated[float, typer.Option(help="Stacks: largest random frame shift in pixels.")] = 1.5,
+    moving_object: Annotated[bool, typer.Option(
+        help="Stacks: a disc moves in the last frame (its region is saved as motion_mask.png).")] = False,
+    pixel_shift: Annotated[bool, typer.Option(help="Stacks: 4 frames in a one-pixel pixel-shift pattern.")] = False,
 ) -> None:
     """Write realistic synthetic DNGs plus the ground truth they were made from."""
     from services.raw.synth import synthesize_shot
@@ -242,13 +246,39 @@ def synth(
         level = noise
     extra: dict[str, Any] = {"photos_dir": photos_dir} if photos_dir else {}
     try:
-        shot = synthesize_shot(camera.upper(), out, scale=scale, frames=frames, seed=seed, noise=level,
-                               cfa=cfa.upper(), content=content, space=space, **extra)
+        if moving_object or pixel_shift:
+            files, truth = _synth_stack_scene(camera, out, scale=scale, frames=frames, seed=seed, noise=level,
+                                              cfa=cfa.upper(), content=content, space=space, max_shift=max_shift,
+                                              moving_object=moving_object, pixel_shift=pixel_shift, **extra)
+        else:
+            shot = synthesize_shot(camera.upper(), out, scale=scale, frames=frames, seed=seed, noise=level,
+                                   cfa=cfa.upper(), content=content, space=space, max_shift=max_shift, **extra)
+            files, truth = shot.files, shot.ground_truth
     except (ValueError, FileNotFoundError) as exc:
         raise _fail(str(exc), 2) from exc
-    for f in shot.files:
+    for f in files:
         print(f)
-    console.print(f"ground truth: {shot.ground_truth}")
+    console.print(f"ground truth: {truth}")
+
+
+def _synth_stack_scene(camera: str, out: Path, *, frames: int | None, noise: str | float, space: str,
+                       moving_object: bool, pixel_shift: bool, **kwargs: Any) -> tuple[list[Path], Path]:
+    """A stack with a moving object or in a pixel-shift pattern (the stack benchmark's generator)."""
+    import numpy as np
+    from PIL import Image
+
+    from services.raw.stack_synth import synthesize_stack
+    from services.raw.unprocess import noise_level
+
+    if camera.upper() != "IQ2_XS":
+        raise ValueError(f"--moving-object and --pixel-shift make IQ2_XS stacks, not {camera}")
+    if space != "srgb":
+        raise ValueError("--moving-object and --pixel-shift write an sRGB ground truth only")
+    shot = synthesize_stack(out, frames=frames or 4, noise=noise_level(noise).shot, moving_object=moving_object,
+                            pixel_shift=pixel_shift, **kwargs)
+    if moving_object:
+        Image.fromarray(shot.motion_mask.astype(np.uint8) * 255).save(out / "motion_mask.png")
+    return shot.files, shot.ground_truth
 
 
 @app.command()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rawpy
+from PIL import Image
 
 from services.raw.stack_synth import PIXEL_SHIFT_PATTERN, synthesize_stack
 
@@ -44,3 +47,29 @@ def test_pixel_shift_pattern(tmp_path: Path) -> None:
     assert np.abs(ref[0:-1:2, 1:-1:2] - diagonal[1::2, 2::2]).max() <= 1
     with pytest.raises(ValueError, match="4 frames"):
         synthesize_stack(tmp_path / "x", frames=8, scale=0.02, pixel_shift=True)
+
+
+def _cli_synth(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", "synth", "--camera", "IQ2_XS", "--out", str(out),
+                           "--scale", "0.02", *args], capture_output=True, text=True)
+
+
+def test_strata_synth_writes_moving_object_and_pixel_shift_stacks(tmp_path: Path) -> None:
+    done = _cli_synth(tmp_path / "m", "--frames", "3", "--moving-object", "--cfa", "GBRG", "--noise", "mid")
+    assert done.returncode == 0, done.stderr
+    assert [Path(x).name for x in done.stdout.split()] == ["frame_00.dng", "frame_01.dng", "frame_02.dng"]
+    mask = np.asarray(Image.open(tmp_path / "m" / "motion_mask.png"))
+    assert mask.shape == (146, 138) and 0 < (mask == 255).sum() < mask.size and set(np.unique(mask)) == {0, 255}
+    with rawpy.imread(str(tmp_path / "m" / "frame_00.dng")) as raw:
+        assert raw.color_desc.decode()[:3] == "RGB" and raw.raw_image.shape == (146, 138)
+
+    done = _cli_synth(tmp_path / "p", "--pixel-shift", "--max-shift", "0")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 4 and (tmp_path / "p" / "ground_truth.tif").exists()
+
+
+def test_strata_synth_refuses_stack_scenes_it_cannot_make(tmp_path: Path) -> None:
+    done = _cli_synth(tmp_path / "x", "--pixel-shift", "--frames", "8")
+    assert done.returncode == 2 and "4 frames" in done.stderr
+    done = _cli_synth(tmp_path / "y", "--moving-object", "--space", "prophoto")
+    assert done.returncode == 2 and "sRGB ground truth only" in done.stderr
