@@ -117,7 +117,8 @@ def main() -> None:
                     with timed("tiles_to_pixels + warp bicubic"):
                         moved, valid = warp(rgb, tiles_to_pixels(flow, mp.align.tile_size, (hh, ww)), mode="bicubic")
                     with timed("motion_weights"):
-                        wt = motion_weights(ref.rgb, moved, ones * valid, mp, level=ref.level) * valid
+                        wt = motion_weights(ref.rgb, moved, ones * valid, mp, level=ref.level,
+                                            spread=ref.spread) * valid
                     with timed("fixed-point accumulate"):
                         acc[:3] += _fixed(moved * wt)
                         acc[3] += _fixed(wt)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -95,6 +97,22 @@ def test_moving_square_is_rejected_not_blended() -> None:
     err = (_merged(acc).float() - truth)[square].abs().mean()
     blend = (0.25 * (demosaic_camera(planted, PARAMS) - truth))[square].abs().mean()
     assert float(err) < 0.2 * float(blend)  # what is left is the noise of the three other frames
+
+
+def test_noise_free_shifted_frames_count_but_a_moving_square_does_not() -> None:
+    """With no sensor noise the motion test still tolerates the merge's own error (demosaic, warp, alignment:
+    ``model_error``), so a static scene is averaged; what moved is rejected all the same."""
+    shifts = [(0.0, 0.0), (0.5, -0.3), (-0.7, 0.4), (0.25, 0.9)]
+    frames = [mosaic_of(textured_rgb(96, 96, seed=13, shift=s), "RGGB").float() for s in shifts]
+    clean = MergeParams(cfa="RGGB", gains=(1.8, 1.0, 1.4), shot=0.0, read=0.0)
+    inner = (slice(12, -12), slice(12, -12))
+    weight = accumulate_frames(frames[0], frames, clean)[3] / ONE  # (H, W)
+    strict = accumulate_frames(frames[0], frames, replace(clean, model_error=0.0))[3] / ONE
+    assert float(weight[inner].mean()) > 3.8  # nearly every frame counts nearly everywhere
+    assert float(strict[inner].mean()) < float(weight[inner].mean()) - 0.5  # the noise alone rejected detail
+    frames[3][40:64, 40:64] = 0.9  # a bright square only in the last frame
+    moved = accumulate_frames(frames[0], frames, clean)[3] / ONE
+    assert float(moved[44:60, 44:60].max()) <= 3.0 + 1e-6
 
 
 def test_pixel_shift_noise_free_returns_truth_at_every_site() -> None:

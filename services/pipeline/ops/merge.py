@@ -209,13 +209,20 @@ def shift_mosaic(frame: Tensor, dy: float, dx: float, cfa: str) -> tuple[Tensor,
     return _unplanes(out), _unplanes(weight)
 
 
+# What the merge itself makes two static frames differ by, as a share of the reference's local standard deviation
+# (each frame's demosaic errs differently at its CFA phase and orientation, warps and alignment err with the
+# gradient): the motion test tolerates it on top of the sensor noise (see motion_weights).
+MODEL_ERROR = 0.1
+
+
 @dataclass(frozen=True)
 class MergeParams:
     """Shared merge parameters: CFA, white-balance gains (demosaic only), noise model, motion test, alignment.
 
     The noise variance of a normalised sample ``x`` is ``shot * x + read``. The motion statistic ``z2`` is
     chi-square with 3 degrees of freedom where nothing moved; a frame's weight falls linearly from 1 at
-    ``z2 = reject_low`` to 0 at ``reject_high``.
+    ``z2 = reject_low`` to 0 at ``reject_high``. ``model_error``: the share of the reference's local standard
+    deviation the test tolerates as the merge's own error (without it, noise-free frames were all rejected).
     """
 
     cfa: str
@@ -225,6 +232,7 @@ class MergeParams:
     window_radius: int = 3
     reject_low: float = 16.0
     reject_high: float = 36.0
+    model_error: float = MODEL_ERROR
     align: AlignParams = AlignParams()
     # Demosaic of one white-balanced frame: (B, 1, H, W), cfa -> (B, 3, H, W). None = Malvar. The coordinator
     # passes the shot's model package (noise-free: the frames are averaged first, denoised after fusion).
@@ -236,6 +244,8 @@ class MergeParams:
             raise ValueError(f"gains must be 3 positive values, got {self.gains}")
         if self.shot < 0 or self.read < 0:
             raise ValueError(f"noise model must be non-negative, got {self.shot}, {self.read}")
+        if not 0 <= self.model_error < 1:
+            raise ValueError(f"model_error must be in [0, 1), got {self.model_error}")
         if not 0 <= self.reject_low < self.reject_high:
             raise ValueError(f"need 0 <= reject_low < reject_high, got {self.reject_low}, {self.reject_high}")
 
@@ -268,18 +278,30 @@ def _window_mean(x: Tensor, radius: int) -> Tensor:
     return F.avg_pool2d(F.pad(x, (radius, radius, radius, radius), mode="reflect"), 2 * radius + 1, stride=1)
 
 
+def _window_moments(rgb: Tensor, radius: int) -> tuple[Tensor, Tensor]:
+    """Window means and variances (1, 3, H, W) each of (3, H, W) ``rgb``, in one pooling pass."""
+    moments = _window_mean(torch.cat([rgb, rgb * rgb])[None], radius)  # (1, 6, H, W)
+    mean = moments[:, :3]
+    return mean, (moments[:, 3:] - mean * mean).clamp(min=0.0)
+
+
 def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params: MergeParams,
-                   local_range: bool = False, level: Tensor | None = None) -> Tensor:
+                   local_range: bool = False, level: Tensor | None = None, spread: Tensor | None = None) -> Tensor:
     """Per-pixel weight (H, W) in [0, 1] of ``candidate`` against ``reference`` (both (3, H, W) camera RGB).
 
     ``samples`` (3, H, W) marks where the candidate holds a usable value of each channel (0/1). In a window of
     radius ``params.window_radius`` the mean difference per channel is compared with its Poisson-Gaussian
     standard error ``sqrt(2 (shot * m + read) / n)`` (m the reference's local mean, n the samples in the
-    window; a demosaiced channel counts its CFA share of them); ``z2`` sums the squared ratios. The weight is
+    window; a demosaiced channel counts its CFA share of them) widened by the merge's own error,
+    ``model_error`` times the reference's local standard deviation (``spread`` is its variance in the window):
+    frames of a static scene differ by their demosaic, warp and alignment errors, which grow with the local
+    contrast, and without that term noise-free frames were rejected wherever there was detail (an 8-frame
+    stack gained nothing). ``z2`` sums the squared ratios. The weight is
     eroded by one pixel so the rim of a rejected region is rejected too. With ``local_range`` the difference
     is only what lies outside the reference's 3x3 min/max of that channel, which tolerates the reference's
     interpolation error where the candidate holds raw samples at sites the reference had to interpolate.
-    ``level``: the reference's window means (1, 3, H, W) when the caller has them (:func:`prepare_reference`).
+    ``level``, ``spread``: the reference's window means and variances (1, 3, H, W) when the caller has them
+    (:func:`prepare_reference`).
     """
     r = params.window_radius
     share = torch.tensor(_CHANNEL_SHARE, dtype=reference.dtype, device=reference.device).view(1, 3, 1, 1)
@@ -291,10 +313,11 @@ def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params
     means = _window_mean(torch.cat([diff, samples[None]], dim=1), r)  # (1, 6, H, W)
     count = means[:, 3:]  # (1, 3, H, W) fraction of the window with samples
     mean_diff = means[:, :3] / count.clamp(min=1e-6)  # (1, 3, H, W)
-    if level is None:
-        level = _window_mean(reference[None], r)
+    if level is None or spread is None:
+        level, spread = _window_moments(reference, r)
     n = (count * share * (2 * r + 1) ** 2).clamp(min=1.0)  # (1, 3, H, W) independent samples, roughly
     variance = 2.0 * (params.shot * level.clamp(min=0.0) + params.read + _VARIANCE_FLOOR) / n  # (1, 3, H, W)
+    variance = variance + params.model_error**2 * spread
     z2 = (mean_diff.square() / variance * (count > 0)).sum(dim=1, keepdim=True)  # (1, 1, H, W)
     weight = ((params.reject_high - z2) / (params.reject_high - params.reject_low)).clamp(0.0, 1.0)
     eroded = -F.max_pool2d(F.pad(-weight, (1, 1, 1, 1), mode="reflect"), 3, stride=1)  # (1, 1, H, W)
@@ -309,6 +332,7 @@ class _Reference:
     rgb: Tensor  # (3, H, W)
     pyramid: list[Tensor]
     level: Tensor  # (1, 3, H, W) window means of rgb for the motion test
+    spread: Tensor  # (1, 3, H, W) window variances of rgb for the motion test
 
 
 def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
@@ -317,7 +341,7 @@ def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
     ref = reference.to(torch.float32)
     rgb = demosaic_camera(ref, params)  # (3, H, W)
     return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels),
-                      _window_mean(rgb[None], params.window_radius))
+                      *_window_moments(rgb, params.window_radius))
 
 
 def _fixed(x: Tensor) -> Tensor:
@@ -354,7 +378,8 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
         # Bicubic: bilinear resampling at fractional offsets is a low-pass that differs from frame to frame; on
         # detailed photographs it cost up to 2.9 dB of the 8-frame gain (stack benchmark, docs/QUALITY.md).
         moved, valid = warp(rgb, tiles_to_pixels(flow, params.align.tile_size, (h, w)), mode="bicubic")
-        weight = motion_weights(ref.rgb, moved, ones * valid, params, level=ref.level) * valid  # (H, W)
+        weight = motion_weights(ref.rgb, moved, ones * valid, params, level=ref.level,
+                                spread=ref.spread) * valid  # (H, W)
         acc[:3] += _fixed(moved * weight)
         acc[3] += _fixed(weight)
     return acc
@@ -401,7 +426,8 @@ def pixel_shift_accumulate(reference: Tensor | _Reference, frames: Sequence[Tens
             raise ValueError(f"pixel-shift offsets must be within one pixel, got {(dy, dx)}")
         moved, valid = integer_shift(f, dy, dx)  # (H, W) each
         colour = masks[:, 2 + dy : 2 + dy + h, 2 + dx : 2 + dx + w] * valid  # (3, H, W) frame's colour per site
-        weight = motion_weights(ref.rgb, moved * colour, colour, params, local_range=True, level=ref.level)
+        weight = motion_weights(ref.rgb, moved * colour, colour, params, local_range=True, level=ref.level,
+                                spread=ref.spread)
         acc[:3] += _fixed(colour * moved * weight)
         acc[3:] += _fixed(colour * weight)
     return acc
