@@ -102,12 +102,13 @@ class _Spares:
         self._idle: list[tuple[int, subprocess.Popen[bytes]]] = []  # (memory_mb, child)
         self._running = 0
         self._want = 0
+        self._refilling = False
         self._pid = os.getpid()
 
     def _forked(self) -> None:
         """In a forked process the inherited spares are the parent's children: forget them (caller holds the lock)."""
         if self._pid != os.getpid():
-            self._idle, self._running, self._pid = [], 0, os.getpid()
+            self._idle, self._running, self._refilling, self._pid = [], 0, False, os.getpid()
 
     def take(self, memory_mb: int) -> subprocess.Popen[bytes] | None:
         """A live spare with this memory limit (None if there is none); counts one more running decode."""
@@ -127,15 +128,30 @@ class _Spares:
             self._running -= 1
 
     def refill(self, memory_mb: int) -> None:
-        """Start spares until as many wait as decodes have run at once."""
-        while True:
+        """Start spares until as many wait as decodes have run at once (one refilling thread at a time: racing
+        threads over- and under-shot, and a shot then paid a cold child start)."""
+        with self._lock:
+            self._forked()
+            if self._refilling:
+                return
+            self._refilling = True
+        try:
+            while True:
+                with self._lock:
+                    if len(self._idle) >= self._want:
+                        return
+                child = _spawn([*_DEFAULT_COMMAND, "-"], memory_mb)
+                with self._lock:
+                    self._idle.append((memory_mb, child))
+        finally:
             with self._lock:
-                self._forked()
-                if len(self._idle) >= self._want:
-                    return
-            child = _spawn([*_DEFAULT_COMMAND, "-"], memory_mb)
-            with self._lock:
-                self._idle.append((memory_mb, child))
+                self._refilling = False
+
+    def refill_later(self, memory_mb: int) -> None:
+        """Refill on a thread, called as a decode ends: refilling as each decode started had the new spares
+        importing numpy and rawpy beside the running decodes (a stack's 8 decodes took 0.45 s or 1.0 s from run to
+        run on an H200 host), and racing refill threads left too few spares for the next shot."""
+        threading.Thread(target=self.refill, args=(memory_mb,), daemon=True).start()
 
 
 def prestart(count: int, memory_mb: int = 8192) -> None:
@@ -168,8 +184,6 @@ def decode_raw(path: Path, out_npy: Path, *, timeout_s: float = 300.0, memory_mb
         warm = CHILD_COMMAND == _DEFAULT_COMMAND and not any("\n" in a for a in args)
         proc = _spares.take(memory_mb) if warm else None
         try:
-            if warm:
-                threading.Thread(target=_spares.refill, args=(memory_mb,), daemon=True).start()
             if proc is None:
                 proc = _spawn([*CHILD_COMMAND, "-"] if warm else [*CHILD_COMMAND, *args], memory_mb)
             request = "\n".join(args).encode() if warm else None
@@ -182,6 +196,7 @@ def decode_raw(path: Path, out_npy: Path, *, timeout_s: float = 300.0, memory_mb
         finally:
             if warm:
                 _spares.done()
+                _spares.refill_later(memory_mb)
         stderr = stderr_bytes.decode("utf-8", "replace")
         report: dict[str, str] | None = None
         if out_json.exists():

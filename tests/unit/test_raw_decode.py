@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,26 @@ def test_prestarted_spares_and_a_fork_does_not_take_its_parents() -> None:
         decode._spares.done()
         for _, child in inherited:
             decode._discard(child)
+
+
+def test_spares_refill_after_decodes_to_as_many_as_ran_at_once(tmp_path: Path) -> None:
+    """A shot's decodes run in spares; one thread refills after them, to the count that ran at once, not more
+    (racing refill threads started while decodes ran overshot, and competed with the decodes for CPU)."""
+    shot = synthesize_shot("IQ2_XS", tmp_path / "shot", scale=0.02, frames=4)
+    decode.prestart(4)
+    want = decode._spares._want
+
+    def settle() -> None:
+        deadline = time.monotonic() + 30
+        while (len(decode._spares._idle) < want or decode._spares._refilling) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    settle()
+    with ThreadPoolExecutor(4) as pool:
+        metas = list(pool.map(lambda i: decode_raw(shot.files[i], tmp_path / f"{i}.npy"), range(4)))
+    assert all(m.cfa == metas[0].cfa for m in metas)
+    settle()
+    assert len(decode._spares._idle) == want
 
 
 def test_a_path_with_a_line_break_decodes_in_a_fresh_child(tmp_path: Path) -> None:
