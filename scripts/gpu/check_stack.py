@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ def main() -> None:
         for i, path in enumerate(shot.files):
             meta = decode_raw(path, Path(tmp) / f"raw_{i}.npy")
             frames.append((np.load(Path(tmp) / f"raw_{i}.npy"), meta))
-    params = shot_render_params(frames[0][1], frames[0][0])
+    params = replace(shot_render_params(frames[0][1], frames[0][0]), frames=len(frames))
     by_groups = {}
     for n in (1, 2, 4):
         groups = [merge_frame_group(frames[0], [frames[i] for i in g], args.device, params=params,

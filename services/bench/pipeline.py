@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +163,8 @@ def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: P
     _decode_all(paths, tmp)  # warm-up: a running coordinator has its decoder children started ahead (raw/decode.py)
     time.sleep(1.0)
     mosaics, metas = t.run(f"decode {frames} frames (LibRaw children in parallel)", lambda: _decode_all(paths, tmp))
-    params = t.run("shot params (WB, noise, colour)", lambda: shot_render_params(metas[0], mosaics[0]))
+    params = t.run("shot params (WB, noise, colour)",
+                   lambda: replace(shot_render_params(metas[0], mosaics[0]), frames=frames))
     groups = plan_frame_groups(frames, len(devices))
 
     def group_job(indices: list[int]) -> Callable[[str], np.ndarray]:

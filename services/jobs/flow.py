@@ -199,8 +199,8 @@ def ingest_job(
             return []
 
     t_decode = time.perf_counter() - t0
-    params = shot_render_params(ref, storage.load_array(raw_key(job_id, 0)), get_recipe(job.recipe).colour_space,
-                                camera=job.camera)
+    params = replace(shot_render_params(ref, storage.load_array(raw_key(job_id, 0)),
+                                        get_recipe(job.recipe).colour_space, camera=job.camera), frames=len(metas))
     profile = PROFILES[job.camera]
     ratios = parse_split_ratio(settings.split_ratio)
     plan: list[dict] = []
@@ -296,7 +296,7 @@ def compute_shard(job: Job, shard: Shard, storage: Storage, device: str) -> None
         frames = [(load_intermediate(storage, job.id, raw_key(job.id, i)), metas[i]) for i in indices]
         reference = (load_intermediate(storage, job.id, raw_key(job.id, 0)), metas[0])
         offsets = spec.get("pixel_shift")
-        channels = 6 if offsets else 4
+        channels = 6 if offsets else 5
         # The accumulator goes from the GPU straight into the file's pages (a memory map), not durable (see above).
         # Its pages are touched on threads while the GPU merges (prefault): allocating them cost 0.3 s on the host.
         with storage.array_writer(out_key, (channels, *reference[0].shape), np.int32, durable=False) as out:

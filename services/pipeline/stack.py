@@ -1,7 +1,7 @@
 """Multi-frame stacks: merge a group of frames onto the shared reference, fuse the groups exactly, render.
 
 A group's result is an int32 fixed-point accumulator (units of 2**-20, see :mod:`services.pipeline.ops.merge`):
-- sub-pixel stacks: (4, H, W) = [weighted sums R, G, B, weight];
+- sub-pixel stacks: (5, H, W) = [weighted sums R, G, B, weight, weighted sum of the warped Bayer mosaic];
 - pixel-shift stacks: (6, H, W) = [weighted sums R, G, B, weights R, G, B].
 Every frame's contribution depends only on that frame, the reference (frame 0) and the shot's shared
 parameters, and the reference is counted by the one group that holds frame 0, so sums from any partition of
@@ -10,8 +10,8 @@ the frames add up to the same integer totals: fusing 2 groups of 4 is bit-identi
 The merge works on normalised camera values before white balance: the gains only steer the demosaic, and every
 group gets the same gains from the coordinator (``RenderParams``), so groups cannot disagree on colour. White
 balance proper is applied once, after fusion, by the strip renderer. Fusion happens in the strips themselves
-(:func:`render_stack_strip` reads its rows of every group's accumulator): the fused stack (4|6, H, W) float32,
-camera RGB then the merge weight(s), only exists strip by strip on the GPUs.
+(:func:`render_stack_strip` reads its rows of every group's accumulator): the fused stack (5|6, H, W) float32,
+camera RGB, the merge weight(s) and (sub-pixel) the merged Bayer mosaic, only exists strip by strip on the GPUs.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from services.pipeline.ops.merge import (
     prepare_reference,
 )
 from services.pipeline.render import (
+    BLEND_RADIUS,
     RenderParams,
     check_strip,
     mosaic_tensor,
@@ -136,7 +137,7 @@ def merge_frame_group(
     out: np.ndarray | None = None,
     out_ready: Callable[[], object] | None = None,
 ) -> np.ndarray:
-    """Align ``frames`` to the shared reference and accumulate them: int32 (4, H, W), or (6, H, W) in pixel shift.
+    """Align ``frames`` to the shared reference and accumulate them: int32 (5, H, W), or (6, H, W) in pixel shift.
 
     ``stack_size`` is the number of frames in the whole stack (all groups): every group demosaics with the same
     noise level, so groups stay interchangeable (:func:`merge_params`). ``positions``: each frame's index in the
@@ -159,7 +160,7 @@ def merge_frame_group(
         ref = prepare_reference(_normalised(*reference, dev), mp)
         mosaics = [_normalised(raw, meta, dev) for raw, meta in frames]
         if pixel_shift is None:
-            acc = accumulate_frames(ref, mosaics, mp, positions)  # (4, H, W)
+            acc = accumulate_frames(ref, mosaics, mp, positions)  # (5, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
     h, w = np.asarray(reference[0]).shape
@@ -180,12 +181,12 @@ def merge_frame_group(
 
 
 def check_groups(groups: Sequence[np.ndarray]) -> None:
-    """Group accumulators must be int32 fixed point of one (4|6, H, W) shape."""
+    """Group accumulators must be int32 fixed point of one (5|6, H, W) shape."""
     if not groups:
         raise ValueError("no frame groups to fuse")
     shapes = {g.shape for g in groups}
-    if len(shapes) != 1 or groups[0].ndim != 3 or groups[0].shape[0] not in (4, 6):
-        raise ValueError(f"group accumulators must share one (4|6, H, W) shape, got {sorted(shapes)}")
+    if len(shapes) != 1 or groups[0].ndim != 3 or groups[0].shape[0] not in (5, 6):
+        raise ValueError(f"group accumulators must share one (5|6, H, W) shape, got {sorted(shapes)}")
     if any(g.dtype != np.int32 for g in groups):
         raise ValueError(f"group accumulators must be int32 fixed point, got {sorted({str(g.dtype) for g in groups})}")
 
@@ -193,8 +194,9 @@ def check_groups(groups: Sequence[np.ndarray]) -> None:
 def fuse_rows(groups: Sequence[np.ndarray], top: int, bottom: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """Fuse rows [top, bottom) of the group accumulators (arrays or memory maps) on ``device``.
 
-    Returns the fused stack (1, 4|6, rows, W) float32: camera RGB = sums / weights, then the total merge
-    weight(s) in frames (1 channel, or R, G, B in pixel shift), which set the fused noise level. The sums are
+    Returns the fused stack (1, 5|6, rows, W) float32: camera RGB = sums / weights, then the total merge
+    weight(s) in frames (1 channel, or R, G, B in pixel shift), which set the fused noise level, and (sub-pixel)
+    the merged Bayer mosaic = its sum / the weight. The sums are
     added as integers and divided in float64 (IEEE-exact on every device), so any grouping, any device and any
     strip cut give the same bits.
     """
@@ -203,13 +205,16 @@ def fuse_rows(groups: Sequence[np.ndarray], top: int, bottom: int, device: str |
     total = torch.zeros((groups[0].shape[0], bottom - top, groups[0].shape[2]), dtype=torch.int64, device=dev)
     for g in groups:
         total += upload(g[:, top:bottom], dev)
-    rgb = total[:3].to(torch.float64) / total[3:].clamp(min=1).to(torch.float64)  # (3, rows, W)
-    weight = total[3:].to(torch.float64) / 2.0**FIXED_POINT_BITS  # (1|3, rows, W)
-    return torch.cat([rgb, weight]).to(torch.float32)[None]
+    weights = total[3:6] if total.shape[0] == 6 else total[3:4]  # (3|1, rows, W)
+    divisor = weights.clamp(min=1).to(torch.float64)
+    parts = [total[:3].to(torch.float64) / divisor, weights.to(torch.float64) / 2.0**FIXED_POINT_BITS]
+    if total.shape[0] == 5:
+        parts.append(total[4:5].to(torch.float64) / divisor)  # (1, rows, W) merged Bayer mosaic
+    return torch.cat(parts).to(torch.float32)[None]
 
 
 def fuse_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
-    """The whole fused stack (4|6, H, W) float32 on the CPU (see :func:`fuse_rows`)."""
+    """The whole fused stack (5|6, H, W) float32 on the CPU (see :func:`fuse_rows`)."""
     check_groups(groups)
     return fuse_rows(groups, 0, groups[0].shape[1])[0].numpy()
 
@@ -224,7 +229,7 @@ def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: R
     check_groups(groups)
     h = groups[0].shape[1]
     check_strip(y0, y1, h)
-    top, bottom = rows_needed(y0, y1, h, params)
+    top, bottom = rows_needed(y0, y1, h, params, 0 if pixel_shift else BLEND_RADIUS)
     fused = fuse_rows(groups, top, bottom, device)
     return render_fused(fused, params, stack_noise_factors(pixel_shift))[y0 - top : y1 - top]
 

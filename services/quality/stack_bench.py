@@ -16,7 +16,7 @@ import json
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,7 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
         frames.append((np.load(npy), meta))
     timings["decode"] = time.perf_counter() - t0
     truth = tifffile.imread(shot.ground_truth)
-    params = shot_render_params(frames[0][1], frames[0][0])
+    params = replace(shot_render_params(frames[0][1], frames[0][0]), frames=len(frames))
 
     t0 = time.perf_counter()
     single = render_mosaic(frames[0][0], params, device)

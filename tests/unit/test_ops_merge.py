@@ -57,15 +57,17 @@ def test_shift_mosaic_fractional_weight_edges() -> None:
 
 
 def _merged(acc: torch.Tensor) -> torch.Tensor:
-    """(3 + K, H, W) fixed-point accumulator -> (3, H, W) merged camera RGB."""
-    return acc[:3].double() / acc[3:].double().clamp(min=1)
+    """(5 | 6, H, W) fixed-point accumulator -> (3, H, W) merged camera RGB."""
+    weights = acc[3:6] if acc.shape[0] == 6 else acc[3:4]
+    return acc[:3].double() / weights.double().clamp(min=1)
 
 
 def test_identical_frames_average_exactly() -> None:
     reference = _noisy(mosaic_of(textured_rgb(64, 96, seed=6), "RGGB"), seed=3)
-    acc = accumulate_frames(reference, [reference] * 4, PARAMS)  # (4, H, W)
-    assert acc.dtype == torch.int64 and acc.shape == (4, 64, 96)
+    acc = accumulate_frames(reference, [reference] * 4, PARAMS)  # (5, H, W)
+    assert acc.dtype == torch.int64 and acc.shape == (5, 64, 96)
     assert bool((acc[3] == 4 * ONE).all())
+    torch.testing.assert_close(acc[4].double() / acc[3].double(), reference.double(), atol=1e-6, rtol=0)
     torch.testing.assert_close(_merged(acc).float(), demosaic_camera(reference, PARAMS), atol=1e-6, rtol=0)
 
 
@@ -113,6 +115,20 @@ def test_noise_free_shifted_frames_count_but_a_moving_square_does_not() -> None:
     frames[3][40:64, 40:64] = 0.9  # a bright square only in the last frame
     moved = accumulate_frames(frames[0], frames, clean)[3] / ONE
     assert float(moved[44:60, 44:60].max()) <= 3.0 + 1e-6
+
+
+def test_merged_bayer_mosaic_of_shifted_frames_lands_on_the_reference() -> None:
+    """Channel 4 sums each frame's mosaic with its CFA planes warped onto the reference: every site keeps its
+    colour, so the merged mosaic is the reference's (the renderer's second path enhances it once)."""
+    shifts = [(0.0, 0.0), (1.0, -0.6), (-0.8, 1.4), (2.2, 0.3)]
+    frames = [mosaic_of(textured_rgb(96, 96, seed=14, shift=s, cutoff=0.08), "GRBG").float() for s in shifts]
+    params = MergeParams(cfa="GRBG", gains=(1.8, 1.0, 1.4), shot=0.0, read=0.0)
+    acc = accumulate_frames(frames[0], frames, params)
+    inner = (slice(12, -12), slice(12, -12))
+    merged = (acc[4].double() / acc[3].double())[inner]
+    assert float((merged - frames[0].double()[inner]).abs().mean()) < 0.01 * float(frames[0].mean())
+    other_phase = torch.roll(frames[0], 1, dims=1).double()[inner]  # a colour mix-up would land nearer this
+    assert float((merged - frames[0].double()[inner]).abs().mean()) < 0.2 * float((merged - other_phase).abs().mean())
 
 
 def test_pixel_shift_noise_free_returns_truth_at_every_site() -> None:

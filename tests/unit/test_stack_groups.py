@@ -46,7 +46,7 @@ def _fused(frames: list[Frame], n_groups: int, **kwargs: object) -> np.ndarray:
 def test_group_count_does_not_change_the_fused_image(stack: list[Frame]) -> None:
     params = shot_render_params(stack[0][1], stack[0][0])
     one = _fused(stack, 1, params=params)
-    assert one.shape == (4, 146, 138) and one.dtype == np.float32  # camera RGB + merge weight
+    assert one.shape == (5, 146, 138) and one.dtype == np.float32  # camera RGB, merge weight, merged Bayer
     assert one[3].max() == 4.0 and one[3].min() < 4.0  # the moved frame is rejected somewhere
     for n in (2, 4):
         np.testing.assert_array_equal(_fused(stack, n, params=params), one)  # bit-identical, not just close
@@ -67,7 +67,7 @@ def test_groups_share_the_reference_parameters(stack: list[Frame]) -> None:
 
 def test_reference_counts_once_with_weight_one(stack: list[Frame]) -> None:
     alone = merge_frame_group(stack[0], stack[:1], stack_size=4, positions=[0])
-    assert alone.dtype == np.int32 and alone.shape == (4, 146, 138)
+    assert alone.dtype == np.int32 and alone.shape == (5, 146, 138)
     assert (alone[3] == 2**20).all()
     assert (merge_frame_group(stack[0], stack[1:2], stack_size=4, positions=[1])[3] <= 2**20).all()
 
@@ -76,9 +76,11 @@ def test_fuse_rejects_bad_groups() -> None:
     with pytest.raises(ValueError, match="no frame groups"):
         fuse_groups([])
     with pytest.raises(ValueError, match="share one"):
-        fuse_groups([np.zeros((4, 8, 8), np.int32), np.zeros((6, 8, 8), np.int32)])
+        fuse_groups([np.zeros((5, 8, 8), np.int32), np.zeros((6, 8, 8), np.int32)])
+    with pytest.raises(ValueError, match="share one"):
+        fuse_groups([np.zeros((4, 8, 8), np.int32)])  # the accumulator of an older release: no Bayer sums
     with pytest.raises(ValueError, match="int32"):
-        fuse_groups([np.zeros((4, 8, 8), np.float32)])
+        fuse_groups([np.zeros((5, 8, 8), np.float32)])
 
 
 def test_pixel_shift_offsets() -> None:
@@ -90,11 +92,12 @@ def test_pixel_shift_offsets() -> None:
 
 def test_render_rgb_checks_shape(stack: list[Frame]) -> None:
     params = shot_render_params(stack[0][1], stack[0][0])
-    with pytest.raises(ValueError, match=r"\(4\|6, H, W\)"):
+    with pytest.raises(ValueError, match=r"\(5\|6, H, W\)"):
         render_rgb(np.zeros((8, 8), np.float32), params)
-    with pytest.raises(ValueError, match=r"\(4\|6, H, W\)"):
-        render_rgb(np.full((3, 16, 16), 0.2, np.float32), params)  # RGB without merge weights
-    fused = np.concatenate([np.full((3, 64, 64), 0.2, np.float32), np.full((1, 64, 64), 4.0, np.float32)])
+    with pytest.raises(ValueError, match=r"\(5\|6, H, W\)"):
+        render_rgb(np.full((4, 16, 16), 0.2, np.float32), params)  # RGB + weight without the merged Bayer
+    fused = np.concatenate([np.full((3, 64, 64), 0.2, np.float32), np.full((1, 64, 64), 4.0, np.float32),
+                            np.full((1, 64, 64), 0.2, np.float32)])
     out = render_rgb(fused, params)
     assert out.shape == (64, 64, 3) and out.dtype == np.uint16
 
@@ -104,7 +107,7 @@ def test_odd_sized_frames_merge_to_full_size(stack: list[Frame]) -> None:
     params = shot_render_params(odd[0][1], odd[0][0])
     acc = merge_frame_group(odd[0], odd, params=params, stack_size=4, positions=range(4))
     fused = fuse_groups([acc])
-    assert fused.shape == (4, *odd[0][0].shape)
+    assert fused.shape == (5, *odd[0][0].shape)
     np.testing.assert_array_equal(fused[:, -1, :-1], fused[:, -2, :-1])  # the last row repeats its neighbour
     np.testing.assert_array_equal(fused[:, :, -1], fused[:, :, -2])
 
@@ -123,7 +126,7 @@ def test_merge_fills_a_memory_mapped_result_in_place(stack: list[Frame], tmp_pat
     np.testing.assert_array_equal(storage.load_array("g.npy"), expected)
     with pytest.raises(ValueError, match="out must be"):
         merge_frame_group(frames[0], frames[1:2], params=params, stack_size=4, positions=[1],
-                          out=np.empty((4, 2, 2), np.int32))
+                          out=np.empty((5, 2, 2), np.int32))
 
 
 @pytest.mark.parametrize("pixel_shift", [False, True])

@@ -16,8 +16,10 @@ weight in [0, 1] from a Poisson-Gaussian test of its local difference to the ref
 Averaging demosaiced frames also averages their demosaicing errors, which differ from frame to frame (each frame
 samples the scene at another CFA phase).
 
-Accumulators are ``(C + K, H, W)`` int64 fixed point (units of ``2**-FIXED_POINT_BITS``): C = 3 weighted
-sums (R, G, B) then K = 1 (one weight per pixel) or K = 3 (one weight per channel, pixel shift). Every
+Accumulators are int64 fixed point (units of ``2**-FIXED_POINT_BITS``): sub-pixel stacks (5, H, W) = the
+weighted sums of R, G, B, the weight, and the weighted sum of each frame's Bayer mosaic warped onto the reference
+(its CFA planes resampled, so every site keeps its colour; the renderer's second path); pixel shift (6, H, W) =
+the weighted sums of R, G, B, then one weight per channel. Every
 frame's contribution depends only on the frame, the reference and the shared parameters and is rounded to
 fixed point before it is added, so integer addition makes accumulators of any partition of the frames add
 up to bit-identical totals: ``sum(sums) / sum(weights)`` over groups equals merging all frames at once
@@ -351,8 +353,9 @@ def _fixed(x: Tensor) -> Tensor:
 
 def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], params: MergeParams,
                       positions: Sequence[int] | None = None) -> Tensor:
-    """Align, warp and robustly accumulate ``frames`` onto the reference: (4, H, W) int64 fixed point
-    [sum R, G, B, weight].
+    """Align, warp and robustly accumulate ``frames`` onto the reference: (5, H, W) int64 fixed point
+    [sum R, G, B, weight, sum of the warped Bayer mosaic] (the mosaic's CFA planes are warped by half the flow,
+    bicubic, and weighted like the frame's RGB).
 
     ``positions``: each frame's index in the whole stack (default 0, 1, ...), which picks the orientation of its
     demosaic (see the module doc): a frame contributes the same sums whichever group it is merged in.
@@ -364,7 +367,7 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     if len(positions) != len(frames) or min(positions, default=0) < 0:
         raise ValueError(f"need one stack position >= 0 per frame, got {list(positions)} for {len(frames)} frames")
     h, w = ref.mosaic.shape
-    acc = torch.zeros(4, h, w, dtype=torch.int64, device=ref.mosaic.device)  # (4, H, W)
+    acc = torch.zeros(5, h, w, dtype=torch.int64, device=ref.mosaic.device)  # (5, H, W)
     ones = torch.ones(3, h, w, dtype=torch.float32, device=ref.mosaic.device)  # (3, H, W)
     for frame, position in zip(frames, positions, strict=True):
         f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
@@ -372,16 +375,20 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
         if torch.equal(f, ref.mosaic):
             acc[:3] += _fixed(ref.rgb)
             acc[3] += int(_ONE)
+            acc[4] += _fixed(ref.mosaic)
             continue
         rgb = demosaic_camera(f, params, position % len(ORIENTATIONS))  # (3, H, W)
         flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align)  # (ny, nx, 2)
         # Bicubic: bilinear resampling at fractional offsets is a low-pass that differs from frame to frame; on
         # detailed photographs it cost up to 2.9 dB of the 8-frame gain (stack benchmark, docs/QUALITY.md).
-        moved, valid = warp(rgb, tiles_to_pixels(flow, params.align.tile_size, (h, w)), mode="bicubic")
+        pixels = tiles_to_pixels(flow, params.align.tile_size, (h, w))  # (2, H, W)
+        moved, valid = warp(rgb, pixels, mode="bicubic")
         weight = motion_weights(ref.rgb, moved, ones * valid, params, level=ref.level,
                                 spread=ref.spread) * valid  # (H, W)
         acc[:3] += _fixed(moved * weight)
         acc[3] += _fixed(weight)
+        bayer = _unplanes(warp(_planes(f), pixels[:, ::2, ::2] / 2.0, mode="bicubic")[0])  # (H, W), sites kept
+        acc[4] += _fixed(bayer * weight)
     return acc
 
 
