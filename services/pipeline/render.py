@@ -144,7 +144,7 @@ FUSED_CHANNELS = (5, 6)
 # mean beats either; B's share falls from 1/2 where their local squared difference (window radius BLEND_RADIUS) is
 # 0 to nothing at BLEND_TOLERANCE times the modelled noise variance of the average (B aliases on fine detail: half-
 # resolution CFA planes cannot be resampled without it). Stack benchmark, CPU, scale 0.1, mid noise, 8 frames:
-# dead leaves +6.03 -> +6.57 dB, photographs +0.05..+0.57 dB, none worse (docs/QUALITY.md).
+# dead leaves +6.03 -> +6.56 dB, five held-out photographs +0.04..+0.88 dB, none worse (docs/QUALITY.md).
 BLEND_RADIUS = 2
 BLEND_TOLERANCE = 3.0
 # Pixel shift: the fused image is re-mosaicked at the four CFA phases, each mosaic enhanced by the package and
