@@ -17,8 +17,9 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from services.errors import BadInput, UploadTooLarge
-from services.jobs.service import safe_name
+from services.jobs.service import Upload, safe_name
 from services.storage import Storage
+from services.storage.keys import frame_key
 
 MAX_FIELD_BYTES = 64 * 1024
 
@@ -35,13 +36,13 @@ class _FilePart:
 
 @dataclass
 class ReceivedForm:
-    files: list[tuple[str, str, str, int]]  # (name, storage key, sha256, bytes), in upload order
+    files: list[Upload]  # in upload order
     fields: dict[str, list[str]]
 
 
 class _Receiver:
-    def __init__(self, storage: Storage, prefix: str, max_bytes: int, max_files: int, file_field: str) -> None:
-        self.storage, self.prefix = storage, prefix
+    def __init__(self, storage: Storage, job_id: str, max_bytes: int, max_files: int, file_field: str) -> None:
+        self.storage, self.job_id = storage, job_id
         self.max_bytes, self.max_files, self.file_field = max_bytes, max_files, file_field
         self.headers: dict[bytes, bytes] = {}
         self._hname = b""
@@ -49,7 +50,7 @@ class _Receiver:
         self.current: _FilePart | None = None
         self.field_name: str | None = None
         self.field_value = bytearray()
-        self.files: list[tuple[str, str, str, int]] = []
+        self.files: list[Upload] = []
         self.fields: dict[str, list[str]] = {}
         self.open_parts: list[_FilePart] = []
         self.error: Exception | None = None
@@ -80,7 +81,7 @@ class _Receiver:
                 raise BadInput(f"too many frames: at most {self.max_files} per job")
             index = len(self.files) + len(self.open_parts)
             clean = safe_name(filename.decode("utf-8", "replace"), index)
-            key = f"{self.prefix}/frames/{index:02d}_{clean}"
+            key = frame_key(self.job_id, index, clean)
             ctx = self.storage.writer(key)
             part = _FilePart(name=clean, key=key, ctx=ctx, handle=ctx.__enter__())
             self.open_parts.append(part)
@@ -110,7 +111,7 @@ class _Receiver:
             part = self.current
             part.ctx.__exit__(None, None, None)  # publish the complete file
             self.open_parts.remove(part)
-            self.files.append((part.name, part.key, part.digest.hexdigest(), part.size))
+            self.files.append(Upload(part.name, part.key, part.digest.hexdigest(), part.size))
             self.current = None
         elif self.field_name is not None:
             self.fields.setdefault(self.field_name, []).append(self.field_value.decode("utf-8", "replace"))
@@ -126,20 +127,20 @@ async def receive_multipart(
     content_type: str,
     stream: AsyncIterator[bytes],
     storage: Storage,
-    prefix: str,
+    job_id: str,
     *,
     max_bytes: int,
     max_files: int,
     file_field: str = "frames",
 ) -> ReceivedForm:
-    """Parse a multipart body from ``stream``; files land in storage under ``prefix``/frames/.
+    """Parse a multipart body from ``stream``; files land in storage as the job's uploads (``frame_key``).
 
     On any error the partial files are removed and the error propagates (the caller deletes the prefix).
     """
     ctype, options = parse_options_header(content_type)
     if ctype != b"multipart/form-data" or b"boundary" not in options:
         raise BadInput("expected a multipart/form-data body with RAW files under the field 'frames'")
-    rx = _Receiver(storage, prefix, max_bytes, max_files, file_field)
+    rx = _Receiver(storage, job_id, max_bytes, max_files, file_field)
     parser = MultipartParser(
         options[b"boundary"],
         callbacks={  # type: ignore[arg-type]

@@ -1,4 +1,9 @@
-"""One error hierarchy for the domain; the API maps it to HTTP in a single handler."""
+"""One error hierarchy for the domain; the API maps it to HTTP in a single handler (api/errors.py).
+
+``type`` is a stable machine-readable slug, ``detail`` a human reason, ``status_code`` what the API answers
+when the error reaches it. Errors that end a job (a decode failure, a lost intermediate) are in the same
+hierarchy: the job records their ``detail`` as its reason.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +26,6 @@ class BadInput(StrataError):
 
 class UnknownCamera(BadInput):
     type = "unknown_camera"
-
-
-class NotARawFile(BadInput):
-    type = "not_a_raw_file"
 
 
 class ChecksumMismatch(BadInput):
@@ -58,3 +59,56 @@ class RangeNotSatisfiable(StrataError):
     def __init__(self, detail: str, size: int) -> None:
         super().__init__(detail)
         self.size = size
+
+
+# RAW files ---------------------------------------------------------------------------------------------------
+
+
+class RawError(StrataError):
+    """A RAW file could not be read; ``reason`` is a short human-readable explanation."""
+
+    type = "raw_error"
+
+    @property
+    def reason(self) -> str:
+        return self.detail
+
+
+class BadRawFile(RawError):
+    """The upload is not a RAW file we can read, or it is truncated or corrupt (the uploader's fault)."""
+
+    status_code = 422
+    type = "not_a_raw_file"
+
+
+class UnsupportedSensor(RawError):
+    """A readable RAW whose sensor layout (X-Trans, linear, other CFA) the pipeline does not render."""
+
+    status_code = 422
+    type = "unsupported_sensor"
+
+
+class RawDecodeError(RawError):
+    """The decoder crashed, timed out, ran out of memory or reported a failure (fails the job)."""
+
+    type = "decode_failed"
+
+
+class FramesMismatch(BadInput):
+    """The frames of a stack differ in size or CFA pattern."""
+
+    type = "frames_mismatch"
+
+
+# Intermediates -----------------------------------------------------------------------------------------------
+
+
+class IntermediateLost(StrataError):
+    """An intermediate array a step needs is missing or torn (its host crashed before writing it back); the job
+    starts over from its uploads."""
+
+    type = "intermediate_lost"
+
+    def __init__(self, job_id: str, key: str, detail: str) -> None:
+        super().__init__(f"intermediate {key} lost: {detail}")
+        self.job_id = job_id

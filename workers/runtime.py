@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.config import get_settings
@@ -97,8 +98,9 @@ def _warm_up_stacks(device: str) -> None:
     render_stack_strip([group], 0, 64, params, device, pixel_shift=False)
 
 
-def start(name: str) -> None:
-    """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat."""
+def start(name: str, reconcile: Callable[[], object] | None = None) -> None:
+    """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat; a coordinator
+    also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S."""
     global _ctx, _heartbeat
     settings = get_settings()
     kind = settings.worker_kind
@@ -119,17 +121,15 @@ def start(name: str) -> None:
         from services.raw.decode import prestart
 
         prestart(settings.decode_workers or min(8, os.cpu_count() or 1), settings.decode_memory_mb)
-    if kind == "coordinator" and settings.reconcile_interval_s > 0:
-        threading.Thread(target=_reconcile_loop, args=(settings.reconcile_interval_s,), name="strata-reconcile",
-                         daemon=True).start()
+    if kind == "coordinator" and reconcile is not None and settings.reconcile_interval_s > 0:
+        threading.Thread(target=_reconcile_loop, args=(reconcile, settings.reconcile_interval_s),
+                         name="strata-reconcile", daemon=True).start()
 
 
-def _reconcile_loop(interval: float) -> None:
-    from workers.tasks import reconcile_once
-
+def _reconcile_loop(reconcile: Callable[[], object], interval: float) -> None:
     while not _stopping.wait(interval):
         try:
-            reconcile_once()
+            reconcile()
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("reconcile pass failed")
 

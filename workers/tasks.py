@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import uuid
+from collections.abc import Callable
 
 import redis
 from celery import Task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from services.config import get_settings
 from services.db.models import Job
 from services.db.session import reset_engine, session_scope
-from services.errors import NotFound
+from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
+from services.jobs.reconcile import reconcile
+from services.jobs.tickets import Repairs, ShardTicket
 from services.storage import get_storage
 from workers import runtime
 from workers.app import COORDINATOR_QUEUE, PRIORITIES, broker_url, celery_app
 from workers.registry import live_workers, queue_depths, redis_client
 
 log = logging.getLogger(__name__)
+RECONCILE_LOCK = "strata:reconcile-lock"
 
 
-def dispatch_shards(tickets: list[flow.ShardTicket]) -> None:
+def dispatch_shards(tickets: list[ShardTicket]) -> None:
     """Send shard tasks: to the shared GPU queue, or to one worker's own queue when a split_ratio applies."""
     slots = None
     for t in tickets:
@@ -43,7 +50,7 @@ def enqueue_ingest(job_id: str, priority: str) -> None:
     ingest.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=PRIORITIES.get(priority, 0))
 
 
-def _start_over(exc: flow.IntermediateLost) -> None:
+def _start_over(exc: IntermediateLost) -> None:
     """A step found an intermediate gone (its host crashed): the job starts over from its uploads."""
     log.warning("job %s: %s", exc.job_id, exc)
     with session_scope() as session:
@@ -54,32 +61,40 @@ def _start_over(exc: flow.IntermediateLost) -> None:
         enqueue_ingest(exc.job_id, priority)
 
 
-def _fail(job_id: str, step: str, exc: BaseException) -> None:
-    log.exception("%s of job %s failed", step, job_id)
-    with session_scope() as session:
-        flow.fail_job(session, job_id, f"{step} failed: {exc}", get_storage())
-
-
 # The database or broker being briefly away is no reason to fail a job: such tasks are retried with back-off
 # (and the coordinator's reconciler re-dispatches anything still lost afterwards).
 TRANSIENT = (OperationalError, InterfaceError, redis.ConnectionError)
 RETRY = {"autoretry_for": TRANSIENT, "retry_backoff": 2, "retry_backoff_max": 60, "max_retries": 20}
 
 
-@celery_app.task(name="strata.ingest", **RETRY)
-def ingest(job_id: str) -> None:
-    settings = get_settings()
+def _coordinator_step(step: str, job_id: str, work: Callable[[], list[ShardTicket]]) -> None:
+    """Run one coordinator step of a job and dispatch the shards it returns. A job that is gone is skipped;
+    transient errors propagate (the task retries); a lost intermediate starts the job over; anything else fails
+    the job with its reason."""
     try:
-        with session_scope() as session:
-            tickets = flow.ingest_job(session, get_storage(), settings, job_id, runtime.gpu_worker_count())
-    except (NotFound, *TRANSIENT) as exc:
-        if isinstance(exc, NotFound):
-            return
+        tickets = work()
+    except NotFound:
+        return
+    except IntermediateLost as exc:
+        _start_over(exc)
+        return
+    except TRANSIENT:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure ends the job with its reason
-        _fail(job_id, "ingest", exc)
+        log.exception("%s of job %s failed", step, job_id)
+        with session_scope() as session:
+            flow.fail_job(session, job_id, f"{step} failed: {exc}", get_storage())
         return
     dispatch_shards(tickets)
+
+
+@celery_app.task(name="strata.ingest", **RETRY)
+def ingest(job_id: str) -> None:
+    def work() -> list[ShardTicket]:
+        with session_scope() as session:
+            return flow.ingest_job(session, get_storage(), get_settings(), job_id, runtime.gpu_worker_count())
+
+    _coordinator_step("ingest", job_id, work)
 
 
 @celery_app.task(name="strata.run_shard", bind=True, max_retries=get_settings().shard_max_retries)
@@ -92,7 +107,7 @@ def run_shard(self: Task, shard_id: int) -> None:
                                      device=ctx.device, delay_s=settings.fault_shard_delay_s)
     except NotFound:
         return
-    except flow.IntermediateLost as exc:
+    except IntermediateLost as exc:
         _start_over(exc)
         return
     except TRANSIENT as exc:
@@ -112,34 +127,26 @@ def run_shard(self: Task, shard_id: int) -> None:
 
 @celery_app.task(name="strata.advance", **RETRY)
 def advance(job_id: str) -> None:
-    try:
+    def work() -> list[ShardTicket]:
         with session_scope() as session:
-            tickets = flow.advance_job(session, get_storage(), get_settings(), job_id)
-    except (NotFound, *TRANSIENT) as exc:
-        if isinstance(exc, NotFound):
-            return
-        raise
-    except flow.IntermediateLost as exc:
-        _start_over(exc)
-        return
-    except Exception as exc:  # noqa: BLE001
-        _fail(job_id, "advance", exc)
-        return
-    dispatch_shards(tickets)
+            return flow.advance_job(session, get_storage(), get_settings(), job_id)
+
+    _coordinator_step("advance", job_id, work)
 
 
-def reconcile_once() -> flow.Repairs | None:
+def reconcile_once() -> Repairs | None:
     """One reconciliation pass (one coordinator at a time, through a Redis lock): re-dispatch lost work."""
     settings = get_settings()
     client = redis_client(broker_url(settings))
-    if not client.set("strata:reconcile-lock", runtime.context().name, nx=True, ex=30):
+    lock = client.lock(RECONCILE_LOCK, timeout=30, blocking=False)
+    if not lock.acquire(token=runtime.context().name.encode() + b"-" + uuid.uuid4().hex.encode()):
         return None
     try:
         alive = {w.name for w in live_workers(client, "gpu")}
         backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
         with session_scope() as session:
-            repairs = flow.reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
-                                     stale_after_s=max(settings.visibility_timeout_s, 30))
+            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
+                                stale_after_s=max(settings.visibility_timeout_s, 30))
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
             enqueue_ingest(job_id, priority)
@@ -151,7 +158,8 @@ def reconcile_once() -> flow.Repairs | None:
             dispatch_advance(job_id, priority)
         return repairs
     finally:
-        client.delete("strata:reconcile-lock")
+        with contextlib.suppress(LockError):  # expired and perhaps taken by another coordinator: not ours to free
+            lock.release()
 
 
 @worker_process_init.connect
@@ -161,7 +169,7 @@ def _fresh_engine(**_: object) -> None:
 
 @worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
-    runtime.start(getattr(sender, "hostname", "worker"))
+    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once)
 
 
 @worker_shutdown.connect

@@ -14,11 +14,8 @@ from api.schemas import ErrorOut, JobList, JobOut
 from api.uploads import receive_multipart
 from services.config import get_settings
 from services.db.models import new_id
-from services.errors import BadInput, NotARawFile, RangeNotSatisfiable, UploadTooLarge
+from services.errors import RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
-from services.jobs.flow import remove_intermediates
-from services.raw.errors import BadRawFile
-from services.raw.probe import probe_raw
 from services.storage import get_storage
 from workers.tasks import enqueue_ingest
 
@@ -53,13 +50,6 @@ UPLOAD_BODY = {
 }
 
 
-def _one(fields: dict[str, list[str]], name: str) -> str | None:
-    values = [v for v in fields.get(name, []) if v.strip()]
-    if len(values) > 1:
-        raise BadInput(f"form field {name!r} given {len(values)} times")
-    return values[0] if values else None
-
-
 @router.post("", status_code=202, response_model=JobOut, responses=ERRORS, openapi_extra=UPLOAD_BODY,
              summary="Upload a shot (multipart) and queue it")
 async def create_job(request: Request, session: SessionDep, station: StationDep) -> JobOut:
@@ -69,30 +59,13 @@ async def create_job(request: Request, session: SessionDep, station: StationDep)
     if length and length.isdigit() and int(length) > settings.max_upload_bytes * settings.max_frames + (1 << 20):
         raise UploadTooLarge(f"request of {int(length)} bytes exceeds the upload limit")
     job_id = new_id()
-    prefix = f"jobs/{job_id}"
-    try:
-        form = await receive_multipart(
-            request.headers.get("content-type", ""), request.stream(), storage, prefix,
-            max_bytes=settings.max_upload_bytes, max_files=settings.max_frames,
-        )
-        files = []
-        for name, key, sha, size in form.files:
-            try:
-                probe = await run_in_threadpool(probe_raw, storage.local_path(key))
-            except BadRawFile as exc:
-                raise NotARawFile(f"{name}: {exc.reason}") from exc
-            files.append(service.ReceivedFile(name=name, storage_key=key, sha256=sha, bytes=size,
-                                              model=f"{probe.make} {probe.model}".strip()))
-        sha_values = [v for raw in form.fields.get("sha256", []) for v in raw.split(",") if v.strip()]
-        job = service.create_job(
-            session, station, job_id, files, camera=_one(form.fields, "camera"),
-            recipe=_one(form.fields, "recipe"), priority=_one(form.fields, "priority"), sha256=sha_values,
-        )
-    except BaseException:
-        await run_in_threadpool(storage.delete_prefix, prefix)
-        raise
+    with service.discard_on_error(storage, job_id):
+        form = await receive_multipart(request.headers.get("content-type", ""), request.stream(), storage, job_id,
+                                       max_bytes=settings.max_upload_bytes, max_files=settings.max_frames)
+        job = await run_in_threadpool(service.submit_job, session, storage, station, job_id, form.files,
+                                      service.JobRequest.from_form(form.fields))
     enqueue_ingest(job.id, job.priority)
-    return JobOut.of(service.get_job(session, station, job.id))
+    return JobOut.of(job)
 
 
 @router.get("", response_model=JobList, responses=ERRORS, summary="List this station's jobs, newest first")
@@ -114,9 +87,7 @@ def get_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS, summary="Cancel a job")
 def cancel_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
-    job = service.cancel_job(session, station, job_id)
-    remove_intermediates(get_storage(), job.id)
-    return JobOut.of(job)
+    return JobOut.of(service.cancel_job(session, get_storage(), station, job_id))
 
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from services.errors import BadInput
+from services.jobs.plan import JobPlan, ShardKind, ShardPayload
 
 
 def parse_split_ratio(text: str | None) -> list[float] | None:
@@ -69,3 +70,21 @@ def plan_frame_groups(n_frames: int, n_groups: int, ratios: Sequence[float] | No
 def strip_count(height: int, target_rows: int, n_workers: int, per_worker: int) -> int:
     """Enough strips to keep every worker busy, and none much taller than ``target_rows``."""
     return max(math.ceil(height / max(target_rows, 2)), max(n_workers, 1) * max(per_worker, 1))
+
+
+def plan_phase_shards(plan: JobPlan, phase: int, *, groups_done: int, strip_rows: int, strips_per_worker: int
+                      ) -> list[tuple[ShardKind, ShardPayload]]:
+    """The shards of ``phase``: frame groups (one per live GPU worker) or strips (enough to keep every worker
+    busy; a stack's strips fuse ``groups_done`` group accumulators). With a split ratio of one share per worker,
+    shard i is pinned to the i-th worker (``gpu_slot``) and sized by its share."""
+    spec = plan.phases[phase]
+    n_workers = plan.n_workers
+    use_ratio = list(plan.ratios) if plan.ratios and len(plan.ratios) == n_workers else None
+    if spec.kind == ShardKind.FRAME_GROUP:
+        groups = plan_frame_groups(len(plan.frames), n_workers, use_ratio)
+        return [(ShardKind.FRAME_GROUP, ShardPayload(gpu_slot=i if use_ratio else None, frames=tuple(g)))
+                for i, g in enumerate(groups)]
+    n = len(use_ratio) if use_ratio else strip_count(plan.height, strip_rows, n_workers, strips_per_worker)
+    groups_count = groups_done if spec.groups_phase is not None else None
+    return [(ShardKind.STRIP, ShardPayload(gpu_slot=i if use_ratio else None, y0=y0, y1=y1, groups=groups_count))
+            for i, (y0, y1) in enumerate(plan_strips(plan.height, n, use_ratio))]

@@ -5,31 +5,103 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from services.db.models import Frame, Job, Station, as_utc, utcnow
+from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
 from services.db.session import execute_update
-from services.errors import BadInput, ChecksumMismatch, Conflict, NotFound
+from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, NotFound
 from services.export.recipes import get_recipe
 from services.jobs.cameras import resolve_camera
+from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, parse_enum
+from services.raw.probe import probe_raw
+from services.storage import Storage
+from services.storage.intermediates import remove_intermediates
+from services.storage.keys import job_prefix
 
-STATUSES = ("queued", "running", "done", "failed", "cancelled")
-PRIORITIES = ("interactive", "batch")
+STATUSES = tuple(s.value for s in JobStatus)
+PRIORITIES = tuple(p.value for p in Priority)
 
 
 @dataclass(frozen=True)
-class ReceivedFile:
-    """A fully received upload, already in storage under ``storage_key``."""
+class Upload:
+    """A fully received upload, already in storage under ``storage_key`` (not yet checked)."""
 
     name: str
     storage_key: str
     sha256: str
     bytes: int
-    model: str  # camera model from the file's metadata ("" if unknown)
+
+
+@dataclass(frozen=True)
+class ReceivedFile:
+    """An upload that is a RAW file: its camera model from the file's metadata ("" if unknown)."""
+
+    name: str
+    storage_key: str
+    sha256: str
+    bytes: int
+    model: str
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """The form fields of an upload: all optional (camera detected, default recipe, interactive)."""
+
+    camera: str | None = None
+    recipe: str | None = None
+    priority: str | None = None
+    sha256: tuple[str, ...] = ()
+
+    @classmethod
+    def from_form(cls, fields: Mapping[str, Sequence[str]]) -> JobRequest:
+        """Single-valued fields once at most; ``sha256`` repeated or comma-separated, one per frame."""
+        sha = tuple(v for raw in fields.get("sha256", []) for v in raw.split(",") if v.strip())
+        return cls(camera=_one(fields, "camera"), recipe=_one(fields, "recipe"), priority=_one(fields, "priority"),
+                   sha256=sha)
+
+
+def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:
+    values = [v for v in fields.get(name, []) if v.strip()]
+    if len(values) > 1:
+        raise BadInput(f"form field {name!r} given {len(values)} times")
+    return values[0] if values else None
+
+
+@contextmanager
+def discard_on_error(storage: Storage, job_id: str) -> Iterator[None]:
+    """Everything stored under the job's prefix is deleted if the block fails (nothing half-written stays)."""
+    try:
+        yield
+    except BaseException:
+        storage.delete_prefix(job_prefix(job_id))
+        raise
+
+
+def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedFile]:
+    """Check that every upload is a RAW file (structure only, never LibRaw); ``BadRawFile`` naming the file."""
+    files = []
+    for u in uploads:
+        try:
+            probe = probe_raw(storage.local_path(u.storage_key))
+        except BadRawFile as exc:
+            raise BadRawFile(f"{u.name}: {exc.reason}") from exc
+        files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip()))
+    return files
+
+
+def submit_job(session: Session, storage: Storage, station: Station, job_id: str, uploads: Sequence[Upload],
+               request: JobRequest) -> Job:
+    """Probe the received uploads and record the job (status ``queued``); the caller enqueues its ingest."""
+    files = probe_uploads(storage, uploads)
+    job = create_job(session, station, job_id, files, camera=request.camera, recipe=request.recipe,
+                     priority=request.priority, sha256=list(request.sha256))
+    return get_job(session, station, job.id)
 
 
 def safe_name(name: str, index: int) -> str:
@@ -53,9 +125,7 @@ def create_job(
     """Validate the request against the received files and record the job (status ``queued``)."""
     if not files:
         raise BadInput("no frames: upload one or more RAW files under the form field 'frames'")
-    priority = (priority or "interactive").strip().lower()
-    if priority not in PRIORITIES:
-        raise BadInput(f"unknown priority {priority!r}; expected one of {', '.join(PRIORITIES)}")
+    priority = parse_enum(Priority, priority or Priority.INTERACTIVE, "priority")
     recipe_obj = get_recipe(recipe)
     if sha256:
         if len(sha256) != len(files):
@@ -64,8 +134,8 @@ def create_job(
             if want.strip().lower() != got.sha256:
                 raise ChecksumMismatch(f"frame {i} ({got.name}): sha256 {got.sha256} does not match {want.strip()}")
     profile = resolve_camera(camera, [f.model for f in files], len(files))
-    job = Job(id=job_id, station_id=station.id, status="queued", camera=profile.name, recipe=recipe_obj.name,
-              priority=priority, stage="queued", params={})
+    job = Job(id=job_id, station_id=station.id, status=JobStatus.QUEUED, camera=profile.name,
+              recipe=recipe_obj.name, priority=priority, stage=Stage.QUEUED, params={})
     job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key)
                   for i, f in enumerate(files)]
     session.add(job)
@@ -115,22 +185,24 @@ def list_jobs(
     return jobs[:limit], next_cursor
 
 
-def cancel_job(session: Session, station: Station, job_id: str) -> Job:
-    """Cancel a queued or running job; shards not yet started are skipped by the workers."""
+def cancel_job(session: Session, storage: Storage, station: Station, job_id: str) -> Job:
+    """Cancel a queued or running job and drop its intermediates; shards not yet started are skipped by the
+    workers, one already computing finishes and its result is ignored."""
     job = get_job(session, station, job_id)
     done = execute_update(
         session,
-        update(Job).where(Job.id == job_id, Job.status.in_(("queued", "running")))
-        .values(status="cancelled", stage="cancelled", finished_at=utcnow())
+        update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
+        .values(status=JobStatus.CANCELLED, stage=Stage.CANCELLED, finished_at=utcnow())
     )
     session.commit()
     if not done:
         raise Conflict(f"job {job_id} is already {job.status}")
     session.refresh(job)
+    remove_intermediates(storage, job.id)
     return job
 
 
-def output_of(job: Job, name: str):  # type: ignore[no-untyped-def]
+def output_of(job: Job, name: str) -> Output:
     for out in job.outputs:
         if out.name == name:
             return out

@@ -22,7 +22,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from services.raw.errors import RawDecodeError
+from services.errors import RawDecodeError
 from services.raw.meta import RawMeta
 
 # The child command without its arguments; tests replace it with a child that crashes or hangs.

@@ -15,12 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from services.errors import UnsupportedSensor
+
 EXIT_OK = 0
 EXIT_HANDLED_ERROR = 1
-
-
-class UnsupportedSensor(Exception):
-    """The sensor is not a 2x2 Bayer RGB sensor (X-Trans, Foveon, CMYG, monochrome ...)."""
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -9,7 +9,7 @@ from typing import Literal
 
 import tifffile
 
-from services.raw.errors import BadRawFile
+from services.errors import BadRawFile
 
 PHOTOMETRIC_CFA = 32803
 PHOTOMETRIC_LINEAR_RAW = 34892

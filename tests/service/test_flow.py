@@ -7,7 +7,11 @@ from pathlib import Path
 
 from services.db.models import Job, Shard, Station, utcnow
 from services.db.session import session_scope
+from services.errors import IntermediateLost
 from services.jobs import flow
+from services.jobs.reconcile import reconcile
+from services.jobs.tickets import ShardTicket
+from services.storage.keys import shard_key
 
 
 def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600) -> Job:  # type: ignore[no-untyped-def]
@@ -69,13 +73,13 @@ def test_reconcile_finds_lost_shards_stalled_phases_and_lost_ingests(db: str) ->
                           started_at=old))
         ids = {"lost": lost.id, "stalled": stalled.id, "never": never.id}
     with session_scope() as session:
-        repairs = flow.reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=0, stale_after_s=60)
+        repairs = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=0, stale_after_s=60)
         shard_jobs = {session.get(Shard, t.shard_id).job_id for t in repairs.shards}
         assert shard_jobs == {ids["lost"]} and len(repairs.shards) == 1
         assert repairs.advance == [(ids["stalled"], "batch")]
         assert repairs.ingest == [(ids["never"], "batch")]
         # A busy coordinator queue means the ingest message is probably still waiting: leave it.
-        busy = flow.reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=3, stale_after_s=60)
+        busy = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=3, stale_after_s=60)
         assert busy.ingest == []
 
 
@@ -155,7 +159,7 @@ def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> Non
     storage, settings = get_storage(), get_settings()
     job_id = _stack_job(shot.files, "lost-station")
 
-    def run_groups() -> list[flow.ShardTicket]:
+    def run_groups() -> list[ShardTicket]:
         with session_scope() as session:
             tickets = flow.ingest_job(session, storage, settings, job_id, n_workers=2)
         for t in tickets:
@@ -165,8 +169,8 @@ def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> Non
             return flow.advance_job(session, storage, settings, job_id)
 
     strips = run_groups()
-    storage.local_path(flow.shard_key(job_id, 0, "frame_group", 1)).write_bytes(b"\x93NUMPY torn")  # a crash
-    with pytest.raises(flow.IntermediateLost) as lost, session_scope() as session:
+    storage.local_path(shard_key(job_id, 0, "frame_group", 1)).write_bytes(b"\x93NUMPY torn")  # a crash
+    with pytest.raises(IntermediateLost) as lost, session_scope() as session:
         flow.run_shard(session, storage, strips[0].shard_id, worker="w@h", gpu="0", device="cpu")
     assert lost.value.job_id == job_id and "frame_group_001" in str(lost.value)
     with session_scope() as session:

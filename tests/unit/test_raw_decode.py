@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from services.errors import RawDecodeError
 from services.pipeline.ops.colour import WHITE_D65
 from services.raw import decode
 from services.raw.colour import as_shot_neutral
@@ -22,7 +23,6 @@ from services.raw.dng import (
     dng_tags,
     write_dng,
 )
-from services.raw.errors import RawDecodeError
 from services.raw.meta import NoiseProfile, RawMeta
 from services.raw.synth import COLOR_MATRIX, synthesize_shot
 from services.raw.unprocess import COLOR_MATRIX_STD_A, read_from_shot, synthetic_profile

@@ -9,8 +9,8 @@ import pytest
 import tifffile
 from PIL import Image
 
+from services.errors import BadRawFile
 from services.raw.dng import PHOTOMETRIC_CFA, write_dng
-from services.raw.errors import BadRawFile
 from services.raw.probe import probe_raw
 from services.raw.synth import COLOR_MATRIX
 

@@ -1,0 +1,181 @@
+"""A job's plan, typed: its GPU phases, each shard's payload and what ingest recorded about the shot.
+
+Serialised to JSON only at the database boundary (``jobs.params``, ``shards.payload``), in the same shape the
+service has always stored, so rows written by an older coordinator still load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from services.pipeline.render import RenderParams
+from services.pipeline.shards import FrameGroupShard, ShardInput, StackStripShard, StripShard
+from services.raw.meta import RawMeta
+from services.storage.keys import raw_key, shard_key
+
+Offsets = tuple[tuple[int, int], ...]
+
+
+class ShardKind(StrEnum):
+    STRIP = "strip"  # rows of the image
+    FRAME_GROUP = "frame_group"  # some frames of a stack, merged onto the reference
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One GPU phase. Strips of a single frame read ``source``; strips of a stack fuse the frame-group
+    accumulators of ``groups_phase``; frame groups of a 4-shot pixel-shift stack carry ``offsets``."""
+
+    kind: ShardKind
+    source: str | None = None
+    normalized: bool = False
+    noise_scale: float = 1.0
+    groups_phase: int | None = None
+    pixel_shift: bool = False
+    offsets: Offsets | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind == ShardKind.FRAME_GROUP:
+            return {"kind": self.kind.value,
+                    "pixel_shift": None if self.offsets is None else [list(o) for o in self.offsets]}
+        if self.groups_phase is not None:
+            return {"kind": self.kind.value, "groups_phase": self.groups_phase, "pixel_shift": self.pixel_shift}
+        return {"kind": self.kind.value, "source": self.source, "normalized": self.normalized,
+                "noise_scale": self.noise_scale}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Phase:
+        kind = ShardKind(d["kind"])
+        if kind == ShardKind.FRAME_GROUP:
+            raw = d.get("pixel_shift")
+            offsets = None if raw is None else tuple((int(o[0]), int(o[1])) for o in raw)
+            return cls(kind, pixel_shift=offsets is not None, offsets=offsets)
+        groups = d.get("groups_phase")
+        return cls(kind, source=d.get("source"), normalized=bool(d.get("normalized", False)),
+                   noise_scale=float(d.get("noise_scale", 1.0)),
+                   groups_phase=None if groups is None else int(groups), pixel_shift=bool(d.get("pixel_shift")))
+
+
+@dataclass(frozen=True)
+class ShardPayload:
+    """What one shard works on: rows ``[y0, y1)`` (strips; ``groups`` accumulators to fuse for a stack) or
+    ``frames`` (a frame group); ``gpu_slot`` pins it to the i-th live GPU worker (split ratio)."""
+
+    gpu_slot: int | None = None
+    y0: int = 0
+    y1: int = 0
+    groups: int | None = None
+    frames: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.frames:
+            return {"frames": list(self.frames), "gpu_slot": self.gpu_slot}
+        d: dict[str, Any] = {"y0": self.y0, "y1": self.y1, "gpu_slot": self.gpu_slot}
+        if self.groups is not None:
+            d["groups"] = self.groups
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShardPayload:
+        slot = d.get("gpu_slot")
+        groups = d.get("groups")
+        return cls(gpu_slot=None if slot is None else int(slot), y0=int(d.get("y0", 0)), y1=int(d.get("y1", 0)),
+                   groups=None if groups is None else int(groups), frames=tuple(int(i) for i in d.get("frames", ())))
+
+
+# What ingest adds to a job's params (removed again when the job starts over).
+PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size")
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What ingest decided once for the whole shot: every frame's metadata, the shared render parameters, the
+    phases, and the GPU count and split ratios the shards were cut for."""
+
+    frames: tuple[RawMeta, ...]
+    render: RenderParams
+    phases: tuple[Phase, ...]
+    n_workers: int
+    ratios: tuple[float, ...] | None
+    size: tuple[int, int]  # (H, W) of the reference frame
+    extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
+
+    @property
+    def height(self) -> int:
+        return self.size[0]
+
+    def to_params(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "frames": {str(i): m.to_dict() for i, m in enumerate(self.frames)},
+            "render": self.render.to_dict(),
+            "plan": [p.to_dict() for p in self.phases],
+            "n_workers": self.n_workers,
+            "ratios": None if self.ratios is None else list(self.ratios),
+            "size": list(self.size),
+        }
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> JobPlan:
+        """The plan stored in ``jobs.params`` (``KeyError`` when the job was never planned)."""
+        frames = params["frames"]
+        ratios = params.get("ratios")
+        h, w = (int(v) for v in params["size"])
+        return cls(
+            frames=tuple(RawMeta.from_dict(frames[str(i)]) for i in range(len(frames))),
+            render=RenderParams.from_dict(params["render"]),
+            phases=tuple(Phase.from_dict(p) for p in params["plan"]),
+            n_workers=int(params["n_workers"]),
+            ratios=None if ratios is None else tuple(float(r) for r in ratios),
+            size=(h, w),
+            extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
+        )
+
+
+def is_planned(params: Mapping[str, Any]) -> bool:
+    return "plan" in params
+
+
+def phase_count(params: Mapping[str, Any]) -> int:
+    """Phases in a stored plan (0 before ingest planned the job)."""
+    return len(params.get("plan", []))
+
+
+def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: ShardPayload) -> ShardInput:
+    """What the pipeline needs to compute shard ``index`` of ``phase``: keys to read and write, parameters."""
+    spec = plan.phases[phase]
+    out = shard_key(job_id, phase, spec.kind.value, index)
+    if spec.kind == ShardKind.FRAME_GROUP:
+        offsets = spec.offsets
+        return FrameGroupShard(
+            job_id=job_id, out=out, params=plan.render, stack_size=len(plan.frames), positions=payload.frames,
+            reference=(raw_key(job_id, 0), plan.frames[0]),
+            frames=tuple((raw_key(job_id, i), plan.frames[i]) for i in payload.frames),
+            pixel_shift=None if offsets is None else tuple(offsets[i] for i in payload.frames),
+        )
+    r = plan.render
+    params = replace(r, noise_shot=r.noise_shot * spec.noise_scale, noise_read=r.noise_read * spec.noise_scale)
+    if spec.groups_phase is not None:
+        groups = tuple(shard_key(job_id, spec.groups_phase, ShardKind.FRAME_GROUP.value, i)
+                       for i in range(payload.groups or 0))
+        return StackStripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, groups=groups,
+                               pixel_shift=spec.pixel_shift)
+    assert spec.source is not None
+    return StripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, source=spec.source,
+                      normalized=spec.normalized)
+
+
+def stack_phases(offsets: Sequence[tuple[int, int]] | None) -> tuple[Phase, ...]:
+    """A stack: frame groups merged onto the reference, then strips that fuse their rows of every group's
+    accumulator (no fused image on the coordinator)."""
+    shift = None if offsets is None else tuple((int(a), int(b)) for a, b in offsets)
+    return (Phase(ShardKind.FRAME_GROUP, pixel_shift=shift is not None, offsets=shift),
+            Phase(ShardKind.STRIP, groups_phase=0, pixel_shift=shift is not None))
+
+
+def single_frame_phases(job_id: str) -> tuple[Phase, ...]:
+    """A single frame: strips of its decoded mosaic."""
+    return (Phase(ShardKind.STRIP, source=raw_key(job_id, 0), normalized=False, noise_scale=1.0),)

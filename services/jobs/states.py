@@ -1,0 +1,53 @@
+"""The states a job and its shards move through (stored as their string values in the database)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# A job still in the machine: its steps may run; every step's conditional UPDATE is guarded by this.
+ACTIVE: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+class Stage(StrEnum):
+    """What a job is doing now, for people watching it (``status`` is the state machine)."""
+
+    QUEUED = "queued"
+    DECODING = "decoding"
+    ALIGNING = "aligning"
+    ENHANCING = "enhancing"
+    ENCODING = "encoding"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ShardStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Priority(StrEnum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+def parse_enum(kind: type[StrEnum], value: str, what: str) -> StrEnum:
+    """``value`` as a member of ``kind``; ``BadInput`` naming the choices otherwise."""
+    from services.errors import BadInput
+
+    cleaned = value.strip().lower()
+    try:
+        return kind(cleaned)
+    except ValueError:
+        raise BadInput(f"unknown {what} {cleaned!r}; expected one of {', '.join(m.value for m in kind)}") from None

@@ -1,0 +1,77 @@
+"""Shot preparation (the coordinator's ingest work): decode every frame, then decide once what every shard of
+the shot shares: white balance, noise, colour and model package, and for a 4-frame stack whether it is a
+pixel-shift pattern. Session-free: the job state machine records the result."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from services.errors import FramesMismatch
+from services.pipeline.render import RenderParams
+from services.pipeline.shot import shot_render_params
+from services.pipeline.stack import frame_shifts, pixel_shift_offsets
+from services.raw.decode import decode_raw
+from services.raw.meta import RawMeta
+from services.storage.base import Storage
+from services.storage.keys import raw_key
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """The decoder sandbox's limits and how many frames it decodes at once (0: one per frame up to the cores)."""
+
+    timeout_s: float = 300.0
+    memory_mb: int = 8192
+    workers: int = 0
+
+
+@dataclass(frozen=True)
+class PreparedShot:
+    frames: tuple[RawMeta, ...]
+    render: RenderParams
+    pixel_shift: tuple[tuple[int, int], ...] | None  # whole-pixel offsets of a 4-shot pixel-shift stack
+    decode_s: float
+
+
+def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits: DecodeLimits) -> list[RawMeta]:
+    """Decode every upload (storage keys, in frame order) in a sandboxed child process, several at once, into
+    the job's raw keys. Raises ``RawError`` when one cannot be decoded."""
+
+    def decode_one(index: int) -> RawMeta:
+        with storage.path_writer(raw_key(job_id, index)) as tmp:
+            return decode_raw(storage.local_path(uploads[index]), tmp, timeout_s=limits.timeout_s,
+                              memory_mb=limits.memory_mb)
+
+    workers = max(1, min(len(uploads), limits.workers or os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
+        return list(pool.map(decode_one, range(len(uploads))))
+
+
+def check_frames_match(metas: Sequence[RawMeta]) -> None:
+    """Every frame of a stack has frame 0's size and CFA pattern; :class:`FramesMismatch` otherwise."""
+    ref = metas[0]
+    for i, m in enumerate(metas[1:], start=1):
+        if (m.width, m.height, m.cfa) != (ref.width, ref.height, ref.cfa):
+            raise FramesMismatch(f"frame {i} ({m.width}x{m.height} {m.cfa}) does not match frame 0 "
+                                 f"({ref.width}x{ref.height} {ref.cfa})")
+
+
+def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camera: str, colour_space: str,
+                 stack: bool, limits: DecodeLimits) -> PreparedShot:
+    """Decode the shot and compute its shared parameters once, on the reference frame (frame 0)."""
+    t0 = time.perf_counter()
+    metas = decode_frames(storage, job_id, uploads, limits)
+    check_frames_match(metas)
+    decode_s = time.perf_counter() - t0
+    ref = storage.load_array(raw_key(job_id, 0))
+    params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera), frames=len(metas))
+    offsets = None
+    if stack and len(metas) == 4:  # a 4-shot one-pixel pattern is combined without demosaicing (pixel shift)
+        frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]
+        found = pixel_shift_offsets(frame_shifts(frames[0], frames))
+        offsets = None if found is None else tuple((int(a), int(b)) for a, b in found)
+    return PreparedShot(tuple(metas), params, offsets, decode_s)

@@ -1,0 +1,97 @@
+"""What each GPU shard computes: typed inputs (storage keys and shared parameters) in, a stored array out.
+
+Session-free and queue-free: the job state machine (``services.jobs``) decides which shard runs and records
+that it ran; this module only reads its inputs from storage, computes on the worker's device and writes the
+result atomically under the shard's key, the same bytes every time (a redelivered shard rewrites them).
+Results are intermediates, not synced (docs/ARCHITECTURE.md, "Durability").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.pipeline.render import RenderParams, render_strip
+from services.pipeline.stack import merge_frame_group, render_stack_strip
+from services.pipeline.transfer import prefault
+from services.raw.meta import RawMeta
+from services.storage.base import Storage
+from services.storage.intermediates import load_intermediate
+
+StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its metadata)
+
+
+@dataclass(frozen=True)
+class StripShard:
+    """Rows ``[y0, y1)`` of a single frame rendered from its decoded mosaic ``source``."""
+
+    job_id: str
+    out: str
+    params: RenderParams
+    y0: int
+    y1: int
+    source: str
+    normalized: bool = False
+
+
+@dataclass(frozen=True)
+class StackStripShard:
+    """Rows ``[y0, y1)`` of a stack, fused from every frame group's accumulator (``groups``) and rendered."""
+
+    job_id: str
+    out: str
+    params: RenderParams
+    y0: int
+    y1: int
+    groups: tuple[str, ...]
+    pixel_shift: bool
+
+
+@dataclass(frozen=True)
+class FrameGroupShard:
+    """Some frames of a stack aligned to the shared reference and accumulated (int32 fixed point).
+
+    ``positions``: each frame's index in the whole stack; ``pixel_shift``: each frame's whole-pixel offset in a
+    4-shot pixel-shift stack (None: sub-pixel merge)."""
+
+    job_id: str
+    out: str
+    params: RenderParams
+    stack_size: int
+    positions: tuple[int, ...]
+    reference: StoredFrame
+    frames: tuple[StoredFrame, ...]
+    pixel_shift: tuple[tuple[int, int], ...] | None = None
+
+
+ShardInput = StripShard | StackStripShard | FrameGroupShard
+
+
+def compute_shard(storage: Storage, shard: ShardInput, device: str) -> str:
+    """Compute one shard on ``device`` and store its result; returns the result's key."""
+    if isinstance(shard, FrameGroupShard):
+        _merge_group(storage, shard, device)
+        return shard.out
+    if isinstance(shard, StackStripShard):
+        groups = [load_intermediate(storage, shard.job_id, key) for key in shard.groups]
+        rows = render_stack_strip(groups, shard.y0, shard.y1, shard.params, device=device,
+                                  pixel_shift=shard.pixel_shift)
+    else:
+        source = load_intermediate(storage, shard.job_id, shard.source)
+        rows = render_strip(source, shard.y0, shard.y1, shard.params, device=device, normalized=shard.normalized)
+    storage.save_array(shard.out, rows, durable=False)
+    return shard.out
+
+
+def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:
+    """The accumulator goes from the GPU straight into the file's pages (a memory map), whose pages are touched on
+    threads while the GPU merges (``prefault``: allocating them on the host is otherwise on the critical path)."""
+    frames = [(load_intermediate(storage, shard.job_id, key), meta) for key, meta in shard.frames]
+    ref_key, ref_meta = shard.reference
+    reference = (load_intermediate(storage, shard.job_id, ref_key), ref_meta)
+    channels = 6 if shard.pixel_shift else 5
+    with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out:
+        merge_frame_group(reference, frames, device=device, stack_size=shard.stack_size, positions=shard.positions,
+                          params=shard.params, pixel_shift=list(shard.pixel_shift) if shard.pixel_shift else None,
+                          out=out, out_ready=prefault(out))

@@ -1,0 +1,27 @@
+"""Intermediate arrays of a job (decoded frames, shard results): read back with loss detection, removed at once.
+
+Intermediates are written atomically but not synced (docs/ARCHITECTURE.md, "Durability"): a host crash may lose
+one, and a reader then raises :class:`~services.errors.IntermediateLost` so the job starts over from its uploads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from services.errors import IntermediateLost
+from services.storage.base import Storage
+from services.storage.keys import intermediate_prefixes
+
+
+def load_intermediate(storage: Storage, job_id: str, key: str) -> np.ndarray:
+    """A job's intermediate array (memory-mapped); :class:`IntermediateLost` when it is gone or unreadable."""
+    try:
+        return storage.load_array(key)
+    except (OSError, ValueError, EOFError) as exc:  # missing, truncated header, short data
+        raise IntermediateLost(job_id, key, f"{type(exc).__name__}: {exc}") from exc
+
+
+def remove_intermediates(storage: Storage, job_id: str) -> None:
+    """Delete decoded frames and shard results; uploads and outputs stay."""
+    for prefix in intermediate_prefixes(job_id):
+        storage.delete_prefix(prefix)

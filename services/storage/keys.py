@@ -1,0 +1,41 @@
+"""The storage key layout of a job, in one place: uploads, decoded frames, shard results, outputs.
+
+```
+jobs/<id>/frames/NN_<name>          uploads (durable)
+jobs/<id>/raw/NN.npy                decoded mosaics (intermediate)
+jobs/<id>/p<phase>/<kind>_NNN.npy   shard results: strips, frame-group accumulators (intermediate)
+jobs/<id>/out/<name>                outputs (durable)
+```
+"""
+
+from __future__ import annotations
+
+# Sub-folders of a job holding intermediates: deleted when the job ends (or starts over).
+INTERMEDIATE_FOLDERS = ("raw", "p0", "p1", "p2", "p3")
+
+
+def job_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}"
+
+
+def frame_key(job_id: str, index: int, name: str) -> str:
+    """Where upload ``index`` (its safe file name ``name``) is stored."""
+    return f"jobs/{job_id}/frames/{index:02d}_{name}"
+
+
+def raw_key(job_id: str, index: int) -> str:
+    """The decoded mosaic of frame ``index`` (uint16 ``.npy``)."""
+    return f"jobs/{job_id}/raw/{index:02d}.npy"
+
+
+def shard_key(job_id: str, phase: int, kind: str, index: int) -> str:
+    """The result of shard ``index`` of ``phase`` (``kind``: strip or frame_group)."""
+    return f"jobs/{job_id}/p{phase}/{kind}_{index:03d}.npy"
+
+
+def output_key(job_id: str, name: str) -> str:
+    return f"jobs/{job_id}/out/{name}"
+
+
+def intermediate_prefixes(job_id: str) -> list[str]:
+    return [f"jobs/{job_id}/{folder}" for folder in INTERMEDIATE_FOLDERS]
