@@ -145,29 +145,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Run one training; returns the metrics written to the JSON."""
-    device = torch.device(args.device)
-    config = {"width": args.width, "dilations": [int(d) for d in args.dilations.split(",")]}
-    run = f"{jdd.ARCHITECTURE}-seed{args.seed}" + ("-smoke" if args.smoke else "")
-    log_dir = Path(args.log_dir or (args.out if args.smoke else "docs/training"))
-    _setup_logging(log_dir / f"{run}.log")
-    gen = _seed_everything(args.seed, device)
-    net = JDDNet(config["width"], config["dilations"]).to(device)
+def _optimise(net: JDDNet, source: data.TrainingSource, eval_sets: Any, config: dict[str, Any],
+              args: argparse.Namespace, gen: torch.Generator) -> tuple[int, list[dict[str, Any]], float]:
+    """The training loop (time-budgeted unless ``--steps``); returns (steps, loss history, seconds)."""
+    device = next(net.parameters()).device
     cuda = device.type == "cuda"
-    if cuda:
-        net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     margin = 2 * net.radius
-    params = sum(p.numel() for p in net.parameters())
-    log.info("run %s: config %s, %d parameters, rf %d, %.0f FLOPs/pixel, torch %s on %s", run, config, params,
-             jdd.jdd_receptive_field(config), jdd.flops_per_pixel(config), torch.__version__, device)
-    t0 = time.time()
-    dl_pool, dl_size = (4, 96) if args.smoke else (48, 384)
-    source = data.TrainingSource(args.photos, device, args.seed, dead_leaves_pool=dl_pool, dead_leaves_size=dl_size)
-    eval_sets = data.held_out_batches(args.photos, device, size=64 if args.smoke else 192,
-                                      per_photo=1 if args.smoke else 2, dead_leaves_count=2 if args.smoke else 8)
-    log.info("content %s, held-out sets ready in %.1f s", source.describe(), time.time() - t0)
-
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4, betas=(0.9, 0.99))
     total = args.steps or 10**9
     warmup = min(500, max(1, total // 10))
@@ -200,21 +183,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             history.append({"step": step, "loss": loss.item(), "lr": lr, "seconds": time.time() - t_train})
         if args.eval_every and step % args.eval_every == 0 and step < total:
             log.info("eval at %d: %s", step, json.dumps(evaluate(net, config, eval_sets, device, "float32")))
-    train_s = time.time() - t_train
+    return step, history, time.time() - t_train
 
-    precisions = ["float32", "bfloat16"] if cuda else ["float32"]
-    metrics = {p: evaluate(net, config, eval_sets, device, p) for p in precisions}
-    for p, m in metrics.items():
-        for level, v in m.items():
-            log.info("held-out %-4s %-8s model %.2f dB  classical %.2f dB  bilinear %.2f dB  gain %+.2f dB",
-                     level, p, v["model"], v["classical"], v["bilinear"], v["gain_db"])
-    beats = all(v["gain_db"] > 0 for v in metrics["float32"].values())
-    training = {
+
+def _training_record(args: argparse.Namespace, source: data.TrainingSource, steps: int, train_s: float,
+                     metrics: dict[str, Any]) -> dict[str, Any]:
+    """How the package was made, written into its manifest and the metrics JSON."""
+    return {
         "script": "training/train.py",
         "command": "python -m training.train " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False, True)),
         "seed": args.seed,
-        "steps": step,
+        "steps": steps,
         "batch": args.batch,
         "crop": args.crop,
         "train_seconds": round(train_s, 1),
@@ -227,17 +207,54 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "torch": torch.__version__,
         "smoke": bool(args.smoke),
     }
+
+
+def _write_packages(net: JDDNet, config: dict[str, Any], args: argparse.Namespace, training: dict[str, Any],
+                    beats: bool) -> list[Path]:
+    """The smoke package, or the learned packages (camera defaults only if the model beats classical)."""
     if args.smoke:
         smoke_path = Path(args.out) / f"{jdd.ARCHITECTURE}-smoke.strata"
         write_package(smoke_path, jdd_manifest(f"{jdd.ARCHITECTURE}-smoke", ("*",), config, training),
                       {k: v.detach() for k, v in net.state_dict().items()})
-        written: list[Path] = [smoke_path]
-    else:
-        files = list(LEARNED_PACKAGES)
-        if not beats and not args.ship_anyway:
-            files = [f for f in files if f not in CAMERA_DEFAULTS]
-            log.warning("the model does not beat classical at every noise level: camera defaults not written")
-        written = write_learned_packages(net, config, args.out, training, files)
+        return [smoke_path]
+    files = list(LEARNED_PACKAGES)
+    if not beats and not args.ship_anyway:
+        files = [f for f in files if f not in CAMERA_DEFAULTS]
+        log.warning("the model does not beat classical at every noise level: camera defaults not written")
+    return write_learned_packages(net, config, args.out, training, files)
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Run one training; returns the metrics written to the JSON."""
+    device = torch.device(args.device)
+    config = {"width": args.width, "dilations": [int(d) for d in args.dilations.split(",")]}
+    run = f"{jdd.ARCHITECTURE}-seed{args.seed}" + ("-smoke" if args.smoke else "")
+    log_dir = Path(args.log_dir or (args.out if args.smoke else "docs/training"))
+    _setup_logging(log_dir / f"{run}.log")
+    gen = _seed_everything(args.seed, device)
+    net = JDDNet(config["width"], config["dilations"]).to(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    params = sum(p.numel() for p in net.parameters())
+    log.info("run %s: config %s, %d parameters, rf %d, %.0f FLOPs/pixel, torch %s on %s", run, config, params,
+             jdd.jdd_receptive_field(config), jdd.flops_per_pixel(config), torch.__version__, device)
+    t0 = time.time()
+    dl_pool, dl_size = (4, 96) if args.smoke else (48, 384)
+    source = data.TrainingSource(args.photos, device, args.seed, dead_leaves_pool=dl_pool, dead_leaves_size=dl_size)
+    eval_sets = data.held_out_batches(args.photos, device, size=64 if args.smoke else 192,
+                                      per_photo=1 if args.smoke else 2, dead_leaves_count=2 if args.smoke else 8)
+    log.info("content %s, held-out sets ready in %.1f s", source.describe(), time.time() - t0)
+    steps, history, train_s = _optimise(net, source, eval_sets, config, args, gen)
+    metrics = {p: evaluate(net, config, eval_sets, device, p) for p in (["float32", "bfloat16"] if cuda
+                                                                         else ["float32"])}
+    for p, m in metrics.items():
+        for level, v in m.items():
+            log.info("held-out %-4s %-8s model %.2f dB  classical %.2f dB  bilinear %.2f dB  gain %+.2f dB",
+                     level, p, v["model"], v["classical"], v["bilinear"], v["gain_db"])
+    beats = all(v["gain_db"] > 0 for v in metrics["float32"].values())
+    training = _training_record(args, source, steps, train_s, metrics)
+    written = _write_packages(net, config, args, training, beats)
     for path in written:
         log.info("wrote %s (%d bytes)", path, path.stat().st_size)
     result = {"run": run, "config": config, "parameters": params, "flops_per_pixel": jdd.flops_per_pixel(config),
