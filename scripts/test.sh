@@ -18,5 +18,6 @@ then
   sleep 0.5
 fi
 ruff check .
+lint-imports
 mypy api services workers cli training
 python -m pytest -q "$@"
