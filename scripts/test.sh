@@ -18,5 +18,5 @@ then
   sleep 0.5
 fi
 ruff check .
-mypy api services workers cli training
+mypy api services workers cli training lab
 python -m pytest -q "$@"
