@@ -32,6 +32,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 # The project itself (non-editable; the sources stay in /app, which is also the working directory).
 COPY api ./api
 COPY cli ./cli
+COPY lab ./lab
 COPY migrations ./migrations
 COPY services ./services
 COPY workers ./workers

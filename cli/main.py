@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from services.config import get_settings
+from services.local_service import local_service, remember_local_service
 
 app = typer.Typer(help="Strata: asynchronous RAW render service.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -76,29 +77,6 @@ def token_create(
     print(token)
 
 
-LOCAL_SERVICE_FILE = Path.home() / ".config" / "strata" / "local-service.json"
-
-
-def _remember_local_service(api_url: str, token_file: Path) -> None:
-    """Let `strata submit` from any directory on this machine find the embedded service and its token."""
-    import json
-
-    try:
-        LOCAL_SERVICE_FILE.parent.mkdir(parents=True, exist_ok=True)
-        LOCAL_SERVICE_FILE.write_text(json.dumps({"api_url": api_url, "token_file": str(token_file.resolve())}))
-    except OSError:
-        pass
-
-
-def _local_service() -> dict[str, str]:
-    import json
-
-    try:
-        return dict(json.loads(LOCAL_SERVICE_FILE.read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
 def ensure_local_token() -> Path:
     """The embedded setup's station token: created on first start, kept in <data-dir>/local-token."""
     from services.db.session import session_scope
@@ -158,7 +136,7 @@ def serve(
     sup = Supervisor(specs, log_dir=data / "logs")
     sup.start()
     url = f"http://{host}:{port}"
-    _remember_local_service(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}", token_path)
+    remember_local_service(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}", token_path)
     console.print(f"Strata API on {url} (docs at {url}/docs); logs in {data / 'logs'}")
     console.print(f"local station token: {token_path}")
     ready = False
@@ -238,7 +216,7 @@ def synth(
     pixel_shift: Annotated[bool, typer.Option(help="Stacks: 4 frames in a one-pixel pixel-shift pattern.")] = False,
 ) -> None:
     """Write realistic synthetic DNGs plus the ground truth they were made from."""
-    from services.raw.synth import synthesize_shot
+    from lab.synth.synth import synthesize_shot
 
     try:
         level: str | float = float(noise)
@@ -267,8 +245,8 @@ def _synth_stack_scene(camera: str, out: Path, *, frames: int | None, noise: str
     import numpy as np
     from PIL import Image
 
-    from services.raw.stack_synth import synthesize_stack
-    from services.raw.unprocess import noise_level
+    from lab.synth.stack_synth import synthesize_stack
+    from lab.synth.unprocess import noise_level
 
     if camera.upper() != "IQ2_XS":
         raise ValueError(f"--moving-object and --pixel-shift make IQ2_XS stacks, not {camera}")
@@ -312,7 +290,7 @@ def _api_token(api: str | None, token: str | None, data_dir: Path | None) -> tup
     local `strata serve`'s."""
     _use_data_dir(data_dir, create=False)
     settings = get_settings()
-    local = _local_service()
+    local = local_service()
     tok = token or settings.token
     if not tok and settings.token_file.exists():
         tok = settings.token_file.read_text().strip()
@@ -435,9 +413,18 @@ PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_
 @app.command("quality", context_settings=PASS_THROUGH)
 def quality(ctx: typer.Context) -> None:
     """Image-quality benchmark vs LibRaw on held-out synthetic shots (--help for options; docs/QUALITY.md)."""
-    from services.quality.benchmark import main as quality_main
+    from lab.quality.cli import main as quality_main
 
     raise typer.Exit(quality_main(ctx.args) or 0)
+
+
+# kind -> (module with a ``main(argv)``, what it measures)
+BENCH_KINDS: dict[str, tuple[str, str]] = {
+    "pipeline": ("lab.bench.pipeline", "in-process pipeline speed: decode, strips on the GPUs, stacks, TIFF"),
+    "enhance": ("lab.bench.enhance", "enhance-stage speed per package and precision; strip exactness on the device"),
+    "stack": ("lab.quality.stack_bench", "stack quality: merged stack vs single frame vs truth (PSNR, CIEDE2000)"),
+    "service": ("lab.bench.service", "shots through a running `strata serve` (REST, queue, workers, storage)"),
+}
 
 
 @app.command("bench", context_settings=PASS_THROUGH)
@@ -445,11 +432,16 @@ def bench(ctx: typer.Context) -> None:
     """Benchmarks: `strata bench pipeline|enhance|stack|service [options]` (docs/PERFORMANCE.md)."""
     import importlib
 
-    kinds = {"pipeline": "services.bench.pipeline", "enhance": "services.bench.enhance",
-             "stack": "services.quality.stack_bench", "service": "services.bench.service"}
-    if not ctx.args or ctx.args[0] not in kinds:
-        raise _fail(f"usage: strata bench {{{'|'.join(kinds)}}} [options]; --help after the kind for options", 2)
-    module = importlib.import_module(kinds[ctx.args[0]])
+    usage = f"usage: strata bench {{{'|'.join(BENCH_KINDS)}}} [options]; --help after the kind for options"
+    if ctx.args and ctx.args[0] in ("-h", "--help"):
+        print(usage + "\n\nkinds:\n" + "\n".join(f"  {k:<9} {text} ({module})"
+                                                 for k, (module, text) in BENCH_KINDS.items()))
+        raise typer.Exit(0)
+    if not ctx.args or ctx.args[0] not in BENCH_KINDS:
+        from rich.markup import escape
+
+        raise _fail(escape(usage), 2)
+    module = importlib.import_module(BENCH_KINDS[ctx.args[0]][0])
     raise typer.Exit(module.main(ctx.args[1:]) or 0)
 
 

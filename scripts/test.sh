@@ -19,5 +19,5 @@ then
 fi
 ruff check .
 lint-imports
-mypy api services workers cli training
+mypy api services workers cli training lab
 python -m pytest -q "$@"

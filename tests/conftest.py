@@ -85,7 +85,7 @@ def db(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str) -> Iterat
 @pytest.fixture(scope="session")
 def synth_dir() -> Path:
     """Synthetic shots made once per test session with the real `synthesize_shot`."""
-    from services.raw.synth import synthesize_shot
+    from lab.synth.synth import synthesize_shot
 
     root = _TEST_ROOT / "synth"
     synthesize_shot("IQ3_S", root / "iq3s", scale=0.1, seed=1, noise=0.0005)

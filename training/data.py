@@ -15,7 +15,7 @@ computes it), jittered a little, and sometimes replaced by a signal-independent 
 ``services.pipeline.shot.estimate_noise`` returns for files without a NoiseProfile.
 
 Held out (never trained on): photos :data:`HELD_OUT_PHOTOS` and dead leaves seeds
-:data:`DEAD_LEAVES_HELD_OUT_SEEDS`. ``services/raw/unprocess.py`` (colour engineer) will own the shared
+:data:`DEAD_LEAVES_HELD_OUT_SEEDS`. ``lab/synth/unprocess.py`` (colour engineer) will own the shared
 unprocessing; until then this module is the reference and its constants are the ones to align on.
 """
 
@@ -43,7 +43,7 @@ NOISE_LEVELS: dict[str, tuple[float, float]] = {
     "high": (1e-2, 1e-4),
 }
 # XYZ -> camera matrices (D65): the four of Brooks et al. 2019 (Canon 5D Mark II, Canon 5D, Nikon D700,
-# Nikon D3) and the Phase One P 65+ ColorMatrix1 that services/raw/synth.py renders with (dcraw adobe_coeff).
+# Nikon D3) and the Phase One P 65+ ColorMatrix1 that lab/synth/synth.py renders with (dcraw adobe_coeff).
 XYZ_TO_CAMS = np.array(
     [
         [[1.0234, -0.2969, -0.2266], [-0.5625, 1.6328, -0.0469], [-0.0703, 0.2188, 0.6406]],

@@ -8,7 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from services.pipeline.models import classical, jdd
+from services.pipeline.models import classical
+from services.pipeline.models.jdd import JDD_VERSION, jdd_manifest
 from services.pipeline.models.manifest import Manifest
 from services.pipeline.models.package import write_package
 
@@ -36,17 +37,6 @@ def write_classical_package(out_dir: str | Path) -> Path:
     return path
 
 
-# 1.0.0: 24000 steps; 1.1.0: 30000 steps with scale augmentation (training/data.py UPSCALE_SHARE).
-JDD_VERSION = "1.1.0"
-
-
-def jdd_manifest(name: str, cameras: tuple[str, ...], config: dict[str, Any], training: dict[str, Any],
-                 version: str = JDD_VERSION) -> Manifest:
-    return Manifest(name=name, version=version, architecture=jdd.ARCHITECTURE, cameras=cameras,
-                    receptive_field=jdd.jdd_receptive_field(config), noise_input=True, dtype="bfloat16",
-                    config=dict(config), training=training)
-
-
 def write_learned_packages(net: nn.Module, config: dict[str, Any], out_dir: str | Path, training: dict[str, Any],
                            files: list[str]) -> list[Path]:
     """Write the learned packages named in ``files`` (keys of :data:`LEARNED_PACKAGES`) with ``net``'s weights."""
@@ -58,6 +48,10 @@ def write_learned_packages(net: nn.Module, config: dict[str, Any], out_dir: str 
                       weights)
         paths.append(path)
     return paths
+
+
+__all__ = ["CAMERA_DEFAULTS", "JDD_VERSION", "LEARNED_PACKAGES", "classical_manifest", "jdd_manifest", "main",
+           "write_classical_package", "write_learned_packages"]
 
 
 def main() -> None:

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
+from lab.quality.stack_bench import BORDER, psnr
+from lab.synth.stack_synth import synthesize_stack
 from services.pipeline import render
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import fuse_groups, merge_frame_group, stack_noise_factors
-from services.quality.stack_bench import BORDER, psnr
 from services.raw.decode import decode_raw
-from services.raw.stack_synth import synthesize_stack
 
 PHOTOS = Path(__file__).resolve().parents[3] / "shared" / "data" / "photos"
 TOLERANCES = (0.0, 0.8, 1.6, 3.2, 12.8)

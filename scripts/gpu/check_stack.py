@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.synth.stack_synth import synthesize_stack
 from services.jobs.planner import plan_frame_groups, plan_strips
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import fuse_groups, merge_frame_group, render_rgb, render_stack_strip, stack_noise_factors
 from services.raw.decode import decode_raw
-from services.raw.stack_synth import synthesize_stack
 
 
 def main() -> None:

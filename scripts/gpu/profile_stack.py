@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.bench.pipeline import _decode_all, _encode, procedural_mosaic, write_frame
+from lab.bench.pipeline import _decode_all, _encode, procedural_mosaic, write_frame
 from services.pipeline.ops.align import align_frame, tiles_to_pixels, warp
 from services.pipeline.ops.merge import _fixed, demosaic_camera, motion_weights, prepare_reference
 from services.pipeline.shot import shot_render_params

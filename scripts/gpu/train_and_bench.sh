@@ -10,11 +10,11 @@ python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.d
 CUDA_VISIBLE_DEVICES=0 python3 -m training.train --photos "$PHOTOS" --minutes "$MINUTES" --device cuda \
   --out services/pipeline/models/packages/ --seed 0 > "$OUT/train.log" 2>&1 &
 TRAIN=$!
-CUDA_VISIBLE_DEVICES=1 python3 -m services.bench.enhance --device cuda:0 --repeats 5 \
+CUDA_VISIBLE_DEVICES=1 python3 -m lab.bench.enhance --device cuda:0 --repeats 5 \
   --json "$OUT/bench-enhance-untrained.json" > "$OUT/bench-enhance.log" 2>&1
 wait $TRAIN; echo "train exit $?" >> "$OUT/train.log"
 # The trained package, measured once more on the idle GPU 1.
-CUDA_VISIBLE_DEVICES=1 python3 -m services.bench.enhance --device cuda:0 --repeats 5 \
+CUDA_VISIBLE_DEVICES=1 python3 -m lab.bench.enhance --device cuda:0 --repeats 5 \
   --packages strata_jdd_v1.strata --json "$OUT/bench-enhance.json" >> "$OUT/bench-enhance.log" 2>&1
 tar cf "$OUT/artifacts.tar" services/pipeline/models/packages docs/training
 tail -n 30 "$OUT/train.log"; cat "$OUT/bench-enhance.log"

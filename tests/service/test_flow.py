@@ -106,11 +106,11 @@ def test_pixel_shift_stack_runs_through_the_flow(db: str, tmp_path: Path) -> Non
     import numpy as np
     import tifffile
 
+    from lab.synth.stack_synth import synthesize_stack
     from services.config import get_settings
     from services.pipeline.render import RenderParams
     from services.pipeline.stack import fuse_groups, merge_frame_group, render_rgb, stack_noise_factors
     from services.raw.decode import decode_raw
-    from services.raw.stack_synth import synthesize_stack
     from services.storage import get_storage
 
     shot = synthesize_stack(tmp_path / "ps", frames=4, scale=0.04, seed=9, pixel_shift=True)
@@ -151,8 +151,8 @@ def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> Non
 
     import pytest
 
+    from lab.synth.stack_synth import synthesize_stack
     from services.config import get_settings
-    from services.raw.stack_synth import synthesize_stack
     from services.storage import get_storage
 
     shot = synthesize_stack(tmp_path / "s", frames=3, scale=0.03, seed=4)
@@ -199,7 +199,7 @@ def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path
 
     import numpy as np
 
-    from services.bench.pipeline import CM, NEUTRAL
+    from lab.bench.pipeline import CM, NEUTRAL
     from services.config import get_settings
     from services.raw.dng import write_dng
     from services.storage import get_storage

@@ -1,6 +1,9 @@
 """The service benchmark's timeline: where a job's processing time went, from the API's stamps."""
 
-from services.bench.service import timeline
+import subprocess
+import sys
+
+from lab.bench.service import timeline
 
 
 def _shard(phase: int, kind: str, start: str, end: str) -> dict:
@@ -23,3 +26,16 @@ def test_timeline_splits_processing_into_ingest_phases_hops_and_finalize() -> No
 
 def test_timeline_is_empty_without_stamps() -> None:
     assert timeline({"started_at": None, "finished_at": None, "shards": []}) == {}
+
+
+def test_strata_bench_help_lists_the_kinds_and_each_kind_has_its_own_help() -> None:
+    def bench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "bench", *args], capture_output=True, text=True)
+
+    done = bench("--help")
+    assert done.returncode == 0, done.stderr
+    assert all(kind in done.stdout for kind in ("pipeline", "enhance", "stack", "service"))
+    done = bench("service", "--help")
+    assert done.returncode == 0 and "usage: strata bench service" in done.stdout
+    done = bench()
+    assert done.returncode == 2 and "[options]" in done.stderr

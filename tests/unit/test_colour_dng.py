@@ -10,6 +10,8 @@ import pytest
 import rawpy
 import torch
 
+from lab.synth import synth
+from lab.synth import unprocess as up
 from services.pipeline.ops.colour import (
     OUTPUT_SPACES,
     WHITE_A,
@@ -26,8 +28,6 @@ from services.pipeline.ops.colour import (
     xy_to_xyz,
     xyz_d50_to_output_matrix,
 )
-from services.raw import synth
-from services.raw import unprocess as up
 from services.raw.colour import render_colour
 from services.raw.decode_child import extract
 from services.raw.dng import ColourTags, write_dng

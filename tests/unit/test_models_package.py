@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from services.pipeline.models import ModelMismatch, ModelPackageError, halo_rows, registry
-from services.pipeline.models.jdd import JDDNet, jdd_receptive_field
+from services.pipeline.models.jdd import JDDNet, jdd_manifest, jdd_receptive_field
 from services.pipeline.models.manifest import Manifest
 from services.pipeline.models.package import load_package, read_package, write_package
-from training.packages import classical_manifest, jdd_manifest
+from training import packages as training_packages
+from training.packages import classical_manifest
 
 CONFIG = {"width": 8, "dilations": [1, 2]}
 
@@ -177,6 +178,20 @@ def test_registry_keeps_one_resident_enhancer_per_package_and_device() -> None:
     assert a is b and a.receptive_field == 4
     registry.clear_cache()
     assert registry.load_enhancer("IQ3_S", "cpu", package="classical_v1") is not a
+
+
+def test_compute_precision_scopes_the_default_precision() -> None:
+    registry.clear_cache()
+    with registry.compute_precision("float32"):
+        inside = registry.load_enhancer("IQ3_S", "cpu", package="classical_v1")
+    outside = registry.load_enhancer("IQ3_S", "cpu", package="classical_v1")
+    assert inside is not outside
+    assert sorted(str(key[2]) for key in registry._cache) == ["None", "float32"]
+    registry.clear_cache()
+
+
+def test_training_re_exports_the_domain_jdd_manifest() -> None:
+    assert training_packages.jdd_manifest is jdd_manifest
 
 
 def test_package_manifest_gives_the_halo_without_building() -> None:

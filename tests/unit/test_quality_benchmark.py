@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import tifffile
 
-from services.quality import benchmark as qb
-from services.raw.synth import synthesize_shot
+from lab.quality import anchors, benchmark
+from lab.quality import cli as quality_cli
+from lab.quality import metrics as qmetrics
+from lab.quality import report as qreport
+from lab.synth.synth import synthesize_shot
 
 
 def _smooth_pair(seed: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -29,7 +32,7 @@ def _smooth_pair(seed: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndar
 def test_ssim_matches_scikit_image(shape: tuple[int, ...]) -> None:
     metrics = pytest.importorskip("skimage.metrics")
     a, b = _smooth_pair(0, shape)
-    ours = qb.ssim(a, b, border=0)
+    ours = qmetrics.ssim(a, b, border=0)
     ref = metrics.structural_similarity(a, b, gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
                                         data_range=1.0, channel_axis=-1 if len(shape) == 3 else None)
     assert 0.2 < ref < 0.95
@@ -39,58 +42,59 @@ def test_ssim_matches_scikit_image(shape: tuple[int, ...]) -> None:
 def test_ssim_and_psnr_of_identical_images() -> None:
     a, _ = _smooth_pair(1, (40, 40, 3))
     img = np.rint(a * 65535).astype(np.uint16)
-    assert qb.psnr(img, img) == math.inf
-    assert qb.ssim(img, img) == pytest.approx(1.0)
+    assert qmetrics.psnr(img, img) == math.inf
+    assert qmetrics.ssim(img, img) == pytest.approx(1.0)
     shifted = np.full((40, 40, 3), 0.5)
-    assert qb.psnr(shifted, shifted + 0.1) == pytest.approx(20.0)
+    assert qmetrics.psnr(shifted, shifted + 0.1) == pytest.approx(20.0)
     with pytest.raises(ValueError):
-        qb.psnr(img, img[:-1])
+        qmetrics.psnr(img, img[:-1])
 
 
 def test_summary_json_handles_infinite_psnr() -> None:
     rows = [{"level": "none", "method": "classical_v1", "psnr": math.inf, "ssim": 1.0, "seconds": 0.1},
             {"level": "none", "method": "libraw_ahd", "psnr": 40.0, "ssim": 0.9, "seconds": 0.1}]
-    summary = qb.summarise(rows, ["none"], ["classical_v1", "libraw_ahd"])
+    summary = qreport.summarise(rows, ["none"], ["classical_v1", "libraw_ahd"])
     assert summary["best_libraw"]["none"] == "libraw_ahd"
     assert summary["margins"]["none"]["classical_v1"]["vs_libraw_ahd"] == pytest.approx(160.0)
-    json.dumps(qb._json_safe({"rows": rows}), allow_nan=False)
+    json.dumps(qreport.json_safe({"rows": rows}), allow_nan=False)
 
 
 def test_align_to_truth_finds_cropped_margins() -> None:
     truth, _ = _smooth_pair(2, (60, 70, 3))
     crop = truth[3:55, 2:66]
-    image, ref, info = qb.align_to_truth(crop, truth)
+    image, ref, info = qmetrics.align_to_truth(crop, truth)
     assert info["offset"] == [3, 2] and not info["aligned"]
     np.testing.assert_array_equal(image, ref)
-    image, ref, info = qb.align_to_truth(truth, truth)
+    image, ref, info = qmetrics.align_to_truth(truth, truth)
     assert info["aligned"] and ref.shape == truth.shape
 
 
 def test_libraw_path_in_child_aligns_with_truth(tmp_path: Path) -> None:
     shot = synthesize_shot("IQ3_S", tmp_path, scale=0.02, seed=900_000, noise="none", cfa="GBRG")
     truth = tifffile.imread(shot.ground_truth)
-    with qb.LibRawRunner(timeout_s=120) as runner:
-        result, error = runner.call(qb.libraw_render, str(shot.files[0]), "libraw_ahd")
+    with anchors.LibRawRunner(timeout_s=120) as runner:
+        result, error = runner.call(anchors.libraw_render, str(shot.files[0]), "libraw_ahd")
         assert error is None, error
         image, seconds = result
         assert image.dtype == np.uint16 and image.shape == truth.shape and seconds > 0
-        aligned, ref, info = qb.align_to_truth(image, truth)
+        aligned, ref, info = qmetrics.align_to_truth(image, truth)
         assert info["aligned"]
-        assert qb.psnr(aligned, ref) > 25
-        colour = qb.colour_check(aligned, ref)
-        assert colour["flat_pixels"] > 100 and colour["mean_abs_diff"] < qb.COLOUR_TOLERANCE
+        assert qmetrics.psnr(aligned, ref) > 25
+        colour = qmetrics.colour_check(aligned, ref)
+        assert colour["flat_pixels"] > 100 and colour["mean_abs_diff"] < benchmark.COLOUR_TOLERANCE
         # A crash in the child is reported, and the runner starts a fresh child for the next call.
         crashed, error = runner.call(os.abort)
         assert crashed is None and error is not None and "crash" in error
-        again, error = runner.call(qb.libraw_render, str(shot.files[0]), "libraw_dcb")
+        again, error = runner.call(anchors.libraw_render, str(shot.files[0]), "libraw_dcb")
         assert error is None and again[0].shape == truth.shape
 
 
 def test_tiny_benchmark_run_writes_json_and_crops(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "q.json"
-    rc = qb.main(["--scale", "0.02", "--levels", "none,mid", "--content", "dead_leaves:900001", "--device", "cpu",
-                  "--methods", "classical_v1.strata,missing_model_v9.strata,libraw_ahd,libraw_ahd_fbdd_med3",
-                  "--json", str(out), "--crops", str(tmp_path / "crops"), "--crop-size", "64", "--quiet"])
+    rc = quality_cli.main(["--scale", "0.02", "--levels", "none,mid", "--content", "dead_leaves:900001",
+                           "--device", "cpu",
+                           "--methods", "classical_v1.strata,missing_model_v9.strata,libraw_ahd,libraw_ahd_fbdd_med3",
+                           "--json", str(out), "--crops", str(tmp_path / "crops"), "--crop-size", "64", "--quiet"])
     assert rc == 0
     report = json.loads(out.read_text())
     for key in ("settings", "machine", "methods", "skipped", "rows", "summary", "alignment", "colour_check",

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import tifffile
 
+from lab.quality import metrics as qmetrics
+from lab.quality import shots as qshots
+from lab.quality import strata
+from lab.synth.unprocess import DEFAULT_PHOTOS_DIR
 from services.pipeline.models.registry import PACKAGES_DIR, resolve_package
-from services.quality import benchmark as qb
-from services.raw.unprocess import DEFAULT_PHOTOS_DIR
 
 SCALE = 0.04  # 308 x 412 px frames
 LEVELS = ("none", "mid")
@@ -25,7 +27,7 @@ CLASSICAL = "classical_v1.strata"
 
 def _learned() -> Path:
     override = os.environ.get("STRATA_QUALITY_LEARNED_PACKAGE")
-    return resolve_package(override) if override else PACKAGES_DIR / f"{qb.LEARNED}.strata"
+    return resolve_package(override) if override else PACKAGES_DIR / f"{strata.LEARNED}.strata"
 
 
 def test_learned_package_is_not_worse_than_classical(tmp_path: Path) -> None:
@@ -34,17 +36,17 @@ def test_learned_package_is_not_worse_than_classical(tmp_path: Path) -> None:
         pytest.skip(f"learned package {learned} is absent (it ships after GPU training)")
     photo = DEFAULT_PHOTOS_DIR / "033.png"
     content = ["photo:033" if photo.is_file() else "dead_leaves:900002", "dead_leaves:900001"]
-    shots = qb.parse_shots(content)
+    shots = qshots.parse_shots(content)
     means: dict[str, dict[str, float]] = {}
     for level in LEVELS:
         scores: dict[str, list[float]] = {"classical": [], "learned": []}
         for shot in shots:
-            dng = qb.synth_cached(tmp_path, shot, level, SCALE, None)
+            dng = qshots.synth_cached(tmp_path, shot, level, SCALE, None)
             truth = tifffile.imread(dng.parent / "ground_truth.tif")
-            meta, mosaic, _ = qb.decode(dng, tmp_path)
+            meta, mosaic, _ = strata.decode(dng, tmp_path)
             for key, package in (("classical", CLASSICAL), ("learned", str(learned))):
-                image, _ = qb.render_strata(meta, mosaic, package, "cpu")
-                scores[key].append(qb.psnr(image, truth))
+                image, _ = strata.render_strata(meta, mosaic, package, "cpu")
+                scores[key].append(qmetrics.psnr(image, truth))
         means[level] = {k: sum(v) / len(v) for k, v in scores.items()}
     report = ", ".join(f"{lv}: learned {m['learned']:.2f} dB vs classical {m['classical']:.2f} dB"
                        for lv, m in means.items())

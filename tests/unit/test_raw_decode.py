@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 import tifffile
 
+from lab.synth.synth import COLOR_MATRIX, synthesize_shot
+from lab.synth.unprocess import COLOR_MATRIX_STD_A, read_from_shot, synthetic_profile
+from lab.synth.unprocess import FORWARD_MATRIX_D65 as FM_D65
 from services.errors import RawDecodeError
 from services.pipeline.ops.colour import WHITE_D65
 from services.raw import decode
@@ -24,9 +27,6 @@ from services.raw.dng import (
     write_dng,
 )
 from services.raw.meta import NoiseProfile, RawMeta
-from services.raw.synth import COLOR_MATRIX, synthesize_shot
-from services.raw.unprocess import COLOR_MATRIX_STD_A, read_from_shot, synthetic_profile
-from services.raw.unprocess import FORWARD_MATRIX_D65 as FM_D65
 
 
 def test_decodes_synthetic_frame(tmp_path: Path) -> None:

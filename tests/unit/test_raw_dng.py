@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import rawpy
 
+from lab.synth.synth import COLOR_MATRIX
 from services.raw.colour import as_shot_neutral, camera_rgb_matrix
 from services.raw.dng import read_dng_tags, write_dng
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
-from services.raw.synth import COLOR_MATRIX
 
 BLACK, WHITE = 1024, 65535
 

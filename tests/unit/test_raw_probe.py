@@ -9,10 +9,10 @@ import pytest
 import tifffile
 from PIL import Image
 
+from lab.synth.synth import COLOR_MATRIX
 from services.errors import BadRawFile
 from services.raw.dng import PHOTOMETRIC_CFA, write_dng
 from services.raw.probe import probe_raw
-from services.raw.synth import COLOR_MATRIX
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ import pytest
 import rawpy
 import tifffile
 
-from services.raw import synth
+from lab.synth import synth
+from lab.synth.synth import CAMERAS, shot_size, synthesize_shot
+from lab.synth.unprocess import NOISE_LEVELS, read_from_shot
 from services.raw.colour import render_colour, srgb_decode, srgb_encode
 from services.raw.decode_child import extract
 from services.raw.dng import read_dng_tags
 from services.raw.meta import RawMeta
-from services.raw.synth import CAMERAS, shot_size, synthesize_shot
-from services.raw.unprocess import NOISE_LEVELS, read_from_shot
 
 SCALE = 0.02  # IQ3_S -> 154 x 206
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from lab.synth import unprocess as up
 from services.pipeline.ops.colour import apply_matrix, srgb_decode
-from services.raw import unprocess as up
 
 
 def test_noise_free_unprocess_then_process_returns_input() -> None:

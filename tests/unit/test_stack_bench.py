@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.quality.stack_bench import StackCase, delta_e_2000, format_table, psnr, run_case, srgb16_to_lab
+from lab.quality.stack_bench import StackCase, delta_e_2000, format_table, psnr, run_case, srgb16_to_lab
 
 
 def test_delta_e_2000_matches_colour_science() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lab.synth.stack_synth import synthesize_stack
 from services.jobs.planner import plan_frame_groups
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import (
@@ -20,7 +21,6 @@ from services.pipeline.stack import (
 )
 from services.raw.decode import decode_raw
 from services.raw.meta import RawMeta
-from services.raw.stack_synth import synthesize_stack
 
 Frame = tuple[np.ndarray, RawMeta]
 

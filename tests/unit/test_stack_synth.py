@@ -11,7 +11,7 @@ import pytest
 import rawpy
 from PIL import Image
 
-from services.raw.stack_synth import PIXEL_SHIFT_PATTERN, synthesize_stack
+from lab.synth.stack_synth import PIXEL_SHIFT_PATTERN, synthesize_stack
 
 
 def test_random_shifts_and_files(tmp_path: Path) -> None:

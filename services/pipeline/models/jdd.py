@@ -177,6 +177,18 @@ def build_jdd(manifest: Manifest, weights: dict[str, Tensor] | None, device: tor
     return JDDEnhancer(manifest, net, device, compute_dtype)
 
 
-__all__ = ["ARCHITECTURE", "DEFAULT_CONFIG", "JDDEnhancer", "JDDNet", "build_jdd", "flops_per_pixel",
-           "half_res_radius", "jdd_receptive_field", "noise_std_maps", "pack_rggb", "r_site_offset",
+# 1.0.0: 24000 steps; 1.1.0: 30000 steps with scale augmentation (training/data.py UPSCALE_SHARE).
+JDD_VERSION = "1.1.0"
+
+
+def jdd_manifest(name: str, cameras: tuple[str, ...], config: dict[str, Any], training: dict[str, Any],
+                 version: str = JDD_VERSION) -> Manifest:
+    """The manifest of a ``strata_jdd_v1`` package with architecture ``config`` serving ``cameras``."""
+    return Manifest(name=name, version=version, architecture=ARCHITECTURE, cameras=cameras,
+                    receptive_field=jdd_receptive_field(config), noise_input=True, dtype="bfloat16",
+                    config=dict(config), training=training)
+
+
+__all__ = ["ARCHITECTURE", "DEFAULT_CONFIG", "JDD_VERSION", "JDDEnhancer", "JDDNet", "build_jdd", "flops_per_pixel",
+           "half_res_radius", "jdd_manifest", "jdd_receptive_field", "noise_std_maps", "pack_rggb", "r_site_offset",
            "residual_full_res"]

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -26,6 +29,7 @@ LEARNED_DEFAULTS: dict[str, str] = {"IQ3_S": "iq3s_denoise_v2.strata", "IQ2_XS":
 _cache: dict[tuple[str, str, str | None], Enhancer] = {}
 _manifests: dict[str, Manifest] = {}
 _lock = threading.Lock()
+_precision: ContextVar[str | None] = ContextVar("strata_model_precision", default=None)
 
 
 def resolve_package(package: str | Path) -> Path:
@@ -82,17 +86,29 @@ def package_manifest(package: str | Path) -> Manifest:
     return manifest
 
 
+@contextmanager
+def compute_precision(precision: str | None) -> Iterator[None]:
+    """Within the block (this thread or task only), :func:`load_enhancer` calls that name no ``precision`` use
+    ``precision`` (float32 | bfloat16 | float16; None: as outside). For callers that reach the enhancer through
+    the render functions (benchmarks comparing precisions), without changing the process-wide settings."""
+    token = _precision.set(precision)
+    try:
+        yield
+    finally:
+        _precision.reset(token)
+
+
 def load_enhancer(camera: str, device: torch.device | str = "cpu", package: str | Path | None = None,
                   architecture: str | None = None, precision: str | None = None) -> Enhancer:
     """The resident enhancer for ``camera`` on ``device``: loaded once per (package, device, precision) in this
     process, then reused. ``package``: a path or a shipped name (default: :func:`default_package`);
-    ``precision``: float32 | bfloat16 | float16 (default: setting ``model_precision``, else the package's dtype
-    on CUDA and float32 on the CPU).
+    ``precision``: float32 | bfloat16 | float16 (default: the enclosing :func:`compute_precision`, else the
+    setting ``model_precision``, else the package's dtype on CUDA and float32 on the CPU).
 
     Raises :class:`ModelMismatch` when the package does not serve ``camera`` or is not of ``architecture``.
     """
     path = resolve_package(package) if package is not None else default_package(camera)
-    precision = precision or _setting("model_precision")
+    precision = precision or _precision.get() or _setting("model_precision")
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -115,5 +131,5 @@ def clear_cache() -> None:
         _manifests.clear()
 
 
-__all__ = ["CLASSICAL_PACKAGE", "LEARNED_DEFAULTS", "PACKAGES_DIR", "clear_cache", "default_package",
-           "load_enhancer", "package_manifest", "package_ref", "resolve_package"]
+__all__ = ["CLASSICAL_PACKAGE", "LEARNED_DEFAULTS", "PACKAGES_DIR", "clear_cache", "compute_precision",
+           "default_package", "load_enhancer", "package_manifest", "package_ref", "resolve_package"]

@@ -28,7 +28,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from services.bench.pipeline import machine, procedural_mosaic, write_frame
+from lab.bench.pipeline import machine, procedural_mosaic, write_frame
+from services.local_service import local_service
 
 
 def _stamp(value: str | None) -> dt.datetime | None:
@@ -111,15 +112,14 @@ def _frames(tmp: Path, scenario: str, scale: float, frames: int) -> list[Path]:
 
 
 def _local_service() -> tuple[str | None, str | None]:
-    from cli.main import _local_service as local
-
-    found = local()
+    found = local_service()
     token_file = found.get("token_file")
     return found.get("api_url"), Path(token_file).read_text().strip() if token_file else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="strata bench service", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--api", default=None, help="API URL (default: the local `strata serve`)")
     ap.add_argument("--token", default=None, help="station token (default: the local service's)")
     ap.add_argument("--scale", type=float, default=1.0, help="linear size relative to the real sensors")

@@ -208,7 +208,7 @@ def print_table(results: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="strata bench pipeline", description=__doc__)
     ap.add_argument("--devices", default="cuda:0" if torch.cuda.is_available() else "cpu",
                     help="comma list, e.g. cuda:0,cuda:1; each scenario runs on 1..N of them")
     ap.add_argument("--scale", type=float, default=1.0, help="linear size relative to the real sensors")

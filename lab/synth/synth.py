@@ -5,7 +5,7 @@ colour gradient, blurred with a Gaussian (sigma 1 px), linear sRGB within [0, 0.
 (``"photo:NNN"`` from ``../shared/data/photos``, ``"skimage:NAME"`` or an image path). Photographs are resampled
 in linear light with Lanczos to the frame size, enlarging at most 2x; beyond that (e.g. 80 MP) the 2x image is
 mirror-tiled, which keeps native detail instead of inventing a blurry enlargement. Each frame is unprocessed
-with :mod:`services.raw.unprocess` against the DNG colour model of the profile written into the file
+with :mod:`lab.synth.unprocess` against the DNG colour model of the profile written into the file
 (ColorMatrix1 D65 + ColorMatrix2 StdA + ForwardMatrix1/2, as-shot white D65 by default), mosaicked in the
 requested CFA phase, scaled to 16-bit raw and given Poisson-Gaussian noise (a named level or a shot value).
 
@@ -23,13 +23,13 @@ import numpy as np
 import tifffile
 import torch
 
+from lab.synth import unprocess as up
 from services.pipeline.ops.colour import (
     WHITE_D65,
     encode_transfer,
     output_space,
     xyz_d50_to_output_matrix,
 )
-from services.raw import unprocess as up
 from services.raw.colour import as_shot_neutral, camera_rgb_matrix, srgb_decode
 from services.raw.dng import ColourTags, write_dng
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
@@ -201,7 +201,7 @@ def unprocess(linear: np.ndarray, cfa: str, color_matrix: np.ndarray = COLOR_MAT
     """Legacy dcraw-style contract (used by ``stack_synth``): linear sRGB [H, W, 3] -> camera mosaic [H, W].
 
     ``c = neutral * (cam_rgb_n @ L)``; the DNG render of a single-D65-matrix file with a D65 neutral agrees
-    with it to ~3e-4. New code uses :mod:`services.raw.unprocess`.
+    with it to ~3e-4. New code uses :mod:`lab.synth.unprocess`.
     """
     cam = camera_rgb_matrix(color_matrix) * as_shot_neutral(color_matrix)[:, None]  # [camera, srgb]
     channels = _cfa_channels(cfa, linear.shape[0], linear.shape[1])  # [H, W]
@@ -264,6 +264,30 @@ def write_ground_truth(linear: np.ndarray, out_dir: Path, space: str = "srgb") -
     return path
 
 
+def _frame_count(camera: str, frames: int | None) -> int:
+    """Frames of a ``camera`` shot: IQ3_S is a single frame; IQ2_XS a stack of ``frames`` (default 4, 2..16)."""
+    if camera == "IQ3_S":
+        if frames not in (None, 1):
+            raise ValueError(f"IQ3_S is a single-frame camera, got frames={frames}")
+        return 1
+    n_frames = 4 if frames is None else frames
+    if not 2 <= n_frames <= 16:
+        raise ValueError(f"IQ2_XS needs 2..16 frames, got {n_frames}")
+    return n_frames
+
+
+def _colour_tags(profile: up.CameraProfile) -> ColourTags:
+    """The DNG colour tags of a synthetic profile (ColorMatrix1 is written beside them)."""
+    return ColourTags(
+        color_matrix_2=profile.color_matrix_2,
+        illuminant_1=profile.illuminant_1,
+        illuminant_2=profile.illuminant_2,
+        forward_matrix_1=profile.forward_matrix_1,
+        forward_matrix_2=profile.forward_matrix_2,
+        baseline_exposure=0.0,
+    )
+
+
 def synthesize_shot(
     camera: str,
     out_dir: Path,
@@ -295,14 +319,7 @@ def synthesize_shot(
     if max_shift < 0:
         raise ValueError(f"max_shift must be >= 0, got {max_shift}")
     output_space(space)
-    if camera == "IQ3_S":
-        if frames not in (None, 1):
-            raise ValueError(f"IQ3_S is a single-frame camera, got frames={frames}")
-        n_frames = 1
-    else:
-        n_frames = 4 if frames is None else frames
-        if not 2 <= n_frames <= 16:
-            raise ValueError(f"IQ2_XS needs 2..16 frames, got {n_frames}")
+    n_frames = _frame_count(camera, frames)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -316,14 +333,7 @@ def synthesize_shot(
     noise_profile = NoiseProfile(shot=level.shot, read=level.read)
     profile = up.synthetic_profile(forward_matrices)
     colour = up.shot_colour(profile, white, "srgb")
-    tags = ColourTags(
-        color_matrix_2=profile.color_matrix_2,
-        illuminant_1=profile.illuminant_1,
-        illuminant_2=profile.illuminant_2,
-        forward_matrix_1=profile.forward_matrix_1,
-        forward_matrix_2=profile.forward_matrix_2,
-        baseline_exposure=0.0,
-    )
+    tags = _colour_tags(profile)
 
     files: list[Path] = []
     ground_truth = out_dir / "ground_truth.tif"

@@ -1,6 +1,6 @@
 """Synthetic multi-shot stacks with known ground truth, for the stack tests and the stack benchmark.
 
-Built on :mod:`services.raw.synth` (the dead-leaves scene, the unprocessing and the noise model) and
+Built on :mod:`lab.synth.synth` (the dead-leaves scene, the unprocessing and the noise model) and
 :func:`services.raw.dng.write_dng`. Each frame re-renders the scene on its own shifted sampling grid, so
 sub-pixel shifts are exact. Shift convention as in ``synth``: ``frame_k(y, x) = frame_0(y - dy, x - dx)``.
 
@@ -19,9 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.raw.colour import as_shot_neutral, camera_rgb_matrix
-from services.raw.meta import CFA_PATTERNS, NoiseProfile
-from services.raw.synth import (
+from lab.synth.synth import (
     COLOR_MATRIX,
     READ_NOISE_FACTOR,
     _content_frames,
@@ -31,6 +29,8 @@ from services.raw.synth import (
     write_frame,
     write_ground_truth,
 )
+from services.raw.colour import as_shot_neutral, camera_rgb_matrix
+from services.raw.meta import CFA_PATTERNS, NoiseProfile
 
 PIXEL_SHIFT_PATTERN: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.0, 1.0), (1.0, 1.0), (1.0, 0.0))
 _OBJECT_COLOUR = np.array([0.85, 0.08, 0.05], dtype=np.float32)  # saturated red, linear sRGB
@@ -61,6 +61,34 @@ def _camera_rgb(linear: np.ndarray) -> np.ndarray:
     return (linear.astype(np.float64) @ cam.T).astype(np.float32)
 
 
+def _check_stack(cfa: str, frames: int, noise: float, max_shift: float, pixel_shift: bool) -> None:
+    if cfa not in CFA_PATTERNS:
+        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
+    if noise < 0 or max_shift < 0:
+        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
+    if pixel_shift and frames != 4:
+        raise ValueError(f"pixel-shift stacks have 4 frames, got {frames}")
+    if not 2 <= frames <= 16:
+        raise ValueError(f"a stack needs 2..16 frames, got {frames}")
+
+
+def _shifts(rng: np.random.Generator, frames: int, max_shift: float, pixel_shift: bool) -> list[tuple[float, float]]:
+    """Frame shifts: the pixel-shift pattern, or frame 0 at (0, 0) and random ones in [-max_shift, max_shift]."""
+    if pixel_shift:
+        return list(PIXEL_SHIFT_PATTERN)
+    return [(0.0, 0.0)] + [(float(dy), float(dx)) for dy, dx in rng.uniform(-max_shift, max_shift, (frames - 1, 2))]
+
+
+def _motion_mask(height: int, width: int, centres: tuple[np.ndarray, ...], radius: float) -> np.ndarray:
+    """Pixels within ``radius`` (+ a margin) of the moving disc at any of its ``centres`` (cy, cx)."""
+    motion_mask = np.zeros((height, width), dtype=bool)
+    for cy, cx in centres:
+        yy = (np.arange(height) - cy)[:, None] ** 2
+        xx = (np.arange(width) - cx)[None, :] ** 2
+        motion_mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
+    return motion_mask
+
+
 def synthesize_stack(
     out_dir: Path,
     *,
@@ -83,14 +111,7 @@ def synthesize_stack(
     ``content``: ``dead_leaves`` (rendered exactly at each shift) or a photograph as in ``synth``
     (``photo:NNN``, ``skimage:NAME``, a path; Lanczos-resampled at each shift).
     """
-    if cfa not in CFA_PATTERNS:
-        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
-    if noise < 0 or max_shift < 0:
-        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
-    if pixel_shift and frames != 4:
-        raise ValueError(f"pixel-shift stacks have 4 frames, got {frames}")
-    if not 2 <= frames <= 16:
-        raise ValueError(f"a stack needs 2..16 frames, got {frames}")
+    _check_stack(cfa, frames, noise, max_shift, pixel_shift)
     width, height = shot_size(camera, scale)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,12 +119,7 @@ def synthesize_stack(
     scene_rng, shift_rng, noise_rng, object_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
-    if pixel_shift:
-        shifts = list(PIXEL_SHIFT_PATTERN)
-    else:
-        shifts = [(0.0, 0.0)] + [
-            (float(dy), float(dx)) for dy, dx in shift_rng.uniform(-max_shift, max_shift, (frames - 1, 2))
-        ]
+    shifts = _shifts(shift_rng, frames, max_shift, pixel_shift)
 
     motion_mask = np.zeros((height, width), dtype=bool)
     radius = max(0.06 * min(height, width), 3.0)
@@ -112,10 +128,7 @@ def synthesize_stack(
     offset = 2.5 * radius * np.array([math.sin(angle), math.cos(angle)])  # displacement in the moved frame
     moved_frame = frames - 1
     if moving_object:
-        for cy, cx in (centre, centre + offset):
-            yy = (np.arange(height) - cy)[:, None] ** 2
-            xx = (np.arange(width) - cx)[None, :] ** 2
-            motion_mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
+        motion_mask = _motion_mask(height, width, (centre, centre + offset), radius)
 
     noise_profile = NoiseProfile(shot=noise, read=READ_NOISE_FACTOR * noise**2)
     files: list[Path] = []

@@ -13,7 +13,7 @@ script generates on the GPU) or numpy arrays of the same layout, and return the 
 
 Content: the photographs in ``../shared/data/photos`` (read from a path, never copied into the repo; split
 by :data:`PHOTOS_TRAIN` / :data:`PHOTOS_HELD_OUT`), scikit-image's bundled photographs (:data:`SKIMAGE_TRAIN`,
-training only; needs the ``train`` extra) and procedural dead leaves (``services.raw.synth``).
+training only; needs the ``train`` extra) and procedural dead leaves (``lab.synth.synth``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the equivalent long exposure (the same reference frame with 1/N of the noise, re
 only averages the light could reach), PSNR inside and
 outside a moving object's region, the colour difference (mean CIEDE2000, max 16-bit difference) between a
 1-group and a 2-group merge, and the time per stage on the chosen device. ``main`` is CLI-callable
-(``python -m services.quality.stack_bench --scale 0.1 --json out.json``).
+(``python -m lab.quality.stack_bench --scale 0.1 --json out.json``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import tifffile
 
+from lab.synth.stack_synth import synthesize_stack
 from services.jobs.planner import plan_frame_groups
 from services.pipeline.render import RenderParams, render_mosaic
 from services.pipeline.shot import shot_render_params
@@ -37,7 +38,6 @@ from services.pipeline.stack import (
 from services.raw.colour import srgb_decode, srgb_to_xyz_matrix
 from services.raw.decode import decode_raw
 from services.raw.meta import CFA_PATTERNS, RawMeta
-from services.raw.stack_synth import synthesize_stack
 
 BORDER = 8  # px excluded from every metric: frames shifted by up to max_shift lack data at the edges
 _D65_WHITE = np.array([0.95047, 1.0, 1.08883])
@@ -256,7 +256,8 @@ def format_table(results: Sequence[CaseResult]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry: ``--scale``, ``--seed``, ``--noise``, ``--device``, ``--json PATH``."""
-    parser = argparse.ArgumentParser(description="Stack quality benchmark on synthetic stacks.")
+    parser = argparse.ArgumentParser(prog="strata bench stack",
+                                     description="Stack quality benchmark on synthetic stacks.")
     parser.add_argument("--scale", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--noise", type=float, default=0.002, help="shot-noise coefficient (mid noise: 0.002)")

@@ -1,0 +1,74 @@
+"""The Strata path of the quality benchmark: the project's real pipeline, once per model package.
+
+``decode_raw`` -> ``shot_render_params`` -> ``render_mosaic``: the code the GPU workers run. Heavy imports
+(torch, the pipeline) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lab.quality.shots import CAMERA, SPACE
+
+CLASSICAL = "classical_v1"
+LEARNED = "strata_jdd_v1"
+DEFAULT_PACKAGES = (f"{CLASSICAL}.strata", f"{LEARNED}.strata")
+
+
+def package_label(package: str) -> str:
+    """Method name of a package: its file stem (``classical_v1.strata`` -> ``classical_v1``)."""
+    name = Path(package).name
+    return name[: -len(".strata")] if name.endswith(".strata") else name
+
+
+def package_available(package: str) -> bool:
+    """Whether the package resolves to an existing file or directory."""
+    from services.pipeline.models.registry import resolve_package
+
+    return resolve_package(package).exists()
+
+
+def decode(dng: Path, work: Path) -> tuple[Any, np.ndarray, float]:
+    """``decode_raw`` in its sandboxed child: (RawMeta, mosaic, seconds)."""
+    from services.raw.decode import decode_raw
+
+    t0 = time.perf_counter()
+    npy = work / f"{dng.parent.name}.npy"
+    meta = decode_raw(dng, npy)
+    mosaic = np.load(npy)
+    npy.unlink(missing_ok=True)
+    return meta, mosaic, time.perf_counter() - t0
+
+
+def render_strata(meta: Any, mosaic: np.ndarray, package: str, device: str,
+                  sharpen_amount: float | None = None) -> tuple[np.ndarray, float]:
+    """The real pipeline: ``shot_render_params`` (sRGB, IQ3_S, ``package``) -> ``render_mosaic``; (image, s).
+
+    ``sharpen_amount`` overrides the pipeline's unsharp-mask amount (a diagnostic; None keeps the default).
+    """
+    from dataclasses import replace
+
+    import torch
+
+    from services.pipeline.render import render_mosaic
+    from services.pipeline.shot import shot_render_params
+
+    t0 = time.perf_counter()
+    params = shot_render_params(meta, mosaic, SPACE, CAMERA, model=package)
+    if sharpen_amount is not None:
+        params = replace(params, sharpen_amount=sharpen_amount)
+    out = render_mosaic(mosaic, params, device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def warm_up(package: str, device: str) -> None:
+    """Load the package onto the device once, so timings exclude loading (workers keep packages resident)."""
+    from services.pipeline.models.registry import load_enhancer
+
+    load_enhancer(CAMERA, device, package=package)
