@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.raw.colour import as_shot_neutral, camera_rgb_matrix
+from services.raw.colour import CameraProfile, as_shot_neutral, camera_rgb_matrix
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
 from services.raw.synth import (
     COLOR_MATRIX,
@@ -132,7 +132,7 @@ def synthesize_stack(
             camera_rgb = _camera_rgb(linear)
         raw = _to_raw(unprocess(linear, cfa), noise, noise_rng)
         path = out_dir / f"frame_{k:02d}.dng"
-        write_frame(path, raw, cfa=cfa, camera=camera, color_matrix=COLOR_MATRIX,
+        write_frame(path, raw, cfa=cfa, camera=camera, profile=CameraProfile(COLOR_MATRIX),
                     neutral=as_shot_neutral(COLOR_MATRIX).tolist(), noise_profile=noise_profile)
         files.append(path)
     return StackShot(files=files, ground_truth=ground_truth, shifts=shifts, motion_mask=motion_mask,
