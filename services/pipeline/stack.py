@@ -9,7 +9,8 @@ the frames add up to the same integer totals: fusing 2 groups of 4 is bit-identi
 
 The merge works on normalised camera values before white balance: the gains only steer the demosaic, and every
 group gets the same gains from the coordinator (``RenderParams``), so groups cannot disagree on colour. White
-balance proper is applied once, after fusion, by the strip renderer. Fusion happens in the strips themselves
+balance proper is applied once, after fusion, by the strip renderer (:func:`render_fused`, here: the
+single-frame path is :mod:`services.pipeline.render`). Fusion happens in the strips themselves
 (:func:`render_stack_strip` reads its rows of every group's accumulator): the fused stack (5|6, H, W) float32,
 camera RGB, the merge weight(s) and (sub-pixel) the merged Bayer mosaic, only exists strip by strip on the GPUs.
 """

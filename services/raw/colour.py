@@ -175,7 +175,6 @@ def srgb_to_xyz_matrix() -> np.ndarray:
     return SRGB_TO_XYZ_D65.copy()
 
 
-
 def _mat3(m: object, name: str) -> np.ndarray:
     """``m`` as a (3, 3) float64 array; a torch tensor is accepted by duck typing (no torch import here)."""
     detach = getattr(m, "detach", None)
