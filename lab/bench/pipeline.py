@@ -73,9 +73,10 @@ def procedural_mosaic(height: int, width: int, seed: int, shift: tuple[float, fl
 
 
 def write_frame(path: Path, mosaic: np.ndarray, model: str) -> None:
+    from services.raw.colour import CameraProfile
     from services.raw.meta import NoiseProfile
 
-    write_dng(path, mosaic, cfa="RGGB", black_level=1024, white_level=65535, color_matrix=CM,
+    write_dng(path, mosaic, cfa="RGGB", black_level=1024, white_level=65535, profile=CameraProfile(CM),
               as_shot_neutral=NEUTRAL, make="Phase One", model=model, noise_profile=NoiseProfile(2e-4, 1e-7))
 
 

@@ -29,7 +29,7 @@ from lab.synth.synth import (
     write_frame,
     write_ground_truth,
 )
-from services.raw.colour import as_shot_neutral, camera_rgb_matrix
+from services.raw.colour import CameraProfile, as_shot_neutral, camera_rgb_matrix
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
 
 PIXEL_SHIFT_PATTERN: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.0, 1.0), (1.0, 1.0), (1.0, 0.0))
@@ -61,34 +61,6 @@ def _camera_rgb(linear: np.ndarray) -> np.ndarray:
     return (linear.astype(np.float64) @ cam.T).astype(np.float32)
 
 
-def _check_stack(cfa: str, frames: int, noise: float, max_shift: float, pixel_shift: bool) -> None:
-    if cfa not in CFA_PATTERNS:
-        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
-    if noise < 0 or max_shift < 0:
-        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
-    if pixel_shift and frames != 4:
-        raise ValueError(f"pixel-shift stacks have 4 frames, got {frames}")
-    if not 2 <= frames <= 16:
-        raise ValueError(f"a stack needs 2..16 frames, got {frames}")
-
-
-def _shifts(rng: np.random.Generator, frames: int, max_shift: float, pixel_shift: bool) -> list[tuple[float, float]]:
-    """Frame shifts: the pixel-shift pattern, or frame 0 at (0, 0) and random ones in [-max_shift, max_shift]."""
-    if pixel_shift:
-        return list(PIXEL_SHIFT_PATTERN)
-    return [(0.0, 0.0)] + [(float(dy), float(dx)) for dy, dx in rng.uniform(-max_shift, max_shift, (frames - 1, 2))]
-
-
-def _motion_mask(height: int, width: int, centres: tuple[np.ndarray, ...], radius: float) -> np.ndarray:
-    """Pixels within ``radius`` (+ a margin) of the moving disc at any of its ``centres`` (cy, cx)."""
-    motion_mask = np.zeros((height, width), dtype=bool)
-    for cy, cx in centres:
-        yy = (np.arange(height) - cy)[:, None] ** 2
-        xx = (np.arange(width) - cx)[None, :] ** 2
-        motion_mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
-    return motion_mask
-
-
 def synthesize_stack(
     out_dir: Path,
     *,
@@ -111,7 +83,14 @@ def synthesize_stack(
     ``content``: ``dead_leaves`` (rendered exactly at each shift) or a photograph as in ``synth``
     (``photo:NNN``, ``skimage:NAME``, a path; Lanczos-resampled at each shift).
     """
-    _check_stack(cfa, frames, noise, max_shift, pixel_shift)
+    if cfa not in CFA_PATTERNS:
+        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
+    if noise < 0 or max_shift < 0:
+        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
+    if pixel_shift and frames != 4:
+        raise ValueError(f"pixel-shift stacks have 4 frames, got {frames}")
+    if not 2 <= frames <= 16:
+        raise ValueError(f"a stack needs 2..16 frames, got {frames}")
     width, height = shot_size(camera, scale)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -119,7 +98,12 @@ def synthesize_stack(
     scene_rng, shift_rng, noise_rng, object_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
-    shifts = _shifts(shift_rng, frames, max_shift, pixel_shift)
+    if pixel_shift:
+        shifts = list(PIXEL_SHIFT_PATTERN)
+    else:
+        shifts = [(0.0, 0.0)] + [
+            (float(dy), float(dx)) for dy, dx in shift_rng.uniform(-max_shift, max_shift, (frames - 1, 2))
+        ]
 
     motion_mask = np.zeros((height, width), dtype=bool)
     radius = max(0.06 * min(height, width), 3.0)
@@ -128,7 +112,10 @@ def synthesize_stack(
     offset = 2.5 * radius * np.array([math.sin(angle), math.cos(angle)])  # displacement in the moved frame
     moved_frame = frames - 1
     if moving_object:
-        motion_mask = _motion_mask(height, width, (centre, centre + offset), radius)
+        for cy, cx in (centre, centre + offset):
+            yy = (np.arange(height) - cy)[:, None] ** 2
+            xx = (np.arange(width) - cx)[None, :] ** 2
+            motion_mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
 
     noise_profile = NoiseProfile(shot=noise, read=READ_NOISE_FACTOR * noise**2)
     files: list[Path] = []
@@ -145,7 +132,7 @@ def synthesize_stack(
             camera_rgb = _camera_rgb(linear)
         raw = _to_raw(unprocess(linear, cfa), noise, noise_rng)
         path = out_dir / f"frame_{k:02d}.dng"
-        write_frame(path, raw, cfa=cfa, camera=camera, color_matrix=COLOR_MATRIX,
+        write_frame(path, raw, cfa=cfa, camera=camera, profile=CameraProfile(COLOR_MATRIX),
                     neutral=as_shot_neutral(COLOR_MATRIX).tolist(), noise_profile=noise_profile)
         files.append(path)
     return StackShot(files=files, ground_truth=ground_truth, shifts=shifts, motion_mask=motion_mask,

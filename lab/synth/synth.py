@@ -24,14 +24,17 @@ import tifffile
 import torch
 
 from lab.synth import unprocess as up
-from services.pipeline.ops.colour import (
+from services.pipeline.ops.colour import encode_transfer
+from services.raw.colour import (
     WHITE_D65,
-    encode_transfer,
+    CameraProfile,
+    as_shot_neutral,
+    camera_rgb_matrix,
     output_space,
+    srgb_decode,
     xyz_d50_to_output_matrix,
 )
-from services.raw.colour import as_shot_neutral, camera_rgb_matrix, srgb_decode
-from services.raw.dng import ColourTags, write_dng
+from services.raw.dng import write_dng
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
 
 CAMERAS: dict[str, tuple[int, int]] = {"IQ3_S": (7728, 10304), "IQ2_XS": (6912, 7296)}  # (width, height)
@@ -239,11 +242,12 @@ def _raw_frame(
     return raw
 
 
-def write_frame(path: Path, raw: np.ndarray, *, cfa: str, camera: str, color_matrix: np.ndarray,
-                neutral: list[float], noise_profile: NoiseProfile | None, colour: ColourTags | None = None) -> None:
+def write_frame(path: Path, raw: np.ndarray, *, cfa: str, camera: str, profile: CameraProfile, neutral: list[float],
+                noise_profile: NoiseProfile | None, baseline_exposure: float | None = None) -> None:
     """One synthetic frame as a DNG with the synthetic back's levels and make."""
-    write_dng(path, raw, cfa=cfa, black_level=BLACK_LEVEL, white_level=WHITE_LEVEL, color_matrix=color_matrix,
-              as_shot_neutral=neutral, make=MAKE, model=camera, noise_profile=noise_profile, colour=colour)
+    write_dng(path, raw, cfa=cfa, black_level=BLACK_LEVEL, white_level=WHITE_LEVEL, profile=profile,
+              as_shot_neutral=neutral, make=MAKE, model=camera, noise_profile=noise_profile,
+              baseline_exposure=baseline_exposure)
 
 
 def write_ground_truth(linear: np.ndarray, out_dir: Path, space: str = "srgb") -> Path:
@@ -262,30 +266,6 @@ def write_ground_truth(linear: np.ndarray, out_dir: Path, space: str = "srgb") -
     tifffile.imwrite(path, np.rint(encoded * 65535).astype(np.uint16), photometric="rgb", software=False,
                      metadata=None)
     return path
-
-
-def _frame_count(camera: str, frames: int | None) -> int:
-    """Frames of a ``camera`` shot: IQ3_S is a single frame; IQ2_XS a stack of ``frames`` (default 4, 2..16)."""
-    if camera == "IQ3_S":
-        if frames not in (None, 1):
-            raise ValueError(f"IQ3_S is a single-frame camera, got frames={frames}")
-        return 1
-    n_frames = 4 if frames is None else frames
-    if not 2 <= n_frames <= 16:
-        raise ValueError(f"IQ2_XS needs 2..16 frames, got {n_frames}")
-    return n_frames
-
-
-def _colour_tags(profile: up.CameraProfile) -> ColourTags:
-    """The DNG colour tags of a synthetic profile (ColorMatrix1 is written beside them)."""
-    return ColourTags(
-        color_matrix_2=profile.color_matrix_2,
-        illuminant_1=profile.illuminant_1,
-        illuminant_2=profile.illuminant_2,
-        forward_matrix_1=profile.forward_matrix_1,
-        forward_matrix_2=profile.forward_matrix_2,
-        baseline_exposure=0.0,
-    )
 
 
 def synthesize_shot(
@@ -319,7 +299,14 @@ def synthesize_shot(
     if max_shift < 0:
         raise ValueError(f"max_shift must be >= 0, got {max_shift}")
     output_space(space)
-    n_frames = _frame_count(camera, frames)
+    if camera == "IQ3_S":
+        if frames not in (None, 1):
+            raise ValueError(f"IQ3_S is a single-frame camera, got frames={frames}")
+        n_frames = 1
+    else:
+        n_frames = 4 if frames is None else frames
+        if not 2 <= n_frames <= 16:
+            raise ValueError(f"IQ2_XS needs 2..16 frames, got {n_frames}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -333,7 +320,6 @@ def synthesize_shot(
     noise_profile = NoiseProfile(shot=level.shot, read=level.read)
     profile = up.synthetic_profile(forward_matrices)
     colour = up.shot_colour(profile, white, "srgb")
-    tags = _colour_tags(profile)
 
     files: list[Path] = []
     ground_truth = out_dir / "ground_truth.tif"
@@ -343,8 +329,8 @@ def synthesize_shot(
             ground_truth = write_ground_truth(linear, out_dir, space)
         raw = _raw_frame(linear, cfa, colour, level, generator)
         path = out_dir / f"frame_{k:02d}.dng"
-        write_frame(path, raw, cfa=cfa, camera=camera, color_matrix=profile.color_matrix_1,
-                    neutral=colour.neutral.tolist(), noise_profile=noise_profile, colour=tags)
+        write_frame(path, raw, cfa=cfa, camera=camera, profile=profile, neutral=colour.neutral.tolist(),
+                    noise_profile=noise_profile, baseline_exposure=0.0)
         files.append(path)
     return SynthShot(files=files, ground_truth=ground_truth, shifts=shifts)
 

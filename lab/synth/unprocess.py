@@ -6,7 +6,7 @@ sRGB image -> inverse sRGB transfer -> linear sRGB -> (exposure) -> inverse of t
 level (saturated highlights) -> Bayer mosaic (any of the 4 CFA phases) -> Poisson-Gaussian noise with
 ``variance = shot * x + read`` (x normalised to [0, 1] of the white level).
 
-Because the forward colour model is :func:`services.pipeline.ops.colour.dng_colour_transform` (the same
+Because the forward colour model is :func:`services.raw.colour.dng_colour_transform` (the same
 function the renderer uses), rendering an unprocessed, noise-free image returns the input exactly (up to
 clipping and demosaic). Per-pixel functions take torch tensors (B, C, H, W) on any device (the training
 script generates on the GPU) or numpy arrays of the same layout, and return the same kind.
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from services.pipeline.ops.colour import (
+from services.pipeline.ops.colour import srgb_decode
+from services.raw.colour import (
     ILLUMINANT_D65,
     ILLUMINANT_STD_A,
     WHITE_A,
@@ -37,7 +38,6 @@ from services.pipeline.ops.colour import (
     ColourTransform,
     bradford_matrix,
     dng_colour_transform,
-    srgb_decode,
     xy_to_xyz,
 )
 

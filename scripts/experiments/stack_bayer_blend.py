@@ -4,7 +4,7 @@
 
 A (tolerance 0): the fused RGB (frames demosaiced one by one by the package, warped, averaged) through the Lee
 filter. B: the merged Bayer mosaic (channel 4 of the fused stack) through the package once at 1/N of the noise.
-Then the shipped blend at several values of ``render.BLEND_TOLERANCE`` and a fixed 50/50 mix of A and B. Prints
+Then the shipped blend at several values of ``stack.BLEND_TOLERANCE`` and a fixed 50/50 mix of A and B. Prints
 each gain over the single-frame render (docs/QUALITY.md, "Multi-shot stacks").
 """
 
@@ -20,7 +20,7 @@ import tifffile
 
 from lab.quality.stack_bench import BORDER, psnr
 from lab.synth.stack_synth import synthesize_stack
-from services.pipeline import render
+from services.pipeline import render, stack
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import fuse_groups, merge_frame_group, stack_noise_factors
 from services.raw.decode import decode_raw
@@ -30,7 +30,7 @@ TOLERANCES = (0.0, 0.8, 1.6, 3.2, 12.8)
 
 
 def main(scale: float, contents: list[str], n: int, device: str = "cpu") -> None:
-    shipped = render.BLEND_TOLERANCE
+    shipped = stack.BLEND_TOLERANCE
     for content in contents:
         d = Path(tempfile.mkdtemp())
         shot = synthesize_stack(d, frames=n, scale=scale, seed=3, noise=0.002, content=content, photos_dir=PHOTOS)
@@ -51,12 +51,12 @@ def main(scale: float, contents: list[str], n: int, device: str = "cpu") -> None
         a_img = None
         try:
             for tolerance in TOLERANCES:
-                render.BLEND_TOLERANCE = tolerance
-                out = render.render_rgb(fused, params, device, stack_noise_factors(False)).astype(np.float64)
+                stack.BLEND_TOLERANCE = tolerance
+                out = stack.render_rgb(fused, params, device, stack_noise_factors(False)).astype(np.float64)
                 a_img = out if a_img is None else a_img
                 line += f"  tol {tolerance:g} {psnr(out, truth, inner) - single:+.2f}"
         finally:
-            render.BLEND_TOLERANCE = shipped
+            stack.BLEND_TOLERANCE = shipped
         assert a_img is not None
         line += f"  fixed 50/50 {psnr(np.round(0.5 * (a_img + b_img)), truth, inner) - single:+.2f}"
         print(line, flush=True)

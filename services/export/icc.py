@@ -2,8 +2,8 @@
 
 The profile holds rXYZ/gXYZ/bXYZ (primaries Bradford-adapted to the D50 PCS), wtpt (D50), rTRC/gTRC/bTRC
 (``curv``: one gamma value, or a 4096-entry table for piecewise curves, or none for linear), desc and cprt.
-The matrices and curves come from :mod:`services.pipeline.ops.colour`, so the profile describes exactly what
-the renderer wrote.
+The matrices come from :mod:`services.raw.colour` and the curves from :mod:`services.pipeline.ops.colour`, so
+the profile describes exactly what the renderer wrote.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import struct
 import numpy as np
 import torch
 
-from services.pipeline.ops.colour import (
+from services.pipeline.ops.colour import decode_transfer
+from services.raw.colour import (
     ADOBE_RGB_GAMMA,
     WHITE_D50,
     bradford_matrix,
-    decode_transfer,
     output_space,
     rgb_to_xyz_matrix,
     xy_to_xyz,
@@ -62,7 +62,7 @@ def d50_primaries(space: str) -> np.ndarray:
 
 
 def build_icc_profile(space: str, description: str | None = None) -> bytes:
-    """ICC v2 RGB display profile bytes for an :data:`~services.pipeline.ops.colour.OUTPUT_SPACES` entry."""
+    """ICC v2 RGB display profile bytes for an :data:`~services.raw.colour.OUTPUT_SPACES` entry."""
     out = output_space(space)
     prim = d50_primaries(space)
     curve = _curve_tag(out.transfer)

@@ -9,7 +9,7 @@ from services.errors import BadInput
 
 @dataclass(frozen=True)
 class Recipe:
-    """An output preset. ``colour_space`` is a key of ``services.pipeline.ops.colour.OUTPUT_SPACES``: the
+    """An output preset. ``colour_space`` is a key of ``services.raw.colour.OUTPUT_SPACES``: the
     space the pipeline renders to (DNG colorimetric, its own transfer function, no tone curve) and whose ICC
     profile is embedded."""
 

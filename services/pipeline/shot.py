@@ -1,4 +1,8 @@
-"""Shot-level parameters, computed once per shot and shared by every shard: white balance, noise, colour."""
+"""Shot-level parameters, computed once per shot and shared by every shard: white balance, noise, colour.
+
+The colour model and the white-balance decision (as-shot white, else grey world) are
+:mod:`services.raw.colour`'s; this module turns them into the shards' :class:`RenderParams`.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +11,8 @@ import numpy as np
 from services.pipeline.models.architectures import post_sharpen
 from services.pipeline.models.registry import default_package, package_manifest, package_ref
 from services.pipeline.render import RenderParams
-from services.raw.colour import render_colour
+from services.raw.colour import cfa_planes, render_colour, white_balance_neutral
 from services.raw.meta import RawMeta
-
-_SITES = ((0, 0), (0, 1), (1, 0), (1, 1))
-
-
-def _cfa_planes(mosaic: np.ndarray, meta: RawMeta) -> dict[str, list[np.ndarray]]:
-    """The normalised CFA sub-planes of a (subsampled) mosaic, grouped by colour letter."""
-    white = float(meta.white_level)
-    planes: dict[str, list[np.ndarray]] = {"R": [], "G": [], "B": []}
-    for (dy, dx), letter, black in zip(_SITES, meta.cfa, meta.black_levels, strict=True):
-        plane = mosaic[dy::2, dx::2].astype(np.float32)
-        planes[letter].append((plane - black) / max(white - black, 1.0))
-    return planes
-
-
-def grey_world_neutral(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float, float]:
-    """A camera neutral (R, G, B; G = 1) from the scene's mean colour, for files without an as-shot white."""
-    sample = mosaic[: (mosaic.shape[0] // 16) * 16 : 8, : (mosaic.shape[1] // 16) * 16 : 8]
-    planes = _cfa_planes(np.ascontiguousarray(sample), meta)
-    means = {c: float(np.mean([p.mean() for p in ps])) for c, ps in planes.items()}
-    g = max(means["G"], 1e-6)
-    return (max(means["R"], 1e-6) / g, 1.0, max(means["B"], 1e-6) / g)
 
 
 def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:
@@ -41,7 +24,7 @@ def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:
     if meta.noise_profile is not None:
         return (float(meta.noise_profile.shot), float(meta.noise_profile.read))
     rows = mosaic[: min(mosaic.shape[0], 2048)]
-    plane = _cfa_planes(rows, meta)["G"][0]
+    plane = cfa_planes(rows, meta)["G"][0]
     diff = np.abs(np.diff(plane, axis=1))
     sigma = 1.4826 * float(np.median(diff)) / np.sqrt(2.0)
     return (0.0, sigma * sigma)
@@ -57,9 +40,7 @@ def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", c
     """
     shot, read = estimate_noise(meta, mosaic)
     package = model or package_ref(default_package(camera))
-    has_white = bool(meta.as_shot_neutral and all(v > 0 for v in meta.as_shot_neutral)) or bool(
-        meta.as_shot_white_xy)
-    colour = render_colour(meta, space, neutral=None if has_white else grey_world_neutral(meta, mosaic))
+    colour = render_colour(meta, space, neutral=white_balance_neutral(meta, mosaic))
     return RenderParams(
         cfa=meta.cfa,
         black=tuple(float(b) for b in meta.black_levels),  # type: ignore[arg-type]

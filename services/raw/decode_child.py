@@ -54,10 +54,10 @@ def _neutral_from_wb(wb: list[float]) -> tuple[float, float, float] | None:
 
 def _matrix_from_rgb_cam(rgb_cam: np.ndarray) -> list[list[float]]:
     """XYZ -> camera matrix (rows normalised to unit sRGB-white response) from LibRaw's camera -> sRGB."""
-    from services.raw.colour import srgb_to_xyz_matrix
+    from services.raw.colour import SRGB_TO_XYZ_D65
 
     cam_rgb = np.linalg.inv(np.asarray(rgb_cam, dtype=np.float64)[:, :3])
-    return (cam_rgb @ np.linalg.inv(srgb_to_xyz_matrix())).tolist()
+    return (cam_rgb @ np.linalg.inv(SRGB_TO_XYZ_D65)).tolist()
 
 
 def _matrix9(values: list[float] | None) -> tuple[tuple[float, float, float], ...] | None:
@@ -66,94 +66,111 @@ def _matrix9(values: list[float] | None) -> tuple[tuple[float, float, float], ..
     return tuple((values[i], values[i + 1], values[i + 2]) for i in (0, 3, 6))
 
 
-def _dng_colour_fields(tags: dict[str, Any]) -> dict[str, Any]:
-    """The optional RawMeta colour fields from :func:`read_dng_tags` (absent tags stay at their defaults)."""
+def _dng_profile_fields(tags: dict[str, Any]) -> dict[str, Any]:
+    """CameraProfile keywords beyond ColorMatrix1 from :func:`read_dng_tags` (absent tags stay at their
+    defaults)."""
     fields: dict[str, Any] = {
         name: _matrix9(tags[name])
         for name in ("color_matrix_2", "forward_matrix_1", "forward_matrix_2",
                      "camera_calibration_1", "camera_calibration_2")
     }
-    balance, white_xy = tags["analog_balance"], tags["as_shot_white_xy"]
+    balance = tags["analog_balance"]
     fields["analog_balance"] = tuple(balance[:3]) if balance is not None and len(balance) >= 3 else None
-    fields["as_shot_white_xy"] = tuple(white_xy[:2]) if white_xy is not None and len(white_xy) >= 2 else None
-    fields["calibration_illuminants"] = tuple(tags["calibration_illuminants"])
-    fields["baseline_exposure"] = float(tags["baseline_exposure"])
+    fields["illuminant_1"], fields["illuminant_2"] = tags["calibration_illuminants"]
     return fields
 
 
-def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
-    """Decode ``raw_path`` with LibRaw, save its visible mosaic to ``out_npy``, return RawMeta as a dict."""
+def _bayer_pattern(raw: Any) -> tuple[str, np.ndarray]:
+    """The 2x2 CFA pattern name and LibRaw's colour index of the four sites; UnsupportedSensor otherwise."""
     import rawpy
 
-    from services.raw.dng import read_dng_tags
-    from services.raw.meta import CFA_PATTERNS, NoiseProfile, RawMeta
+    from services.raw.meta import CFA_PATTERNS
+
+    pattern = raw.raw_pattern
+    desc = raw.color_desc.decode("ascii", "replace")
+    if raw.raw_type != rawpy.RawType.Flat or pattern is None or pattern.shape != (2, 2):
+        layout = "none" if pattern is None else f"{pattern.shape[0]}x{pattern.shape[1]}"
+        raise UnsupportedSensor(f"unsupported sensor layout ({raw.raw_type.name}, CFA {layout}, {desc})")
+    if raw.num_colors != 3 or desc[:3] != "RGB":
+        raise UnsupportedSensor(f"unsupported sensor layout (colours {desc!r}); only RGB Bayer is supported")
+    sites = raw.raw_colors_visible[:2, :2]  # colour index 3 is the second green
+    cfa = "".join(desc[int(c)] for c in sites.ravel())
+    if cfa not in CFA_PATTERNS:
+        raise UnsupportedSensor(f"unsupported sensor layout (2x2 pattern {cfa})")
+    return cfa, sites
+
+
+def _libraw_fields(raw_path: Path, out_npy: Path) -> tuple[dict[str, Any], tuple[int, int]]:
+    """Decode with LibRaw and save the visible mosaic; the RawMeta fields as LibRaw reports them (the colour
+    matrix as ``color_matrix``) and the visible area's (top, left) margins."""
+    import rawpy
 
     with rawpy.imread(str(raw_path)) as raw:
-        pattern = raw.raw_pattern
-        desc = raw.color_desc.decode("ascii", "replace")
-        if raw.raw_type != rawpy.RawType.Flat or pattern is None or pattern.shape != (2, 2):
-            layout = "none" if pattern is None else f"{pattern.shape[0]}x{pattern.shape[1]}"
-            raise UnsupportedSensor(f"unsupported sensor layout ({raw.raw_type.name}, CFA {layout}, {desc})")
-        if raw.num_colors != 3 or desc[:3] != "RGB":
-            raise UnsupportedSensor(f"unsupported sensor layout (colours {desc!r}); only RGB Bayer is supported")
-        sites = raw.raw_colors_visible[:2, :2]  # colour index 3 is the second green
-        cfa = "".join(desc[int(c)] for c in sites.ravel())
-        if cfa not in CFA_PATTERNS:
-            raise UnsupportedSensor(f"unsupported sensor layout (2x2 pattern {cfa})")
+        cfa, sites = _bayer_pattern(raw)
         mosaic = raw.raw_image_visible
         height, width = mosaic.shape
         _save_npy_atomic(out_npy, mosaic)
         per_channel = raw.black_level_per_channel  # LibRaw's black + cblack[c]
         s00, s01, s10, s11 = (float(per_channel[int(c)]) for c in sites.ravel())
-        black_levels = (s00, s01, s10, s11)
-        white_level = float(raw.white_level)
         rgb_xyz = np.asarray(raw.rgb_xyz_matrix, dtype=np.float64)[:3]
-        color_matrix = rgb_xyz.tolist() if np.any(rgb_xyz) else _matrix_from_rgb_cam(raw.color_matrix)
-        neutral = _neutral_from_wb(list(raw.camera_whitebalance))
-        top, left = raw.sizes.top_margin, raw.sizes.left_margin
+        fields: dict[str, Any] = {
+            "width": int(width),
+            "height": int(height),
+            "cfa": cfa,
+            "black_levels": (s00, s01, s10, s11),
+            "white_level": float(raw.white_level),
+            "color_matrix": rgb_xyz.tolist() if np.any(rgb_xyz) else _matrix_from_rgb_cam(raw.color_matrix),
+            "as_shot_neutral": _neutral_from_wb(list(raw.camera_whitebalance)),
+        }
+        return fields, (raw.sizes.top_margin, raw.sizes.left_margin)
 
-    make = model = ""
-    noise: NoiseProfile | None = None
-    colour_fields: dict[str, Any] = {}  # non-DNG: LibRaw's cam_xyz is a D65 matrix (the RawMeta default)
+
+def _apply_dng_tags(fields: dict[str, Any], tags: dict[str, Any], margins: tuple[int, int]) -> dict[str, Any]:
+    """Let the DNG's own tags override LibRaw's view in ``fields`` (in place); returns the profile keywords."""
+    from services.raw.meta import NoiseProfile
+
+    fields["make"], fields["model"] = tags["make"], tags["model"]
+    if tags["color_matrix"] is not None and len(tags["color_matrix"]) == 9:
+        cm = tags["color_matrix"]
+        fields["color_matrix"] = [cm[0:3], cm[3:6], cm[6:9]]
+    if tags["as_shot_neutral"] is not None and len(tags["as_shot_neutral"]) >= 3:
+        n = tags["as_shot_neutral"]
+        fields["as_shot_neutral"] = (n[0], n[1], n[2])
+    if tags["noise_profile"] is not None and len(tags["noise_profile"]) >= 2:
+        fields["noise_profile"] = NoiseProfile(shot=tags["noise_profile"][0], read=tags["noise_profile"][1])
+    (top, left), (area_top, area_left) = margins, tags["active_area_origin"]
+    fields["black_levels"] = (
+        _black_levels_from_dng(tags["black_level"], tags["black_level_repeat"], top - area_top, left - area_left)
+        or fields["black_levels"]
+    )
+    if tags["white_level"] is not None:
+        fields["white_level"] = tags["white_level"]
+    white_xy = tags["as_shot_white_xy"]
+    fields["as_shot_white_xy"] = tuple(white_xy[:2]) if white_xy is not None and len(white_xy) >= 2 else None
+    fields["baseline_exposure"] = float(tags["baseline_exposure"])
+    if tags["as_shot_neutral"] is None and fields["as_shot_white_xy"] is not None:
+        # The white is given as xy; LibRaw's derived camera WB would be a second opinion.
+        fields["as_shot_neutral"] = None
+    return _dng_profile_fields(tags)
+
+
+def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
+    """Decode ``raw_path`` with LibRaw, save its visible mosaic to ``out_npy``, return RawMeta as a dict."""
+    from services.raw.colour import CameraProfile
+    from services.raw.dng import read_dng_tags
+    from services.raw.meta import RawMeta
+
+    fields, margins = _libraw_fields(raw_path, out_npy)
+    fields.update(make="", model="", noise_profile=None)
+    profile_fields: dict[str, Any] = {}  # non-DNG: LibRaw's cam_xyz is a D65 matrix (the profile's default)
     with raw_path.open("rb") as f:
         is_tiff = f.read(4) in (b"II*\x00", b"MM\x00*")
     tags = read_dng_tags(raw_path) if is_tiff else None
     if tags is not None:
-        make, model = tags["make"], tags["model"]
-        if tags["color_matrix"] is not None and len(tags["color_matrix"]) == 9:
-            cm = tags["color_matrix"]
-            color_matrix = [cm[0:3], cm[3:6], cm[6:9]]
-        if tags["as_shot_neutral"] is not None and len(tags["as_shot_neutral"]) >= 3:
-            n = tags["as_shot_neutral"]
-            neutral = (n[0], n[1], n[2])
-        if tags["noise_profile"] is not None and len(tags["noise_profile"]) >= 2:
-            noise = NoiseProfile(shot=tags["noise_profile"][0], read=tags["noise_profile"][1])
-        area_top, area_left = tags["active_area_origin"]
-        black_levels = (
-            _black_levels_from_dng(tags["black_level"], tags["black_level_repeat"], top - area_top, left - area_left)
-            or black_levels
-        )
-        if tags["white_level"] is not None:
-            white_level = tags["white_level"]
-        colour_fields = _dng_colour_fields(tags)
-        if tags["as_shot_neutral"] is None and colour_fields["as_shot_white_xy"] is not None:
-            neutral = None  # the white is given as xy; LibRaw's derived camera WB would be a second opinion
-
-    c0, c1, c2 = color_matrix
-    meta = RawMeta(
-        width=int(width),
-        height=int(height),
-        cfa=cfa,
-        black_levels=black_levels,
-        white_level=white_level,
-        color_matrix=(tuple(c0), tuple(c1), tuple(c2)),
-        as_shot_neutral=neutral,
-        make=make,
-        model=model,
-        noise_profile=noise,
-        **colour_fields,
-    )
-    return meta.to_dict()
+        profile_fields = _apply_dng_tags(fields, tags, margins)
+    c0, c1, c2 = fields.pop("color_matrix")
+    profile = CameraProfile(color_matrix_1=(tuple(c0), tuple(c1), tuple(c2)), **profile_fields)
+    return RawMeta(profile=profile, **fields).to_dict()
 
 
 def _classify(exc: BaseException) -> str:

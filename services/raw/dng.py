@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tifffile
 
+from services.raw.colour import CameraProfile, Matrix3
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
 
 # TIFF/EP and DNG tag codes used here.
@@ -42,33 +42,12 @@ TAG_FORWARD_MATRIX_2 = 50965
 TAG_NOISE_PROFILE = 51041
 
 PHOTOMETRIC_CFA = 32803
-ILLUMINANT_D65 = 21
 _CFA_COLOUR_CODE = {"R": 0, "G": 1, "B": 2}  # TIFF/EP CFAPattern colour codes
 
 TagTuple = tuple[int, str, int, Any, bool]
 
 
-@dataclass(frozen=True)
-class ColourTags:
-    """Optional DNG colour tags beyond ColorMatrix1/AsShotNeutral (None = not written).
-
-    Matrices are (3, 3): ColorMatrix2 (XYZ -> camera), ForwardMatrix1/2 (white-balanced camera -> XYZ D50),
-    CameraCalibration1/2; illuminants are EXIF LightSource codes for CalibrationIlluminant1/2.
-    """
-
-    color_matrix_2: np.ndarray | None = None
-    illuminant_1: int = ILLUMINANT_D65
-    illuminant_2: int | None = None
-    forward_matrix_1: np.ndarray | None = None
-    forward_matrix_2: np.ndarray | None = None
-    camera_calibration_1: np.ndarray | None = None
-    camera_calibration_2: np.ndarray | None = None
-    analog_balance: Sequence[float] | None = None
-    as_shot_white_xy: tuple[float, float] | None = None
-    baseline_exposure: float | None = None
-
-
-def _matrix_tag(code: int, m: np.ndarray | None) -> list[TagTuple]:
+def _matrix_tag(code: int, m: Matrix3 | np.ndarray | None) -> list[TagTuple]:
     if m is None:
         return []
     a = np.asarray(m, dtype=np.float64)
@@ -77,21 +56,39 @@ def _matrix_tag(code: int, m: np.ndarray | None) -> list[TagTuple]:
     return [(code, "2i", 9, _rationals(a.ravel().tolist(), signed=True), True)]
 
 
-def _colour_tags(c: ColourTags) -> list[TagTuple]:
-    tags: list[TagTuple] = [(TAG_CALIBRATION_ILLUMINANT_1, "H", 1, int(c.illuminant_1), True)]
-    tags += _matrix_tag(TAG_COLOR_MATRIX_2, c.color_matrix_2)
-    if c.illuminant_2 is not None:
-        tags.append((TAG_CALIBRATION_ILLUMINANT_2, "H", 1, int(c.illuminant_2), True))
-    tags += _matrix_tag(TAG_CAMERA_CALIBRATION_1, c.camera_calibration_1)
-    tags += _matrix_tag(TAG_CAMERA_CALIBRATION_2, c.camera_calibration_2)
-    tags += _matrix_tag(TAG_FORWARD_MATRIX_1, c.forward_matrix_1)
-    tags += _matrix_tag(TAG_FORWARD_MATRIX_2, c.forward_matrix_2)
-    if c.analog_balance is not None:
-        tags.append((TAG_ANALOG_BALANCE, "2I", 3, _rationals(list(c.analog_balance), signed=False), True))
-    if c.as_shot_white_xy is not None:
-        tags.append((TAG_AS_SHOT_WHITE_XY, "2I", 2, _rationals(list(c.as_shot_white_xy), signed=False), True))
-    if c.baseline_exposure is not None:
-        tags.append((TAG_BASELINE_EXPOSURE, "2i", 1, _rationals([c.baseline_exposure], signed=True), True))
+def _profile_tags(p: CameraProfile) -> list[TagTuple]:
+    """The profile's tags beyond ColorMatrix1: CalibrationIlluminant1 always, the rest where present
+    (CalibrationIlluminant2 unless 0, "absent")."""
+    tags: list[TagTuple] = [(TAG_CALIBRATION_ILLUMINANT_1, "H", 1, int(p.illuminant_1), True)]
+    tags += _matrix_tag(TAG_COLOR_MATRIX_2, p.color_matrix_2)
+    if p.illuminant_2:
+        tags.append((TAG_CALIBRATION_ILLUMINANT_2, "H", 1, int(p.illuminant_2), True))
+    tags += _matrix_tag(TAG_CAMERA_CALIBRATION_1, p.camera_calibration_1)
+    tags += _matrix_tag(TAG_CAMERA_CALIBRATION_2, p.camera_calibration_2)
+    tags += _matrix_tag(TAG_FORWARD_MATRIX_1, p.forward_matrix_1)
+    tags += _matrix_tag(TAG_FORWARD_MATRIX_2, p.forward_matrix_2)
+    if p.analog_balance is not None:
+        tags.append((TAG_ANALOG_BALANCE, "2I", 3, _rationals(list(p.analog_balance), signed=False), True))
+    return tags
+
+
+def _neutral_tag(as_shot_neutral: Sequence[float], as_shot_white_xy: tuple[float, float] | None) -> list[TagTuple]:
+    """AsShotNeutral; ``as_shot_neutral`` may be empty (no tag) when ``as_shot_white_xy`` is given instead."""
+    neutral = [float(v) for v in as_shot_neutral]
+    if not neutral and as_shot_white_xy is None:
+        raise ValueError("need as_shot_neutral or as_shot_white_xy")
+    if neutral and (len(neutral) != 3 or min(neutral) <= 0):
+        raise ValueError(f"as_shot_neutral needs 3 positive values, got {neutral}")
+    return [(TAG_AS_SHOT_NEUTRAL, "2I", 3, _rationals(neutral, signed=False), True)] if neutral else []
+
+
+def _scene_tags(as_shot_white_xy: tuple[float, float] | None, baseline_exposure: float | None) -> list[TagTuple]:
+    """AsShotWhiteXY and BaselineExposure where given (None: not written)."""
+    tags: list[TagTuple] = []
+    if as_shot_white_xy is not None:
+        tags.append((TAG_AS_SHOT_WHITE_XY, "2I", 2, _rationals(list(as_shot_white_xy), signed=False), True))
+    if baseline_exposure is not None:
+        tags.append((TAG_BASELINE_EXPOSURE, "2i", 1, _rationals([baseline_exposure], signed=True), True))
     return tags
 
 
@@ -124,28 +121,22 @@ def dng_tags(
     cfa: str,
     black_level: int,
     white_level: int,
-    color_matrix: np.ndarray,
+    profile: CameraProfile,
     as_shot_neutral: Sequence[float],
     make: str,
     model: str,
     noise_profile: NoiseProfile | None,
-    colour: ColourTags | None = None,
+    as_shot_white_xy: tuple[float, float] | None = None,
+    baseline_exposure: float | None = None,
 ) -> list[TagTuple]:
     """The DNG tags of the raw IFD as tifffile ``extratags``; ``as_shot_neutral`` may be empty when
-    ``colour.as_shot_white_xy`` is given instead."""
+    ``as_shot_white_xy`` is given instead."""
     if cfa not in CFA_PATTERNS:
         raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
-    cm = np.asarray(color_matrix, dtype=np.float64)
-    if cm.shape != (3, 3):
-        raise ValueError(f"color_matrix must be (3, 3), got {cm.shape}")
-    colour = colour or ColourTags()
-    neutral = [float(v) for v in as_shot_neutral]
-    if not neutral and colour.as_shot_white_xy is None:
-        raise ValueError("need as_shot_neutral or colour.as_shot_white_xy")
-    if neutral and (len(neutral) != 3 or min(neutral) <= 0):
-        raise ValueError(f"as_shot_neutral needs 3 positive values, got {neutral}")
+    neutral = _neutral_tag(as_shot_neutral, as_shot_white_xy)
     if not 0 <= black_level < white_level <= 65535:
         raise ValueError(f"need 0 <= black_level < white_level <= 65535, got {black_level}, {white_level}")
+    cm = np.asarray(profile.color_matrix_1, dtype=np.float64)
     tags: list[TagTuple] = [
         _ascii_tag(TAG_MAKE, make),
         _ascii_tag(TAG_MODEL, model),
@@ -161,9 +152,7 @@ def dng_tags(
         (TAG_WHITE_LEVEL, "I", 1, int(white_level), True),
         (TAG_COLOR_MATRIX_1, "2i", 9, _rationals(cm.ravel().tolist(), signed=True), True),
     ]
-    if neutral:
-        tags.append((TAG_AS_SHOT_NEUTRAL, "2I", 3, _rationals(neutral, signed=False), True))
-    tags += _colour_tags(colour)
+    tags += neutral + _profile_tags(profile) + _scene_tags(as_shot_white_xy, baseline_exposure)
     if noise_profile is not None:
         tags.append((TAG_NOISE_PROFILE, "d", 2, (float(noise_profile.shot), float(noise_profile.read)), True))
     return tags
@@ -176,18 +165,20 @@ def write_dng(
     cfa: str,
     black_level: int,
     white_level: int,
-    color_matrix: np.ndarray,
+    profile: CameraProfile,
     as_shot_neutral: Sequence[float],
     make: str,
     model: str,
     noise_profile: NoiseProfile | None = None,
-    colour: ColourTags | None = None,
+    as_shot_white_xy: tuple[float, float] | None = None,
+    baseline_exposure: float | None = None,
 ) -> None:
     """Write a (H, W) uint16 Bayer mosaic as an uncompressed DNG 1.4, atomically (temp file + rename).
 
-    ``cfa`` is the 2x2 pattern read row-major from the top-left pixel; ``color_matrix`` is ColorMatrix1
-    (XYZ -> camera, for ``colour.illuminant_1``, default D65); ``as_shot_neutral`` the camera RGB of the scene
-    white; ``colour`` the optional further colour tags (second illuminant, forward matrices, ...).
+    ``cfa`` is the 2x2 pattern read row-major from the top-left pixel; ``profile`` the camera profile
+    (ColorMatrix1, XYZ -> camera, for ``profile.illuminant_1``, default D65, and the optional further tags:
+    second illuminant, forward matrices, ...); ``as_shot_neutral`` the camera RGB of the scene white (or empty,
+    with ``as_shot_white_xy``); ``baseline_exposure`` None is not written.
     """
     mosaic = np.asarray(mosaic)
     if mosaic.ndim != 2 or mosaic.dtype != np.uint16:
@@ -198,12 +189,13 @@ def write_dng(
         cfa=cfa,
         black_level=black_level,
         white_level=white_level,
-        color_matrix=color_matrix,
+        profile=profile,
         as_shot_neutral=as_shot_neutral,
         make=make,
         model=model,
         noise_profile=noise_profile,
-        colour=colour,
+        as_shot_white_xy=as_shot_white_xy,
+        baseline_exposure=baseline_exposure,
     )
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")

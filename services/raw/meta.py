@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from services.raw.colour import CameraProfile, Matrix3
+
 CFA_PATTERNS = ("RGGB", "BGGR", "GRBG", "GBRG")
-Matrix3 = tuple[tuple[float, float, float], ...]
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,11 @@ class NoiseProfile:
 class RawMeta:
     """Everything the render pipeline needs to know about one Bayer frame besides its pixels.
 
-    ``color_matrix`` is ColorMatrix1 (XYZ -> camera) for ``calibration_illuminants[0]``; the optional DNG colour
-    tags after ``noise_profile`` default to "absent" so dicts written before they existed still load. For
-    non-DNG files the decoder fills ``color_matrix`` from LibRaw's cam_xyz (a D65 matrix).
+    ``profile`` holds the DNG camera-profile tags (ColorMatrix1 for ``profile.illuminant_1``, the optional
+    second matrix, forward matrices, calibration, analog balance). For non-DNG files the decoder fills its
+    ColorMatrix1 from LibRaw's cam_xyz (a D65 matrix). :meth:`to_dict` flattens the profile into the keys the
+    stored dicts have always had; the optional ones default to "absent" so dicts written before they existed
+    still load.
     """
 
     width: int
@@ -31,18 +34,11 @@ class RawMeta:
     cfa: str
     black_levels: tuple[float, float, float, float]
     white_level: float
-    color_matrix: tuple[tuple[float, float, float], ...]
+    profile: CameraProfile
     as_shot_neutral: tuple[float, float, float] | None
     make: str
     model: str
     noise_profile: NoiseProfile | None
-    color_matrix_2: Matrix3 | None = None
-    calibration_illuminants: tuple[int, int] = (21, 0)  # EXIF LightSource codes; 0 = absent/unknown
-    forward_matrix_1: Matrix3 | None = None
-    forward_matrix_2: Matrix3 | None = None
-    camera_calibration_1: Matrix3 | None = None
-    camera_calibration_2: Matrix3 | None = None
-    analog_balance: tuple[float, float, float] | None = None
     as_shot_white_xy: tuple[float, float] | None = None
     baseline_exposure: float = 0.0
 
@@ -51,20 +47,17 @@ class RawMeta:
             raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {self.cfa!r}")
         if len(self.black_levels) != 4:
             raise ValueError(f"black_levels needs 4 values (one per 2x2 site), got {len(self.black_levels)}")
-        for name in _MATRIX_FIELDS:
-            m = getattr(self, name)
-            if m is not None and (len(m) != 3 or any(len(row) != 3 for row in m)):
-                raise ValueError(f"{name} must be 3x3, got {m!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (tuples become lists)."""
+        """Plain JSON-able dict (tuples become lists), the profile's tags flattened under their stored keys."""
+        p = self.profile
         return {
             "width": self.width,
             "height": self.height,
             "cfa": self.cfa,
             "black_levels": list(self.black_levels),
             "white_level": self.white_level,
-            "color_matrix": [list(row) for row in self.color_matrix],
+            "color_matrix": _matrix_list(p.color_matrix_1),
             "as_shot_neutral": None if self.as_shot_neutral is None else list(self.as_shot_neutral),
             "make": self.make,
             "model": self.model,
@@ -73,9 +66,9 @@ class RawMeta:
                 if self.noise_profile is None
                 else {"shot": self.noise_profile.shot, "read": self.noise_profile.read}
             ),
-            **{name: _matrix_list(getattr(self, name)) for name in _MATRIX_FIELDS[1:]},
-            "calibration_illuminants": list(self.calibration_illuminants),
-            "analog_balance": None if self.analog_balance is None else list(self.analog_balance),
+            **{name: _matrix_list(getattr(p, name)) for name in _OPTIONAL_MATRICES},
+            "calibration_illuminants": [p.illuminant_1, p.illuminant_2],
+            "analog_balance": None if p.analog_balance is None else list(p.analog_balance),
             "as_shot_white_xy": None if self.as_shot_white_xy is None else list(self.as_shot_white_xy),
             "baseline_exposure": self.baseline_exposure,
         }
@@ -84,9 +77,7 @@ class RawMeta:
     def from_dict(cls, d: dict[str, Any]) -> RawMeta:
         """Inverse of :meth:`to_dict`; the optional colour keys may be missing (older dicts)."""
         neutral = d.get("as_shot_neutral")
-        balance = d.get("analog_balance")
         white_xy = d.get("as_shot_white_xy")
-        i1, i2 = (int(v) for v in d.get("calibration_illuminants", (21, 0)))
         noise = d.get("noise_profile")
         b0, b1, b2, b3 = (float(v) for v in d["black_levels"])
         return cls(
@@ -95,21 +86,31 @@ class RawMeta:
             cfa=str(d["cfa"]),
             black_levels=(b0, b1, b2, b3),
             white_level=float(d["white_level"]),
-            color_matrix=tuple(_triple(row) for row in d["color_matrix"]),
+            profile=profile_from_dict(d),
             as_shot_neutral=None if neutral is None else _triple(neutral),
             make=str(d.get("make", "")),
             model=str(d.get("model", "")),
             noise_profile=None if noise is None else NoiseProfile(float(noise["shot"]), float(noise["read"])),
-            color_matrix_2=_matrix(d.get("color_matrix_2")),
-            calibration_illuminants=(i1, i2),
-            forward_matrix_1=_matrix(d.get("forward_matrix_1")),
-            forward_matrix_2=_matrix(d.get("forward_matrix_2")),
-            camera_calibration_1=_matrix(d.get("camera_calibration_1")),
-            camera_calibration_2=_matrix(d.get("camera_calibration_2")),
-            analog_balance=None if balance is None else _triple(balance),
             as_shot_white_xy=None if white_xy is None else (float(white_xy[0]), float(white_xy[1])),
             baseline_exposure=float(d.get("baseline_exposure", 0.0)),
         )
+
+
+def profile_from_dict(d: dict[str, Any]) -> CameraProfile:
+    """The camera profile from the flat keys of a stored RawMeta dict (or of decoded DNG tags in that form)."""
+    i1, i2 = (int(v) for v in d.get("calibration_illuminants", (21, 0)))
+    balance = d.get("analog_balance")
+    return CameraProfile(
+        color_matrix_1=tuple(_triple(row) for row in d["color_matrix"]),
+        color_matrix_2=_matrix(d.get("color_matrix_2")),
+        illuminant_1=i1,
+        illuminant_2=i2,
+        forward_matrix_1=_matrix(d.get("forward_matrix_1")),
+        forward_matrix_2=_matrix(d.get("forward_matrix_2")),
+        camera_calibration_1=_matrix(d.get("camera_calibration_1")),
+        camera_calibration_2=_matrix(d.get("camera_calibration_2")),
+        analog_balance=None if balance is None else _triple(balance),
+    )
 
 
 def _triple(values: Any) -> tuple[float, float, float]:
@@ -117,18 +118,16 @@ def _triple(values: Any) -> tuple[float, float, float]:
     return (a, b, c)
 
 
-_MATRIX_FIELDS = (
-    "color_matrix",
-    "color_matrix_2",
-    "forward_matrix_1",
-    "forward_matrix_2",
-    "camera_calibration_1",
-    "camera_calibration_2",
-)
+# The optional profile matrices, in the stored dicts' key order (stored under their CameraProfile field names).
+_OPTIONAL_MATRICES = ("color_matrix_2", "forward_matrix_1", "forward_matrix_2", "camera_calibration_1",
+                      "camera_calibration_2")
 
 
 def _matrix(rows: Any) -> Matrix3 | None:
-    return None if rows is None else tuple(_triple(row) for row in rows)
+    """Rows of a stored matrix as a 3x3 tuple; wrong shapes are left for CameraProfile to report."""
+    if rows is None:
+        return None
+    return tuple(_triple(row) for row in rows)  # type: ignore[return-value]
 
 
 def _matrix_list(m: Matrix3 | None) -> list[list[float]] | None:

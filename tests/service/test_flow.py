@@ -201,6 +201,7 @@ def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path
 
     from lab.bench.pipeline import CM, NEUTRAL
     from services.config import get_settings
+    from services.raw.colour import CameraProfile
     from services.raw.dng import write_dng
     from services.storage import get_storage
 
@@ -209,7 +210,7 @@ def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path
     for i in range(2):  # LibRaw refuses images under 22 px a side
         paths.append(tmp_path / f"tiny_{i}.dng")
         write_dng(paths[-1], np.full((12, 40), 9000 + i, np.uint16), cfa="RGGB", black_level=1024, white_level=65535,
-                  color_matrix=CM, as_shot_neutral=NEUTRAL, make="Phase One", model="IQ2_XS")
+                  profile=CameraProfile(CM), as_shot_neutral=NEUTRAL, make="Phase One", model="IQ2_XS")
     job_id = _stack_job(paths, "tiny-station")
     with session_scope() as session:
         assert flow.ingest_job(session, storage, settings, job_id, n_workers=2) == []

@@ -12,7 +12,8 @@ import torch
 
 from lab.synth import synth
 from lab.synth import unprocess as up
-from services.pipeline.ops.colour import (
+from services.pipeline.ops.colour import decode_transfer, encode_transfer
+from services.raw.colour import (
     OUTPUT_SPACES,
     WHITE_A,
     WHITE_D50,
@@ -21,16 +22,14 @@ from services.pipeline.ops.colour import (
     bradford_matrix,
     camera_to_srgb_matrix,
     cct_from_xy,
-    decode_transfer,
     dng_colour_transform,
-    encode_transfer,
+    render_colour,
     rgb_to_xyz_matrix,
     xy_to_xyz,
     xyz_d50_to_output_matrix,
 )
-from services.raw.colour import render_colour
 from services.raw.decode_child import extract
-from services.raw.dng import ColourTags, write_dng
+from services.raw.dng import write_dng
 from services.raw.meta import RawMeta
 
 with warnings.catch_warnings():
@@ -119,12 +118,8 @@ def _write_patch_dng(path: Path, image: np.ndarray, white: tuple[float, float], 
     sc = up.shot_colour(profile, white)
     level = up.noise_level("none")
     raw = synth._raw_frame(image, cfa, sc, level, torch.Generator().manual_seed(0))
-    tags = ColourTags(color_matrix_2=profile.color_matrix_2, illuminant_2=profile.illuminant_2,
-                      forward_matrix_1=profile.forward_matrix_1, forward_matrix_2=profile.forward_matrix_2,
-                      baseline_exposure=0.0)
-    write_dng(path, raw, cfa=cfa, black_level=synth.BLACK_LEVEL, white_level=synth.WHITE_LEVEL,
-              color_matrix=profile.color_matrix_1, as_shot_neutral=sc.neutral.tolist(), make="Phase One",
-              model="IQ3_S", colour=tags)
+    write_dng(path, raw, cfa=cfa, black_level=synth.BLACK_LEVEL, white_level=synth.WHITE_LEVEL, profile=profile,
+              as_shot_neutral=sc.neutral.tolist(), make="Phase One", model="IQ3_S", baseline_exposure=0.0)
 
 
 @pytest.mark.parametrize("forward", [True, False])

@@ -13,7 +13,8 @@ from services.errors import BadInput
 from services.export.icc import ICC_D50, build_icc_profile, d50_primaries
 from services.export.recipes import RECIPES, get_recipe
 from services.export.tiff import icc_profile
-from services.pipeline.ops.colour import OUTPUT_SPACES, encode_transfer, srgb_encode, xyz_d50_to_output_matrix
+from services.pipeline.ops.colour import encode_transfer, srgb_encode
+from services.raw.colour import OUTPUT_SPACES, xyz_d50_to_output_matrix
 
 
 def test_recipes_name_known_spaces() -> None:

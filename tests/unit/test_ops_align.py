@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.pipeline.ops.align import AlignParams, align_frame, grey_pyramid, mosaic_grey, tiles_to_pixels, warp
+from services.pipeline.ops.align import (
+    AlignParams,
+    align_frame,
+    estimate_shift,
+    grey_pyramid,
+    mosaic_grey,
+    tiles_to_pixels,
+    warp,
+)
 from tests.unit.test_ops_synthetic import mosaic_of, textured_rgb
 
 H, W = 160, 192
@@ -67,3 +75,25 @@ def test_bad_input() -> None:
         align_frame(torch.rand(32, 32), torch.rand(32, 34))
     with pytest.raises(ValueError):
         AlignParams(tile_size=2)
+
+
+def _shot_read_noisy(mosaic: torch.Tensor, seed: int, shot: float = 0.002, read: float = 1e-4) -> torch.Tensor:
+    """Poisson-Gaussian noise with a separate read term (the global-shift tests' model)."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(mosaic.shape, generator=g, dtype=torch.float64) * (shot * mosaic + read).sqrt()
+    return (mosaic + noise).float()
+
+
+@pytest.mark.parametrize("shift", [(0.3, -1.7), (2.45, 0.8), (-3.1, 4.25), (0.5, 0.5), (7.3, -6.6)])
+def test_estimate_shift_recovers_subpixel_shift(shift: tuple[float, float]) -> None:
+    reference = _shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4), "RGGB"), seed=1)
+    frame = _shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4, shift=shift), "RGGB"), seed=2)
+    dy, dx = estimate_shift(reference, frame, "RGGB")
+    assert abs(dy - shift[0]) < 0.1 and abs(dx - shift[1]) < 0.1
+
+
+def test_estimate_shift_bad_input() -> None:
+    with pytest.raises(ValueError, match=r"even H and W.*got \(15, 16\)"):
+        estimate_shift(torch.rand(15, 16), torch.rand(15, 16), "RGGB")
+    with pytest.raises(ValueError, match="differs"):
+        estimate_shift(torch.rand(16, 16), torch.rand(16, 18), "RGGB")

@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.pipeline.ops import (
-    SRGB_TO_XYZ_D65,
-    apply_matrix,
-    camera_to_srgb_matrix,
-    normalize_levels,
-    srgb_decode,
-    srgb_encode,
-    to_uint16,
-)
+from services.pipeline.ops import apply_matrix, normalize_levels, srgb_decode, srgb_encode, to_uint16
+from services.raw.colour import SRGB_TO_XYZ_D65, camera_to_srgb_matrix
 from tests.unit.test_ops_synthetic import COLOR_MATRIX
 
 

@@ -1,4 +1,4 @@
-"""Multi-frame merge: shift estimation, robust accumulation with motion rejection, pixel-shift combine."""
+"""Multi-frame merge: mosaic shifts, robust accumulation with motion rejection, pixel-shift combine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from services.pipeline.ops import accumulate_frames, estimate_shift, shift_mosaic
+from services.pipeline.ops import accumulate_frames, shift_mosaic
 from services.pipeline.ops.cfa import ORIENTATIONS, cfa_masks, orient, oriented_cfa, unorient
 from services.pipeline.ops.merge import (
     FIXED_POINT_BITS,
@@ -29,14 +29,6 @@ def _noisy(mosaic: torch.Tensor, seed: int, shot: float = 0.002, read: float = 1
     g = torch.Generator().manual_seed(seed)
     noise = torch.randn(mosaic.shape, generator=g, dtype=torch.float64) * (shot * mosaic + read).sqrt()
     return (mosaic + noise).float()
-
-
-@pytest.mark.parametrize("shift", [(0.3, -1.7), (2.45, 0.8), (-3.1, 4.25), (0.5, 0.5), (7.3, -6.6)])
-def test_estimate_shift_recovers_subpixel_shift(shift: tuple[float, float]) -> None:
-    reference = _noisy(mosaic_of(textured_rgb(H, W, seed=4), "RGGB"), seed=1)
-    frame = _noisy(mosaic_of(textured_rgb(H, W, seed=4, shift=shift), "RGGB"), seed=2)
-    dy, dx = estimate_shift(reference, frame, "RGGB")
-    assert abs(dy - shift[0]) < 0.1 and abs(dx - shift[1]) < 0.1
 
 
 def test_shift_mosaic_lands_frame_on_reference() -> None:
@@ -165,10 +157,6 @@ def test_integer_shift() -> None:
 
 
 def test_bad_input() -> None:
-    with pytest.raises(ValueError, match=r"even H and W.*got \(15, 16\)"):
-        estimate_shift(torch.rand(15, 16), torch.rand(15, 16), "RGGB")
-    with pytest.raises(ValueError, match="differs"):
-        estimate_shift(torch.rand(16, 16), torch.rand(16, 18), "RGGB")
     with pytest.raises(ValueError, match="cfa"):
         shift_mosaic(torch.rand(16, 16), 0.0, 0.0, "XXXX")
 

@@ -15,9 +15,8 @@ from lab.synth.synth import COLOR_MATRIX, synthesize_shot
 from lab.synth.unprocess import COLOR_MATRIX_STD_A, read_from_shot, synthetic_profile
 from lab.synth.unprocess import FORWARD_MATRIX_D65 as FM_D65
 from services.errors import RawDecodeError
-from services.pipeline.ops.colour import WHITE_D65
 from services.raw import decode
-from services.raw.colour import as_shot_neutral
+from services.raw.colour import WHITE_D65, CameraProfile, as_shot_neutral
 from services.raw.decode import decode_raw
 from services.raw.dng import (
     PHOTOMETRIC_CFA,
@@ -38,13 +37,14 @@ def test_decodes_synthetic_frame(tmp_path: Path) -> None:
     assert pixels.shape == (meta.height, meta.width) == (146, 138)
     assert meta.cfa == "GRBG"
     assert meta.black_levels == (1024.0,) * 4 and meta.white_level == 65535.0
-    assert meta.color_matrix == tuple(tuple(row) for row in COLOR_MATRIX.tolist())
+    assert meta.profile.color_matrix_1 == tuple(tuple(row) for row in COLOR_MATRIX.tolist())
     neutral = synthetic_profile().xy_to_neutral(WHITE_D65)  # the DNG model's D65 neutral
     assert meta.as_shot_neutral == pytest.approx(tuple(neutral), rel=1e-8)
     assert meta.as_shot_neutral == pytest.approx(tuple(as_shot_neutral(COLOR_MATRIX)), rel=2e-4)  # dcraw-style
-    assert meta.calibration_illuminants == (21, 17)
-    assert np.allclose(meta.color_matrix_2, COLOR_MATRIX_STD_A) and np.allclose(meta.forward_matrix_1, FM_D65)
-    assert meta.baseline_exposure == 0.0 and meta.analog_balance is None
+    assert (meta.profile.illuminant_1, meta.profile.illuminant_2) == (21, 17)
+    assert np.allclose(meta.profile.color_matrix_2, COLOR_MATRIX_STD_A)
+    assert np.allclose(meta.profile.forward_matrix_1, FM_D65)
+    assert meta.baseline_exposure == 0.0 and meta.profile.analog_balance is None
     assert RawMeta.from_dict(meta.to_dict()) == meta
     assert (meta.make, meta.model) == ("Phase One", "IQ2_XS")
     assert meta.noise_profile == NoiseProfile(shot=0.002, read=read_from_shot(0.002))
@@ -125,13 +125,13 @@ def test_exact_pixels_and_per_site_black_levels(tmp_path: Path) -> None:
         cfa="BGGR",
         black_level=0,
         white_level=65535,
-        color_matrix=COLOR_MATRIX,
+        profile=CameraProfile(COLOR_MATRIX),
         as_shot_neutral=(0.5, 1.0, 0.8),
         make="Test",
         model="Pattern",
     )
     tags = [t for t in dng_tags(
-        cfa="BGGR", black_level=0, white_level=65535, color_matrix=COLOR_MATRIX,
+        cfa="BGGR", black_level=0, white_level=65535, profile=CameraProfile(COLOR_MATRIX),
         as_shot_neutral=(0.5, 1.0, 0.8), make="Test", model="Pattern", noise_profile=None,
     ) if t[0] not in (TAG_BLACK_LEVEL, TAG_BLACK_LEVEL_REPEAT_DIM)]  # fmt: skip
     tags += [(TAG_BLACK_LEVEL_REPEAT_DIM, "H", 2, (2, 2), True), (TAG_BLACK_LEVEL, "I", 4, (510, 520, 530, 540), True)]

@@ -9,7 +9,7 @@ import pytest
 import rawpy
 
 from lab.synth.synth import COLOR_MATRIX
-from services.raw.colour import as_shot_neutral, camera_rgb_matrix
+from services.raw.colour import CameraProfile, as_shot_neutral, camera_rgb_matrix
 from services.raw.dng import read_dng_tags, write_dng
 from services.raw.meta import CFA_PATTERNS, NoiseProfile
 
@@ -23,7 +23,7 @@ def _write(path: Path, mosaic: np.ndarray, cfa: str, noise: NoiseProfile | None 
         cfa=cfa,
         black_level=BLACK,
         white_level=WHITE,
-        color_matrix=COLOR_MATRIX,
+        profile=CameraProfile(COLOR_MATRIX),
         as_shot_neutral=as_shot_neutral(COLOR_MATRIX).tolist(),
         make="Phase One",
         model="IQ3_S",

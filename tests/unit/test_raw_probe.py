@@ -11,6 +11,7 @@ from PIL import Image
 
 from lab.synth.synth import COLOR_MATRIX
 from services.errors import BadRawFile
+from services.raw.colour import CameraProfile
 from services.raw.dng import PHOTOMETRIC_CFA, write_dng
 from services.raw.probe import probe_raw
 
@@ -25,7 +26,7 @@ def dng(tmp_path: Path) -> Path:
         cfa="RGGB",
         black_level=1024,
         white_level=65535,
-        color_matrix=COLOR_MATRIX,
+        profile=CameraProfile(COLOR_MATRIX),
         as_shot_neutral=(0.6, 1.0, 0.7),
         make="Phase One",
         model="IQ2_XS",

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from services.pipeline.ops import SRGB_TO_XYZ_D65, camera_to_srgb_matrix, srgb_encode, to_uint16
+from services.pipeline.ops import srgb_encode, to_uint16
 from services.pipeline.render import RenderParams, halo_rows, render_mosaic, render_strip
+from services.raw.colour import SRGB_TO_XYZ_D65, camera_to_srgb_matrix
 from tests.unit.test_ops_synthetic import COLOR_MATRIX, mosaic_of, psnr, textured_rgb
 
 H, W = 60, 48

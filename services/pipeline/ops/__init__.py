@@ -1,21 +1,22 @@
 """Pure image operations over torch tensors (no I/O, no global device); shapes are documented per function."""
 
-from services.pipeline.ops.cfa import CFA_PATTERNS, cfa_channels, cfa_masks, white_balance
+from services.pipeline.ops.align import estimate_shift
+from services.pipeline.ops.cfa import CFA_PATTERNS, cfa_channels, cfa_masks
 from services.pipeline.ops.colour import (
-    SRGB_TO_XYZ_D65,
     apply_matrix,
-    camera_to_srgb_matrix,
     decode_transfer,
     encode_transfer,
     srgb_decode,
     srgb_encode,
     to_uint16,
+    white_balance,
 )
 from services.pipeline.ops.demosaic import BILINEAR_RADIUS, MALVAR_RADIUS, demosaic_bilinear, demosaic_malvar
 from services.pipeline.ops.denoise import denoise_lee
 from services.pipeline.ops.levels import normalize_levels
-from services.pipeline.ops.merge import accumulate_frames, estimate_shift, shift_mosaic
+from services.pipeline.ops.merge import accumulate_frames, shift_mosaic
 from services.pipeline.ops.sharpen import sharpen, sharpen_radius
+from services.raw.colour import SRGB_TO_XYZ_D65, camera_to_srgb_matrix  # the colour model, re-exported for callers
 
 __all__ = [
     "BILINEAR_RADIUS",

@@ -9,6 +9,9 @@ finest level is searched +-1 px and refined to sub-pixel precision with damped, 
 Lucas-Kanade iterations whose normal equations are pooled over each tile's 3x3 tile neighbourhood (robust to
 noise, still local). Memory: a few full-size float32 planes plus (T+2r)^2/T^2 of one per search level.
 
+:func:`estimate_shift` measures one global translation by phase correlation of the 2x2-binned luma (stacks
+use it to recognise pixel-shift patterns and as a first look at the shifts).
+
 Flow convention, as in :mod:`services.pipeline.ops.merge`: flow ``(dy, dx)`` at a pixel means
 ``frame(y + dy, x + dx) ~ reference(y, x)``; it is returned in full-resolution pixels.
 """
@@ -23,12 +26,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from services.pipeline.ops._checks import check_mosaic
+from services.pipeline.ops.cfa import cfa_channels, split_sites
 from services.pipeline.ops.demosaic import demosaic_malvar
 
 _PYRAMID_TAPS = (1.0 / 16, 4.0 / 16, 6.0 / 16, 4.0 / 16, 1.0 / 16)  # binomial ~ Gaussian sigma 1
 _MIN_LEVEL_SIZE = 32  # stop the pyramid when a level gets this small (pixels)
 _DAMPING = 0.05  # LK damping, fraction of the median tile texture
 _ZERO_BIAS = 1e-4  # relative cost penalty per squared pixel of displacement: ties resolve to no motion
+
+_SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above it CFA aliasing grows)
+_SLOPE_ITERATIONS = 3
+# Bins within this radius of DC are left out of the phase-slope fit: the Hann window stays put while the content
+# moves, so the lowest frequencies carry the window's (zero) shift; on smooth content they dominated the fit and
+# pulled a 1 px shift to 0.4 px (an upsampled photograph), which hid pixel-shift patterns.
+_SLOPE_MIN_BINS = 3
+_SHIFT_DECIMALS = 4  # estimates are rounded: identical frames give exactly (0, 0)
 
 
 @dataclass(frozen=True)
@@ -230,3 +242,108 @@ def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignPa
 
 
 __all__ = ["AlignParams", "align_frame", "grey_pyramid", "mosaic_grey", "tiles_to_pixels", "warp"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Global shift (phase correlation): stacks check for pixel-shift patterns with it
+
+
+def _binned_luma(mosaic: Tensor) -> Tensor:
+    """Mean of each 2x2 CFA block, (R + 2G + B) / 4: green-weighted luminance at half resolution, float64."""
+    return split_sites(mosaic.to(torch.float64)).mean(dim=0)  # (H/2, W/2)
+
+
+def _hann(n: int, like: Tensor) -> Tensor:
+    return torch.hann_window(n, periodic=False, dtype=like.dtype, device=like.device)
+
+
+def _freqs(n: int, like: Tensor) -> Tensor:
+    return torch.fft.fftfreq(n, d=1.0 / n, dtype=torch.float64, device=like.device)  # integer frequencies
+
+
+def _upsampled_peak(cross: Tensor, center: tuple[float, float], half_width: float, step: float) -> Tensor:
+    """Real part of the inverse DFT of ``cross`` (N, M) on a fine grid around ``center``: (n, n) float64.
+
+    Guizar-Sicairos et al. 2008: two small matrix products instead of a zero-padded inverse FFT.
+    """
+    n, m = cross.shape
+    offsets = torch.arange(-half_width, half_width + step / 2, step, dtype=torch.float64, device=cross.device)
+    ys = center[0] + offsets  # (k,)
+    xs = center[1] + offsets  # (k,)
+    ky = torch.exp(2j * math.pi * ys[:, None] * _freqs(n, cross)[None, :] / n)  # (k, N)
+    kx = torch.exp(2j * math.pi * _freqs(m, cross)[:, None] * xs[None, :] / m)  # (M, k)
+    return (ky @ cross @ kx).real  # (k, k)
+
+
+def _refine_peak(surface: Tensor, center: tuple[float, float], step: float) -> tuple[float, float]:
+    """Argmax of ``surface`` (k, k) on the grid around ``center`` plus a parabolic fit on its neighbours."""
+    k = surface.shape[0]
+    iy, ix = divmod(int(torch.argmax(surface)), k)
+
+    def vertex(lo: float, mid: float, hi: float) -> float:
+        denom = lo - 2.0 * mid + hi
+        return 0.0 if denom >= 0 else 0.5 * (lo - hi) / denom
+
+    fy = vertex(*surface[iy - 1 : iy + 2, ix].tolist()) if 0 < iy < k - 1 else 0.0
+    fx = vertex(*surface[iy, ix - 1 : ix + 2].tolist()) if 0 < ix < k - 1 else 0.0
+    half = (k - 1) // 2
+    return center[0] + (iy - half + fy) * step, center[1] + (ix - half + fx) * step
+
+
+def _phase_slope(power: Tensor, dy: float, dx: float) -> tuple[float, float]:
+    """Residual shift after removing (dy, dx): weighted least-squares fit of the cross-power phase slope.
+
+    Uses the frequencies below ``_SLOPE_BAND`` cycles/pixel but not the few bins around DC
+    (``_SLOPE_MIN_BINS``), weighted by cross-power magnitude, so high-SNR texture dominates and noise-only bins
+    barely count.
+    """
+    h, w = power.shape
+    fy = _freqs(h, power)[:, None] / h  # (h, 1) cycles per pixel
+    fx = _freqs(w, power)[None, :] / w  # (1, w)
+    residual = power * torch.exp(2j * math.pi * (fy * dy + fx * dx))  # (h, w) phase ~ -2 pi f . delta
+    band = (fy.abs() <= _SLOPE_BAND) & (fx.abs() <= _SLOPE_BAND)  # (h, w)
+    band &= (fy * h).square() + (fx * w).square() > _SLOPE_MIN_BINS**2
+    weight = residual.abs().square() * band  # (h, w)
+    theta = residual.angle()  # (h, w)
+    gy = (-2.0 * math.pi * fy).expand(h, w)
+    gx = (-2.0 * math.pi * fx).expand(h, w)
+    a = torch.stack([
+        torch.stack([(weight * gy * gy).sum(), (weight * gy * gx).sum()]),
+        torch.stack([(weight * gx * gy).sum(), (weight * gx * gx).sum()]),
+    ])  # (2, 2) normal equations
+    rhs = torch.stack([(weight * gy * theta).sum(), (weight * gx * theta).sum()])  # (2,)
+    delta = torch.linalg.solve(a, rhs)
+    return float(delta[0]), float(delta[1])
+
+
+def estimate_shift(reference: Tensor, frame: Tensor, cfa: str) -> tuple[float, float]:
+    """Global translation (dy, dx) of ``frame`` relative to ``reference``, in full-resolution pixels.
+
+    Phase correlation of the 2x2-binned luminance (Hann window) finds the peak, refined on a 1/8-pixel
+    upsampled DFT grid; a power-weighted least-squares fit of the cross-power phase slope then gives the
+    sub-pixel shift (robust to noise). The binned shift is doubled; ``cfa`` is validated only.
+    """
+    cfa_channels(cfa)
+    check_mosaic(reference, "reference", min_size=8)
+    check_mosaic(frame, "frame", min_size=8)
+    if reference.shape != frame.shape:
+        raise ValueError(f"frame shape {tuple(frame.shape)} differs from reference {tuple(reference.shape)}")
+    a = _binned_luma(reference)  # (h, w)
+    b = _binned_luma(frame.to(reference.device))  # (h, w)
+    h, w = a.shape
+    window = _hann(h, a)[:, None] * _hann(w, a)[None, :]  # (h, w)
+    fa = torch.fft.fft2((a - a.mean()) * window)  # (h, w) complex128
+    fb = torch.fft.fft2((b - b.mean()) * window)  # (h, w) complex128
+    power = fb * fa.conj()  # (h, w) cross-power spectrum
+    mag = power.abs()
+    cross = power / (mag + mag.mean() * 1e-2)  # (h, w) near-whitened: a sharp peak for the coarse search
+    surface = torch.fft.ifft2(cross).real  # (h, w)
+    py, px = divmod(int(torch.argmax(surface)), w)
+    py = py - h if py > h // 2 else py
+    px = px - w if px > w // 2 else px
+    coarse = _upsampled_peak(cross, (float(py), float(px)), 1.0, 1.0 / 8)
+    dy, dx = _refine_peak(coarse, (float(py), float(px)), 1.0 / 8)
+    for _ in range(_SLOPE_ITERATIONS):
+        ddy, ddx = _phase_slope(power, dy, dx)
+        dy, dx = dy + ddy, dx + ddx
+    return round(2.0 * dy, _SHIFT_DECIMALS) + 0.0, round(2.0 * dx, _SHIFT_DECIMALS) + 0.0

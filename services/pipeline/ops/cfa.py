@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
-
-from services.pipeline.ops._checks import as_vector, check_image
 
 CFA_PATTERNS: tuple[str, ...] = ("RGGB", "BGGR", "GRBG", "GBRG")
 _CHANNEL = {"R": 0, "G": 1, "B": 2}
@@ -90,9 +86,13 @@ def oriented_cfa(cfa: str, k: int) -> str:
     return s
 
 
-def white_balance(mosaic: Tensor, gains: Tensor | Sequence[float], cfa: str) -> Tensor:
-    """Multiply each site of a (B, 1, H, W) mosaic by the gain of its channel; gains are (R, G, B)."""
-    check_image(mosaic, 1, "mosaic")
-    g = as_vector(gains, mosaic, 3, "gains")  # (3,)
-    per_site = g[list(cfa_channels(cfa))].view(2, 2)  # (2, 2)
-    return mosaic * site_map(per_site, *mosaic.shape[-2:])  # (B, 1, H, W)
+def split_sites(mosaic: Tensor) -> Tensor:
+    """(H, W) -> (4, H/2, W/2) CFA sub-planes, site order row-major."""
+    h, w = mosaic.shape
+    return mosaic.reshape(h // 2, 2, w // 2, 2).permute(1, 3, 0, 2).reshape(4, h // 2, w // 2)
+
+
+def join_sites(planes: Tensor) -> Tensor:
+    """(4, H/2, W/2) -> (H, W), inverse of :func:`split_sites`."""
+    _, h2, w2 = planes.shape
+    return planes.reshape(2, 2, h2, w2).permute(2, 0, 3, 1).reshape(2 * h2, 2 * w2)

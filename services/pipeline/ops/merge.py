@@ -1,5 +1,5 @@
-"""Multi-frame merge ops: global shift estimation, demosaic-warp merge with noise-aware motion rejection,
-and the pixel-shift combine.
+"""Multi-frame merge ops: demosaic-warp merge with noise-aware motion rejection and the pixel-shift combine
+(the global shift estimate is :func:`services.pipeline.ops.align.estimate_shift`).
 
 Mosaics are (H, W) float, normalised, with even H and W; all frames share the CFA phase of the reference.
 Shifts and flows are in full-resolution pixels: ``(dy, dx)`` means ``frame(y + dy, x + dx) ~ reference(y, x)``
@@ -43,135 +43,15 @@ from services.pipeline.ops.cfa import (
     ORIENTATIONS,
     cfa_channels,
     cfa_masks,
+    join_sites,
     orient,
     oriented_cfa,
+    split_sites,
     unorient,
-    white_balance,
 )
+from services.pipeline.ops.colour import white_balance
 from services.pipeline.ops.demosaic import demosaic_malvar
 from services.pipeline.ops.filters import local_min_max
-
-_SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above it CFA aliasing grows)
-_SLOPE_ITERATIONS = 3
-# Bins within this radius of DC are left out of the phase-slope fit: the Hann window stays put while the content
-# moves, so the lowest frequencies carry the window's (zero) shift; on smooth content they dominated the fit and
-# pulled a 1 px shift to 0.4 px (an upsampled photograph), which hid pixel-shift patterns.
-_SLOPE_MIN_BINS = 3
-_SHIFT_DECIMALS = 4  # estimates are rounded: identical frames give exactly (0, 0)
-
-
-
-def _planes(mosaic: Tensor) -> Tensor:
-    """(H, W) -> (4, H/2, W/2) CFA sub-planes, site order row-major."""
-    h, w = mosaic.shape
-    return mosaic.reshape(h // 2, 2, w // 2, 2).permute(1, 3, 0, 2).reshape(4, h // 2, w // 2)
-
-
-def _unplanes(planes: Tensor) -> Tensor:
-    """(4, H/2, W/2) -> (H, W), inverse of :func:`_planes`."""
-    _, h2, w2 = planes.shape
-    return planes.reshape(2, 2, h2, w2).permute(2, 0, 3, 1).reshape(2 * h2, 2 * w2)
-
-
-def _binned_luma(mosaic: Tensor) -> Tensor:
-    """Mean of each 2x2 CFA block, (R + 2G + B) / 4: green-weighted luminance at half resolution, float64."""
-    return _planes(mosaic.to(torch.float64)).mean(dim=0)  # (H/2, W/2)
-
-
-def _hann(n: int, like: Tensor) -> Tensor:
-    return torch.hann_window(n, periodic=False, dtype=like.dtype, device=like.device)
-
-
-def _freqs(n: int, like: Tensor) -> Tensor:
-    return torch.fft.fftfreq(n, d=1.0 / n, dtype=torch.float64, device=like.device)  # integer frequencies
-
-
-def _upsampled_peak(cross: Tensor, center: tuple[float, float], half_width: float, step: float) -> Tensor:
-    """Real part of the inverse DFT of ``cross`` (N, M) on a fine grid around ``center``: (n, n) float64.
-
-    Guizar-Sicairos et al. 2008: two small matrix products instead of a zero-padded inverse FFT.
-    """
-    n, m = cross.shape
-    offsets = torch.arange(-half_width, half_width + step / 2, step, dtype=torch.float64, device=cross.device)
-    ys = center[0] + offsets  # (k,)
-    xs = center[1] + offsets  # (k,)
-    ky = torch.exp(2j * math.pi * ys[:, None] * _freqs(n, cross)[None, :] / n)  # (k, N)
-    kx = torch.exp(2j * math.pi * _freqs(m, cross)[:, None] * xs[None, :] / m)  # (M, k)
-    return (ky @ cross @ kx).real  # (k, k)
-
-
-def _refine(surface: Tensor, center: tuple[float, float], step: float) -> tuple[float, float]:
-    """Argmax of ``surface`` (k, k) on the grid around ``center`` plus a parabolic fit on its neighbours."""
-    k = surface.shape[0]
-    iy, ix = divmod(int(torch.argmax(surface)), k)
-
-    def vertex(lo: float, mid: float, hi: float) -> float:
-        denom = lo - 2.0 * mid + hi
-        return 0.0 if denom >= 0 else 0.5 * (lo - hi) / denom
-
-    fy = vertex(*surface[iy - 1 : iy + 2, ix].tolist()) if 0 < iy < k - 1 else 0.0
-    fx = vertex(*surface[iy, ix - 1 : ix + 2].tolist()) if 0 < ix < k - 1 else 0.0
-    half = (k - 1) // 2
-    return center[0] + (iy - half + fy) * step, center[1] + (ix - half + fx) * step
-
-
-def _phase_slope(power: Tensor, dy: float, dx: float) -> tuple[float, float]:
-    """Residual shift after removing (dy, dx): weighted least-squares fit of the cross-power phase slope.
-
-    Uses the frequencies below ``_SLOPE_BAND`` cycles/pixel but not the few bins around DC
-    (``_SLOPE_MIN_BINS``), weighted by cross-power magnitude, so high-SNR texture dominates and noise-only bins
-    barely count.
-    """
-    h, w = power.shape
-    fy = _freqs(h, power)[:, None] / h  # (h, 1) cycles per pixel
-    fx = _freqs(w, power)[None, :] / w  # (1, w)
-    residual = power * torch.exp(2j * math.pi * (fy * dy + fx * dx))  # (h, w) phase ~ -2 pi f . delta
-    band = (fy.abs() <= _SLOPE_BAND) & (fx.abs() <= _SLOPE_BAND)  # (h, w)
-    band &= (fy * h).square() + (fx * w).square() > _SLOPE_MIN_BINS**2
-    weight = residual.abs().square() * band  # (h, w)
-    theta = residual.angle()  # (h, w)
-    gy = (-2.0 * math.pi * fy).expand(h, w)
-    gx = (-2.0 * math.pi * fx).expand(h, w)
-    a = torch.stack([
-        torch.stack([(weight * gy * gy).sum(), (weight * gy * gx).sum()]),
-        torch.stack([(weight * gx * gy).sum(), (weight * gx * gx).sum()]),
-    ])  # (2, 2) normal equations
-    rhs = torch.stack([(weight * gy * theta).sum(), (weight * gx * theta).sum()])  # (2,)
-    delta = torch.linalg.solve(a, rhs)
-    return float(delta[0]), float(delta[1])
-
-
-def estimate_shift(reference: Tensor, frame: Tensor, cfa: str) -> tuple[float, float]:
-    """Global translation (dy, dx) of ``frame`` relative to ``reference``, in full-resolution pixels.
-
-    Phase correlation of the 2x2-binned luminance (Hann window) finds the peak, refined on a 1/8-pixel
-    upsampled DFT grid; a power-weighted least-squares fit of the cross-power phase slope then gives the
-    sub-pixel shift (robust to noise). The binned shift is doubled; ``cfa`` is validated only.
-    """
-    cfa_channels(cfa)
-    check_mosaic(reference, "reference", min_size=8)
-    check_mosaic(frame, "frame", min_size=8)
-    if reference.shape != frame.shape:
-        raise ValueError(f"frame shape {tuple(frame.shape)} differs from reference {tuple(reference.shape)}")
-    a = _binned_luma(reference)  # (h, w)
-    b = _binned_luma(frame.to(reference.device))  # (h, w)
-    h, w = a.shape
-    window = _hann(h, a)[:, None] * _hann(w, a)[None, :]  # (h, w)
-    fa = torch.fft.fft2((a - a.mean()) * window)  # (h, w) complex128
-    fb = torch.fft.fft2((b - b.mean()) * window)  # (h, w) complex128
-    power = fb * fa.conj()  # (h, w) cross-power spectrum
-    mag = power.abs()
-    cross = power / (mag + mag.mean() * 1e-2)  # (h, w) near-whitened: a sharp peak for the coarse search
-    surface = torch.fft.ifft2(cross).real  # (h, w)
-    py, px = divmod(int(torch.argmax(surface)), w)
-    py = py - h if py > h // 2 else py
-    px = px - w if px > w // 2 else px
-    coarse = _upsampled_peak(cross, (float(py), float(px)), 1.0, 1.0 / 8)
-    dy, dx = _refine(coarse, (float(py), float(px)), 1.0 / 8)
-    for _ in range(_SLOPE_ITERATIONS):
-        ddy, ddx = _phase_slope(power, dy, dx)
-        dy, dx = dy + ddy, dx + ddx
-    return round(2.0 * dy, _SHIFT_DECIMALS) + 0.0, round(2.0 * dx, _SHIFT_DECIMALS) + 0.0
 
 
 def _axis_taps(n: int, shift: float, device: torch.device) -> tuple[Tensor, Tensor, float, Tensor]:
@@ -195,7 +75,7 @@ def shift_mosaic(frame: Tensor, dy: float, dx: float, cfa: str) -> tuple[Tensor,
     check_mosaic(frame, "frame", min_size=8)
     if not frame.is_floating_point():
         raise TypeError(f"frame must be floating, got {frame.dtype}")
-    planes = _planes(frame)  # (4, h, w)
+    planes = split_sites(frame)  # (4, h, w)
     _, h, w = planes.shape
     y0, y1, fy, vy = _axis_taps(h, dy / 2.0, frame.device)
     x0, x1, fx, vx = _axis_taps(w, dx / 2.0, frame.device)
@@ -208,7 +88,7 @@ def shift_mosaic(frame: Tensor, dy: float, dx: float, cfa: str) -> tuple[Tensor,
     valid = (vy[:, None] & vx[None, :]).to(frame.dtype)  # (h, w)
     out = out * valid
     weight = valid.expand(4, h, w)  # (4, h, w)
-    return _unplanes(out), _unplanes(weight)
+    return join_sites(out), join_sites(weight)
 
 
 # What the merge itself makes two static frames differ by, as a share of the reference's local standard deviation
@@ -387,7 +267,7 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
                                 spread=ref.spread) * valid  # (H, W)
         acc[:3] += _fixed(moved * weight)
         acc[3] += _fixed(weight)
-        bayer = _unplanes(warp(_planes(f), pixels[:, ::2, ::2] / 2.0, mode="bicubic")[0])  # (H, W), sites kept
+        bayer = join_sites(warp(split_sites(f), pixels[:, ::2, ::2] / 2.0, mode="bicubic")[0])  # (H, W), sites kept
         acc[4] += _fixed(bayer * weight)
     return acc
 
