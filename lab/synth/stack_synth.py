@@ -61,6 +61,43 @@ def _camera_rgb(linear: np.ndarray) -> np.ndarray:
     return (linear.astype(np.float64) @ cam.T).astype(np.float32)
 
 
+def _check_stack_args(cfa: str, noise: float, max_shift: float, frames: int, pixel_shift: bool) -> None:
+    if cfa not in CFA_PATTERNS:
+        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
+    if noise < 0 or max_shift < 0:
+        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
+    if pixel_shift and frames != 4:
+        raise ValueError(f"pixel-shift stacks have 4 frames, got {frames}")
+    if not 2 <= frames <= 16:
+        raise ValueError(f"a stack needs 2..16 frames, got {frames}")
+
+
+@dataclass(frozen=True)
+class _MovingObject:
+    """A disc that sits at ``centre`` in every frame but ``moved_frame``, where it is displaced by ``offset``."""
+
+    centre: np.ndarray  # (cy, cx) in frame-0 pixels
+    offset: np.ndarray  # displacement in the moved frame
+    radius: float
+    moved_frame: int
+    mask: np.ndarray  # (H, W) bool: both positions (with a margin); all False without the object
+
+
+def _moving_object(rng: np.random.Generator, height: int, width: int, frames: int, present: bool) -> _MovingObject:
+    """The object's place (drawn whether or not it is shown, so the other random streams do not change)."""
+    mask = np.zeros((height, width), dtype=bool)
+    radius = max(0.06 * min(height, width), 3.0)
+    centre = rng.uniform(0.3, 0.7, 2) * (height, width)
+    angle = rng.uniform(0, 2 * math.pi)
+    offset = 2.5 * radius * np.array([math.sin(angle), math.cos(angle)])
+    if present:
+        for cy, cx in (centre, centre + offset):
+            yy = (np.arange(height) - cy)[:, None] ** 2
+            xx = (np.arange(width) - cx)[None, :] ** 2
+            mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
+    return _MovingObject(centre, offset, radius, frames - 1, mask)
+
+
 def synthesize_stack(
     out_dir: Path,
     *,
@@ -83,14 +120,7 @@ def synthesize_stack(
     ``content``: ``dead_leaves`` (rendered exactly at each shift) or a photograph as in ``synth``
     (``photo:NNN``, ``skimage:NAME``, a path; Lanczos-resampled at each shift).
     """
-    if cfa not in CFA_PATTERNS:
-        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
-    if noise < 0 or max_shift < 0:
-        raise ValueError(f"noise and max_shift must be >= 0, got {noise}, {max_shift}")
-    if pixel_shift and frames != 4:
-        raise ValueError(f"pixel-shift stacks have 4 frames, got {frames}")
-    if not 2 <= frames <= 16:
-        raise ValueError(f"a stack needs 2..16 frames, got {frames}")
+    _check_stack_args(cfa, noise, max_shift, frames, pixel_shift)
     width, height = shot_size(camera, scale)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,19 +134,7 @@ def synthesize_stack(
         shifts = [(0.0, 0.0)] + [
             (float(dy), float(dx)) for dy, dx in shift_rng.uniform(-max_shift, max_shift, (frames - 1, 2))
         ]
-
-    motion_mask = np.zeros((height, width), dtype=bool)
-    radius = max(0.06 * min(height, width), 3.0)
-    centre = object_rng.uniform(0.3, 0.7, 2) * (height, width)  # (cy, cx) in frame-0 pixels
-    angle = object_rng.uniform(0, 2 * math.pi)
-    offset = 2.5 * radius * np.array([math.sin(angle), math.cos(angle)])  # displacement in the moved frame
-    moved_frame = frames - 1
-    if moving_object:
-        for cy, cx in (centre, centre + offset):
-            yy = (np.arange(height) - cy)[:, None] ** 2
-            xx = (np.arange(width) - cx)[None, :] ** 2
-            motion_mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
-
+    thing = _moving_object(object_rng, height, width, frames, moving_object)
     noise_profile = NoiseProfile(shot=noise, read=READ_NOISE_FACTOR * noise**2)
     files: list[Path] = []
     ground_truth = out_dir / "ground_truth.tif"
@@ -124,8 +142,8 @@ def synthesize_stack(
     linear_frames = _content_frames(content, height, width, shifts, scene_rng, photos_dir)
     for k, ((dy, dx), linear) in enumerate(zip(shifts, linear_frames, strict=True)):
         if moving_object:
-            cy, cx = centre + (offset if k == moved_frame else 0.0)
-            alpha = _disc(height, width, cy + dy, cx + dx, radius)[..., None]  # [H, W, 1]
+            cy, cx = thing.centre + (thing.offset if k == thing.moved_frame else 0.0)
+            alpha = _disc(height, width, cy + dy, cx + dx, thing.radius)[..., None]  # [H, W, 1]
             linear = linear + alpha * (_OBJECT_COLOUR - linear)
         if k == 0:
             ground_truth = write_ground_truth(linear, out_dir)
@@ -135,5 +153,5 @@ def synthesize_stack(
         write_frame(path, raw, cfa=cfa, camera=camera, profile=CameraProfile(COLOR_MATRIX),
                     neutral=as_shot_neutral(COLOR_MATRIX).tolist(), noise_profile=noise_profile)
         files.append(path)
-    return StackShot(files=files, ground_truth=ground_truth, shifts=shifts, motion_mask=motion_mask,
+    return StackShot(files=files, ground_truth=ground_truth, shifts=shifts, motion_mask=thing.mask,
                      camera_rgb=camera_rgb)

@@ -268,6 +268,18 @@ def write_ground_truth(linear: np.ndarray, out_dir: Path, space: str = "srgb") -
     return path
 
 
+def _frame_count(camera: str, frames: int | None) -> int:
+    """IQ3_S: one frame; IQ2_XS: ``frames`` (default 4, 2..16)."""
+    if camera == "IQ3_S":
+        if frames not in (None, 1):
+            raise ValueError(f"IQ3_S is a single-frame camera, got frames={frames}")
+        return 1
+    n_frames = 4 if frames is None else frames
+    if not 2 <= n_frames <= 16:
+        raise ValueError(f"IQ2_XS needs 2..16 frames, got {n_frames}")
+    return n_frames
+
+
 def synthesize_shot(
     camera: str,
     out_dir: Path,
@@ -299,14 +311,7 @@ def synthesize_shot(
     if max_shift < 0:
         raise ValueError(f"max_shift must be >= 0, got {max_shift}")
     output_space(space)
-    if camera == "IQ3_S":
-        if frames not in (None, 1):
-            raise ValueError(f"IQ3_S is a single-frame camera, got frames={frames}")
-        n_frames = 1
-    else:
-        n_frames = 4 if frames is None else frames
-        if not 2 <= n_frames <= 16:
-            raise ValueError(f"IQ2_XS needs 2..16 frames, got {n_frames}")
+    n_frames = _frame_count(camera, frames)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 

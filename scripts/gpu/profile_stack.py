@@ -69,6 +69,71 @@ def tiff_steps(img: np.ndarray, tmp: Path) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(10)
 
 
+def _write_frames(tmp: Path, frames: int, h: int, w: int) -> list[Path]:
+    rng = np.random.default_rng(5)
+    paths = []
+    for k in range(frames):
+        shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        p = tmp / f"f{k}.dng"
+        write_frame(p, procedural_mosaic(h, w, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
+        paths.append(p)
+    return paths
+
+
+def _profile_merge_steps(mosaics: list[np.ndarray], metas: list, params: object, dev: torch.device,
+                         frames: int) -> None:
+    """The frame-group merge step by step on the second half of the frames (run twice: the first is warm-up)."""
+    half = frames // 2
+    for rep in range(2):
+        with torch.inference_mode():
+            mp = merge_params(params, dev, frames)  # type: ignore[arg-type]
+            with timed("prepare_reference (norm + package + pyramid)"):
+                ref = prepare_reference(_normalised(mosaics[0], metas[0], dev), mp)
+            hh, ww = ref.mosaic.shape
+            acc = torch.zeros(4, hh, ww, dtype=torch.int64, device=dev)
+            ones = torch.ones(3, hh, ww, dtype=torch.float32, device=dev)
+            for i in range(half, frames):
+                with timed("upload+normalise"):
+                    f = _normalised(mosaics[i], metas[i], dev)
+                with timed("demosaic (package, oriented by stack position)"):
+                    rgb = demosaic_camera(f, mp, i % 8)
+                with timed("align_frame"):
+                    flow = align_frame(ref.pyramid, rgb.mean(dim=0), mp.align)
+                with timed("tiles_to_pixels + warp bicubic"):
+                    moved, valid = warp(rgb, tiles_to_pixels(flow, mp.align.tile_size, (hh, ww)), mode="bicubic")
+                with timed("motion_weights"):
+                    wt = motion_weights(ref.rgb, moved, ones * valid, mp, level=ref.level,
+                                        spread=ref.spread) * valid
+                with timed("fixed-point accumulate"):
+                    acc[:3] += _fixed(moved * wt)
+                    acc[3] += _fixed(wt)
+            with timed("download int32 acc"):
+                download(acc.to(torch.int32))
+        if rep == 0:  # warm-up: keep only the decode lines
+            for name in [n for n in T if not n.startswith("decode")]:
+                del T[name]
+
+
+def _profile_strips_and_tiff(mosaics: list[np.ndarray], metas: list, params: object, dev: torch.device,
+                             frames: int, tmp: Path) -> None:
+    half = frames // 2
+    h, w = mosaics[0].shape
+    group = [(mosaics[i], metas[i]) for i in range(half, frames)]
+    for _ in range(2):
+        with timed("merge_frame_group (whole, 2nd half)"):
+            res = merge_frame_group((mosaics[0], metas[0]), group, dev, stack_size=frames,
+                                    positions=range(half, frames), params=params)  # type: ignore[arg-type]
+    img = np.empty((h, w, 3), dtype=np.uint16)
+    for y0 in range(0, h, 1288):
+        y1 = min(h, y0 + 1288)
+        with timed("stack strip 1288 rows (2 groups)"):
+            img[y0:y1] = render_stack_strip([res, res], y0, y1, params, dev, pixel_shift=False)  # type: ignore[arg-type]
+    for _ in range(2):
+        with timed("TIFF encode + hash + write + fsync"):
+            _encode(img, tmp, os.cpu_count() or 4)
+    tiff_steps(img, tmp)
+
+
 def main() -> None:
     global DEVICE
     ap = argparse.ArgumentParser()
@@ -81,15 +146,9 @@ def main() -> None:
     configure_cuda_numerics(True)
     dev = DEVICE = torch.device(args.device)
     h, w = int(7296 * args.scale) // 2 * 2, int(6912 * args.scale) // 2 * 2
-    rng = np.random.default_rng(5)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        paths = []
-        for k in range(args.frames):
-            shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-            p = tmp / f"f{k}.dng"
-            write_frame(p, procedural_mosaic(h, w, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
-            paths.append(p)
+        paths = _write_frames(tmp, args.frames, h, w)
         with timed("decode 1 frame (cold)"):
             _decode_all(paths[:1], tmp)
         with timed(f"decode {args.frames} frames (1 spare)"):
@@ -98,49 +157,8 @@ def main() -> None:
         with timed(f"decode {args.frames} frames (spares)"):
             mosaics, metas = _decode_all(paths, tmp)
         params = shot_render_params(metas[0], mosaics[0])
-        half = args.frames // 2
-        for rep in range(2):
-            with torch.inference_mode():
-                mp = merge_params(params, dev, args.frames)
-                with timed("prepare_reference (norm + package + pyramid)"):
-                    ref = prepare_reference(_normalised(mosaics[0], metas[0], dev), mp)
-                hh, ww = ref.mosaic.shape
-                acc = torch.zeros(4, hh, ww, dtype=torch.int64, device=dev)
-                ones = torch.ones(3, hh, ww, dtype=torch.float32, device=dev)
-                for i in range(half, args.frames):
-                    with timed("upload+normalise"):
-                        f = _normalised(mosaics[i], metas[i], dev)
-                    with timed("demosaic (package, oriented by stack position)"):
-                        rgb = demosaic_camera(f, mp, i % 8)
-                    with timed("align_frame"):
-                        flow = align_frame(ref.pyramid, rgb.mean(dim=0), mp.align)
-                    with timed("tiles_to_pixels + warp bicubic"):
-                        moved, valid = warp(rgb, tiles_to_pixels(flow, mp.align.tile_size, (hh, ww)), mode="bicubic")
-                    with timed("motion_weights"):
-                        wt = motion_weights(ref.rgb, moved, ones * valid, mp, level=ref.level,
-                                            spread=ref.spread) * valid
-                    with timed("fixed-point accumulate"):
-                        acc[:3] += _fixed(moved * wt)
-                        acc[3] += _fixed(wt)
-                with timed("download int32 acc"):
-                    download(acc.to(torch.int32))
-            if rep == 0:  # warm-up: keep only the decode lines
-                for name in [n for n in T if not n.startswith("decode")]:
-                    del T[name]
-        group = [(mosaics[i], metas[i]) for i in range(half, args.frames)]
-        for _ in range(2):
-            with timed("merge_frame_group (whole, 2nd half)"):
-                res = merge_frame_group((mosaics[0], metas[0]), group, dev, stack_size=args.frames,
-                                        positions=range(half, args.frames), params=params)
-        img = np.empty((h, w, 3), dtype=np.uint16)
-        for y0 in range(0, h, 1288):
-            y1 = min(h, y0 + 1288)
-            with timed("stack strip 1288 rows (2 groups)"):
-                img[y0:y1] = render_stack_strip([res, res], y0, y1, params, dev, pixel_shift=False)
-        for _ in range(2):
-            with timed("TIFF encode + hash + write + fsync"):
-                _encode(img, tmp, os.cpu_count() or 4)
-        tiff_steps(img, tmp)
+        _profile_merge_steps(mosaics, metas, params, dev, args.frames)
+        _profile_strips_and_tiff(mosaics, metas, params, dev, args.frames, tmp)
     print(f"{args.frames} frames {w}x{h} on {dev}")
     for name, v in T.items():
         print(f"  {name:<50} n={len(v):2d} total {sum(v):7.3f} s  mean {sum(v) / len(v):7.3f} s")

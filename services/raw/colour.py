@@ -28,12 +28,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:  # RawMeta holds a CameraProfile: meta.py imports this module, not the other way round
-    from services.raw.meta import RawMeta
 
 Matrix3 = tuple[tuple[float, float, float], tuple[float, float, float], tuple[float, float, float]]
 MatrixLike = Sequence[Sequence[float]] | np.ndarray
@@ -503,7 +500,27 @@ def srgb_decode(encoded: np.ndarray) -> np.ndarray:
 _SITES = ((0, 0), (0, 1), (1, 0), (1, 1))
 
 
-def cfa_planes(mosaic: np.ndarray, meta: RawMeta) -> dict[str, list[np.ndarray]]:
+class FrameColour(Protocol):
+    """What the colour model reads of a frame's metadata (``services.raw.meta.RawMeta`` has it; meta.py imports
+    this module for the profile class, so this module names the fields instead of importing RawMeta)."""
+
+    @property
+    def cfa(self) -> str: ...
+    @property
+    def black_levels(self) -> tuple[float, float, float, float]: ...
+    @property
+    def white_level(self) -> float: ...
+    @property
+    def profile(self) -> CameraProfile: ...
+    @property
+    def as_shot_neutral(self) -> tuple[float, float, float] | None: ...
+    @property
+    def as_shot_white_xy(self) -> tuple[float, float] | None: ...
+    @property
+    def baseline_exposure(self) -> float: ...
+
+
+def cfa_planes(mosaic: np.ndarray, meta: FrameColour) -> dict[str, list[np.ndarray]]:
     """The normalised CFA sub-planes of a (subsampled) mosaic, grouped by colour letter, float32."""
     white = float(meta.white_level)
     planes: dict[str, list[np.ndarray]] = {"R": [], "G": [], "B": []}
@@ -513,7 +530,7 @@ def cfa_planes(mosaic: np.ndarray, meta: RawMeta) -> dict[str, list[np.ndarray]]
     return planes
 
 
-def grey_world_neutral(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float, float]:
+def grey_world_neutral(meta: FrameColour, mosaic: np.ndarray) -> tuple[float, float, float]:
     """A camera neutral (R, G, B; G = 1) from the scene's mean colour, for files without an as-shot white."""
     sample = mosaic[: (mosaic.shape[0] // 16) * 16 : 8, : (mosaic.shape[1] // 16) * 16 : 8]
     planes = cfa_planes(np.ascontiguousarray(sample), meta)
@@ -522,20 +539,20 @@ def grey_world_neutral(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float,
     return (max(means["R"], 1e-6) / g, 1.0, max(means["B"], 1e-6) / g)
 
 
-def has_as_shot_white(meta: RawMeta) -> bool:
+def has_as_shot_white(meta: FrameColour) -> bool:
     """Whether the file states its white: a positive AsShotNeutral or an AsShotWhiteXY."""
     neutral = meta.as_shot_neutral
     return bool(neutral and all(v > 0 for v in neutral)) or bool(meta.as_shot_white_xy)
 
 
-def white_balance_neutral(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float, float] | None:
+def white_balance_neutral(meta: FrameColour, mosaic: np.ndarray) -> tuple[float, float, float] | None:
     """The white-balance decision for a shot: None where the file states its white (:func:`render_colour` then
     uses it), else the grey-world estimate of ``mosaic`` (:func:`grey_world_neutral`)."""
     return None if has_as_shot_white(meta) else grey_world_neutral(meta, mosaic)
 
 
 def render_colour(
-    meta: RawMeta,
+    meta: FrameColour,
     space: str = "srgb",
     *,
     neutral: tuple[float, float, float] | np.ndarray | None = None,
