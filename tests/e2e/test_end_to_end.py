@@ -59,7 +59,8 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     root = tmp_path_factory.mktemp(f"e2e-{request.param}")
     url = backend_url(request.param, root)
     # A Redis database of our own, emptied, so no stale message reaches these workers.
-    e2e_redis = redis_url.rsplit("/", 1)[0] + "/14"
+    base, _, db_number = redis_url.rpartition("/")
+    e2e_redis = f"{base}/{int(db_number or 0) + 1}"  # the next database: parallel runs on other bases stay apart
     redis.Redis.from_url(e2e_redis).flushdb()
     env = {"STRATA_DATABASE_URL": url, "STRATA_DATA_DIR": str(root / "var"), "STRATA_REDIS_URL": e2e_redis,
            "STRATA_CPU_WORKERS": "2", "STRATA_TORCH_THREADS": "1", "STRATA_FAULT_SHARD_DELAY_S": str(SHARD_DELAY_S),
