@@ -77,8 +77,7 @@ def write_tiff(
     strips, memory-mapped): their tiles are compressed straight from the bands, never stitched.
     Tiles are compressed by ``threads`` workers (tifffile's thread pool; zstd releases the GIL) straight into the
     storage file; the file is then hashed from the page cache on a second thread while the writer makes it
-    durable (fsync). Through a growing in-memory buffer first, the stack benchmark's 50 MP TIFF took 0.74-0.90 s
-    on an H200 host; this way 0.58-0.65 s (docs/PERFORMANCE.md).
+    durable (fsync): faster than through an in-memory buffer (docs/PERFORMANCE.md, "Choices measured").
     """
     if isinstance(rgb, np.ndarray):
         if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint16:

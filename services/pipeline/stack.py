@@ -58,10 +58,8 @@ from services.raw.meta import RawMeta
 Frame = tuple[np.ndarray, RawMeta]
 _PIXEL_SHIFT_TOLERANCE = 0.25  # px: how far measured shifts may be from whole pixels
 SHIFT_WINDOW = 2048  # px: the central square the global shifts are measured on
-# Each frame's model pass is told this many times the stack's noise (per-sample noise / frames). Swept on the stack
-# benchmark (CPU, scale 0.1, mid noise; gains 4 / 8 frames), 1 -> 2 (and the residual share 0.5 -> 0.3): dead
-# leaves +3.99 / +5.79 -> +4.04 / +5.84 dB, photo:033 +2.35 / +3.47 -> +2.81 / +3.85, photo:036 +2.63 / +3.35 ->
-# +2.55 / +3.32; 3 lost 0.3 dB on dead leaves (docs/QUALITY.md has the sweep).
+# Each frame's model pass is told this many times the stack's noise (per-sample noise / frames); chosen by a sweep
+# on the stack benchmark (docs/QUALITY.md, "tried and not kept" has the other values).
 MERGE_NOISE_FACTOR = 2.0
 
 
@@ -78,11 +76,8 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
     With a ``device``, each frame is demosaiced and denoised by the shot's model package, told
     :data:`MERGE_NOISE_FACTOR` times the noise the whole stack of ``stack_size`` frames will have (per-sample
     noise / ``stack_size``): it removes about what averaging would leave and keeps the detail; averaging then
-    takes the rest down, and a light filter after fusion (:func:`stack_noise_factors`) finishes. Measured on the
-    stack benchmark (CPU, scale 0.1, mid noise, dead leaves, bilinear warps, gain over the single-frame render,
-    4 / 8 frames): package at the stack's noise +4.2 / +6.1 dB; at noise 0 (a pure demosaic, denoised after
-    fusion) +3.2 / +5.5 dB; Malvar +2.2 / +3.6 dB (docs/QUALITY.md has the current numbers, with bicubic warps,
-    photographs and the factor's sweep).
+    takes the rest down, and a light filter after fusion (:func:`stack_noise_factors`) finishes. The package beat
+    a pure demosaic and Malvar on the stack benchmark (docs/QUALITY.md).
     """
     if stack_size < 1:
         raise ValueError(f"stack_size must be >= 1, got {stack_size}")
@@ -111,8 +106,8 @@ def frame_shifts(reference: Frame, frames: Sequence[Frame]) -> list[tuple[float,
     """Global shift (dy, dx) of each frame relative to the reference (phase correlation), full-res pixels.
 
     Measured on the central :data:`SHIFT_WINDOW` pixels square: a global shift needs no more, and on a whole
-    50 MP frame each estimate took 5.9 s on 2 cores (0.2 s on the window), on the coordinator, for every
-    4-frame stack (the pixel-shift check).
+    50 MP frame the estimate is some 30 times slower, on the coordinator, for every 4-frame stack (the
+    pixel-shift check).
     """
     ref = _normalised(_centre(reference[0], SHIFT_WINDOW), reference[1], torch.device("cpu"))
     return [estimate_shift(ref, _normalised(_centre(raw, SHIFT_WINDOW), meta, torch.device("cpu")), reference[1].cfa)
@@ -241,14 +236,12 @@ FUSED_CHANNELS = (5, 6)
 # through the package at 1/frames of the noise. Their errors are partly independent, so where they agree their
 # mean beats either; B's share falls from 1/2 where their local squared difference (window radius BLEND_RADIUS) is
 # 0 to nothing at BLEND_TOLERANCE times the modelled noise variance of the average (B aliases on fine detail: half-
-# resolution CFA planes cannot be resampled without it). Stack benchmark, CPU, scale 0.1, mid noise, 8 frames:
-# dead leaves +6.03 -> +6.56 dB, five held-out photographs +0.04..+0.88 dB, none worse (docs/QUALITY.md).
+# resolution CFA planes cannot be resampled without it). The blend's gain and its tolerance sweep: docs/QUALITY.md.
 BLEND_RADIUS = 2
 BLEND_TOLERANCE = 3.0
 # Pixel shift: the fused image is re-mosaicked at the four CFA phases, each mosaic enhanced by the package and
 # the four estimates averaged. Each holds a quarter of the samples and their errors partly cancel in the
-# average, so each is told this share of the fused noise (measured on the stack benchmark, CPU, scale 0.1,
-# mid noise: 0.7 -> +4.1 dB, 1.0 -> +3.7 dB over the single-frame render; the classical filter: -2.9 dB).
+# average, so each is told this share of the fused noise (chosen on the stack benchmark, docs/QUALITY.md).
 PIXEL_SHIFT_NOISE_SHARE = 0.75
 _PHASES = ("RGGB", "GRBG", "GBRG", "BGGR")
 

@@ -1,11 +1,10 @@
 """Host <-> GPU copies of large arrays through pinned staging slots per device, host copies on threads.
 
-Pageable copies of the stack's 800 MB group accumulators took about 0.7 s on the H200 hosts. Through a pinned
-buffer they move at PCIe speed, and the host side (a memory map or a fresh array, page faults included) is
-copied into/out of the pinned slots by a few threads while the device copies the previous slot: 0.26 s for one
-800 MB accumulator with one thread and a single slot, 0.07-0.08 s like this (H200 host, docs/PERFORMANCE.md). Each
-contiguous host row block is copied once; short blocks (rows of a crop) share a slot. On the CPU these are
-plain conversions.
+Pageable copies of a stack's group accumulators are slow; through a pinned buffer they move at PCIe speed, and
+the host side (a memory map or a fresh array, page faults included) is copied into/out of the pinned slots by a
+few threads while the device copies the previous slot (the measured gain: docs/PERFORMANCE.md, "Choices
+measured"). Each contiguous host row block is copied once; short blocks (rows of a crop) share a slot. On the
+CPU these are plain conversions.
 """
 
 from __future__ import annotations
@@ -157,9 +156,9 @@ def prefault(arr: np.ndarray) -> Callable[[], None]:
     """Start touching every page of a fresh writable memory map (``arr``, C-contiguous) on background threads;
     returns a wait function to call before the real bytes are written into it.
 
-    A new file's pages are allocated on first write: downloading an 800 MB group accumulator straight into a fresh
-    memory-mapped ``.npy`` took 0.33-0.41 s on an H200 host, into memory already touched 0.04-0.08 s
-    (``scripts/gpu/io_probe.py``). Zero-filling the map while the GPU merges (numpy releases the GIL for the fill,
+    A new file's pages are allocated on first write, which made downloading a group accumulator into a fresh
+    memory-mapped ``.npy`` several times slower than into touched memory (``scripts/gpu/io_probe.py``,
+    docs/PERFORMANCE.md). Zero-filling the map while the GPU merges (numpy releases the GIL for the fill,
     torch while it waits on the device) moves that allocation off the critical path.
     """
     global _prefault_pool

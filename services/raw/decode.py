@@ -5,7 +5,7 @@ have children of their own through multiprocessing.
 
 Every decode still gets a fresh child, but children are started ahead of need (:class:`_Spares`): a spare has
 imported numpy and rawpy and waits for its one file on stdin, so a decode does not pay the interpreter start
-(about 0.2-0.3 s of a 50 MP frame's 0.5-1 s). The process keeps as many spares as it has run decodes at once
+(a good part of a 50 MP frame's decode; docs/PERFORMANCE.md). The process keeps as many spares as it has run decodes at once
 (at most :data:`MAX_SPARES`; a coordinator starts with :func:`prestart`); a spare exits when its parent does
 (end of stdin).
 """
@@ -149,8 +149,8 @@ class _Spares:
 
     def refill_later(self, memory_mb: int) -> None:
         """Refill on a thread, called as a decode ends: refilling as each decode started had the new spares
-        importing numpy and rawpy beside the running decodes (a stack's 8 decodes took 0.45 s or 1.0 s from run to
-        run on an H200 host), and racing refill threads left too few spares for the next shot."""
+        importing numpy and rawpy beside the running decodes (a stack's decode time doubled from run to run;
+        docs/PERFORMANCE.md), and racing refill threads left too few spares for the next shot."""
         threading.Thread(target=self.refill, args=(memory_mb,), daemon=True).start()
 
 

@@ -25,8 +25,7 @@ class Architecture:
     needs_weights: bool
     # Unsharp-mask amount the renderer applies after this enhancer by default (a package's config may set
     # "post_sharpen"): the classical output is soft; a network trained against sharp scene-referred targets
-    # already restores detail, and sharpening it again only moves it away from the scene (measured: -2.7 dB
-    # PSNR at amount 0.5 on held-out photos, noise-free).
+    # already restores detail, and sharpening it again only moves it away from the scene (docs/QUALITY.md).
     post_sharpen: float
 
 

@@ -2,7 +2,7 @@
 
 Alignment runs on full-resolution grey images (H, W): :func:`mosaic_grey` makes one from a Bayer mosaic by
 Malvar demosaicing, which keeps the image free of the CFA aliasing that biases sub-pixel estimates on the
-2x2-binned luma (measured: 0.05-0.1 px). A Gaussian pyramid (level 1 is the half-res luma) is searched from
+2x2-binned luma. A Gaussian pyramid (level 1 is the half-res luma) is searched from
 the coarsest level down: each tile tests integer displacements within ``search_radius`` of the displacement
 handed down from the level above (L2 cost, a 3x3 median over tiles removes isolated wrong vectors); the
 finest level is searched +-1 px and refined to sub-pixel precision with damped, symmetric-gradient

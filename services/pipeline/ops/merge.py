@@ -9,8 +9,7 @@ Merge (sub-pixel stacks): every frame is demosaiced (``MergeParams.demosaic``: t
 Malvar, on the white-balanced mosaic, then divided back by the gains, so results stay in camera RGB) in the
 orientation its position in the stack picks (:data:`~services.pipeline.ops.cfa.ORIENTATIONS`, position modulo 8:
 frame 0 upright, frame 1 turned 180 degrees, ...; the result is turned back), so the model's direction-dependent
-errors differ from frame to frame and average out like the noise does (measured: +0.1..+0.2 dB on the stack
-benchmark at no cost), aligned
+errors differ from frame to frame and average out like the noise does (docs/QUALITY.md), aligned
 to the reference with :mod:`.align`, warped (bicubic) to the reference geometry and added with a per-pixel
 weight in [0, 1] from a Poisson-Gaussian test of its local difference to the reference (:func:`motion_weights`).
 Averaging demosaiced frames also averages their demosaicing errors, which differ from frame to frame (each frame
