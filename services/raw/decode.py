@@ -5,9 +5,9 @@ have children of their own through multiprocessing.
 
 Every decode still gets a fresh child, but children are started ahead of need (:class:`_Spares`): a spare has
 imported numpy and rawpy and waits for its one file on stdin, so a decode does not pay the interpreter start
-(a good part of a 50 MP frame's decode; docs/PERFORMANCE.md). The process keeps as many spares as it has run decodes at once
-(at most :data:`MAX_SPARES`; a coordinator starts with :func:`prestart`); a spare exits when its parent does
-(end of stdin).
+(a good part of a 50 MP frame's decode; docs/PERFORMANCE.md). The process keeps as many spares as it has run
+decodes at once (at most :data:`MAX_SPARES`; a coordinator starts with :func:`prestart`); a spare exits when its
+parent does (end of stdin).
 """
 
 from __future__ import annotations
