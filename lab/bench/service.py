@@ -12,6 +12,14 @@ shared parameters, plan), each phase's span (its first shard started -> its last
 phases (dispatch of the next phase's shards) and ``finalize`` (last shard finished -> job finished: the TIFF). The
 first run of each scenario also warms the workers (model load, CUDA start, decoder children); the table marks it.
 Frames are the pipeline benchmark's procedural DNGs (content does not change the work).
+
+Scenarios (``--scenarios``): ``single`` (an IQ3_S frame), ``stack4`` / ``stack8`` (IQ2_XS stacks), ``stack``
+(``--frames`` frames), each ``--repeats`` times, reported as the warm runs' median and spread; ``batch``
+(``--batch-size`` IQ3_S shots at batch priority, uploaded by ``--upload-threads`` threads, throughput over the
+span from the first job started to the last one finished; ``--interactive-during-batch`` adds one interactive
+shot and compares its latency with the idle ``single`` runs). During every scenario a sampler
+(:mod:`lab.bench.sampler`) records GPU busy fractions and GPU memory per process (NVML) and CPU busy fraction and
+host memory (psutil), every 250 ms.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +39,7 @@ import httpx
 import numpy as np
 
 from lab.bench.pipeline import machine, procedural_mosaic, write_frame
+from lab.bench.sampler import ResourceSampler, busy_summary
 from services.local_service import local_service
 
 
@@ -62,21 +73,25 @@ def timeline(job: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def run_job(client: httpx.Client, files: list[Path], timeout: float) -> dict[str, Any]:
-    """Upload ``files`` as one job, poll it to the end; the job's timings."""
+def upload_job(client: httpx.Client, files: list[Path], recipes: Sequence[str] = ("tiff16",),
+               priority: str = "interactive") -> tuple[dict[str, Any], float]:
+    """POST ``files`` as one job; (the job as answered, upload seconds)."""
     t0 = time.perf_counter()
     handles = [open(p, "rb") for p in files]  # noqa: SIM115 (closed below, after the upload)
     try:
-        resp = client.post("/v1/jobs", data={"recipe": "tiff16"},
-                           files=[("frames", (p.name, f, "application/octet-stream")) for p, f in zip(files, handles,
-                                                                                                   strict=True)])
+        data: dict[str, Any] = {"recipe": list(recipes), "priority": priority}
+        resp = client.post("/v1/jobs", data=data,
+                           files=[("frames", (p.name, f, "application/octet-stream"))
+                                  for p, f in zip(files, handles, strict=True)])
     finally:
         for f in handles:
             f.close()
-    upload = time.perf_counter() - t0
     if resp.status_code != 202:
         raise RuntimeError(f"upload refused: {resp.status_code} {resp.text[:300]}")
-    job = resp.json()
+    return resp.json(), time.perf_counter() - t0
+
+
+def wait_job(client: httpx.Client, job: dict[str, Any], timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while job["status"] in ("queued", "running"):
         if time.monotonic() > deadline:
@@ -85,6 +100,11 @@ def run_job(client: httpx.Client, files: list[Path], timeout: float) -> dict[str
         job = client.get(f"/v1/jobs/{job['id']}").json()
     if job["status"] != "done":
         raise RuntimeError(f"job {job['id']} {job['status']}: {job.get('error')}")
+    return job
+
+
+def job_timings(job: dict[str, Any], upload: float) -> dict[str, Any]:
+    """A finished job's timings: upload, processing (started -> finished), queued -> done, shards, timeline."""
     phases: dict[str, float] = {}
     for s in job["shards"]:
         key = f"phase {s['phase']} {s['kind']} (max of {sum(x['phase'] == s['phase'] for x in job['shards'])})"
@@ -92,23 +112,99 @@ def run_job(client: httpx.Client, files: list[Path], timeout: float) -> dict[str
     return {"job": job["id"], "upload_s": upload,
             "processing_s": _seconds(job["started_at"], job["finished_at"]),
             "queued_to_done_s": _seconds(job["created_at"], job["finished_at"]),
-            "gpus": sorted({s["gpu"] for s in job["shards"]}), "shard_max_s": phases, "timeline_s": timeline(job)}
+            "gpus": sorted({s["gpu"] for s in job["shards"]}), "shard_max_s": phases, "timeline_s": timeline(job),
+            "shards_by_gpu": {g: sum(1 for s in job["shards"] if s["gpu"] == g)
+                              for g in sorted({s["gpu"] for s in job["shards"]})}}
 
 
-def _frames(tmp: Path, scenario: str, scale: float, frames: int) -> list[Path]:
-    rng = np.random.default_rng(5)
-    paths = []
-    if scenario == "single":
+def run_job(client: httpx.Client, files: list[Path], timeout: float,
+            recipes: Sequence[str] = ("tiff16",)) -> dict[str, Any]:
+    """Upload ``files`` as one job, poll it to the end; the job's timings."""
+    job, upload = upload_job(client, files, recipes)
+    return job_timings(wait_job(client, job, timeout), upload)
+
+
+SCENARIO_FRAMES = {"single": 1, "stack4": 4, "stack8": 8}
+
+
+def shot_files(tmp: Path, scenario: str, scale: float, frames: int) -> list[Path]:
+    """The DNGs of a scenario: one IQ3_S frame (``single``, ``batch``) or an IQ2_XS stack (``stack4``,
+    ``stack8``, ``stack`` = ``frames`` frames); procedural content (it does not change the work)."""
+    n = SCENARIO_FRAMES.get(scenario, 1 if scenario == "batch" else frames)
+    tmp.mkdir(parents=True, exist_ok=True)
+    if n == 1:
         h, w = int(10304 * scale) // 2 * 2, int(7728 * scale) // 2 * 2
         write_frame(tmp / "iq3s.dng", procedural_mosaic(h, w, 1), "IQ3_S")
         return [tmp / "iq3s.dng"]
+    rng = np.random.default_rng(5)
     h, w = int(7296 * scale) // 2 * 2, int(6912 * scale) // 2 * 2
-    for k in range(frames):
+    paths = []
+    for k in range(n):
         shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
         path = tmp / f"iq2xs_{k:02d}.dng"
         write_frame(path, procedural_mosaic(h, w, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
         paths.append(path)
     return paths
+
+
+def latency_scenario(client: httpx.Client, sampler: ResourceSampler, scenario: str, files: list[Path],
+                     args: argparse.Namespace) -> dict[str, Any]:
+    """``repeats`` jobs one after the other: each run's timings, the warm runs' median and spread, busy fractions."""
+    runs = []
+    t0 = time.monotonic()
+    for run in range(args.repeats):
+        r = run_job(client, files, args.timeout, args.recipe)
+        r.update(run=run, warm=run > 0)
+        runs.append(r)
+        shards = ", ".join(f"{k} {v:.2f}" for k, v in r["shard_max_s"].items())
+        print(f"{scenario:6s} run {run}{' (cold)' if run == 0 else '       '}  upload {r['upload_s']:6.2f} s  "
+              f"processing {r['processing_s']:6.2f} s  queued->done {r['queued_to_done_s']:6.2f} s  "
+              f"GPUs {','.join(r['gpus'])}  [{shards}]", flush=True)
+        if r["timeline_s"]:
+            print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items()), flush=True)
+    warm = [r["processing_s"] for r in runs if r["warm"]] or [runs[0]["processing_s"]]
+    return {"scenario": scenario, "frames": len(files), "runs": runs, "processing_median_s": statistics.median(warm),
+            "processing_min_s": min(warm), "processing_max_s": max(warm),
+            "frames_per_s": len(files) / statistics.median(warm), "resources": sampler.window(t0, time.monotonic())}
+
+
+def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[Path],
+                   args: argparse.Namespace, idle_latency: float | None) -> dict[str, Any]:
+    """``batch_size`` IQ3_S shots at batch priority, uploaded by a few threads; throughput over the span from the
+    first job started to the last one finished; optionally one interactive shot submitted mid-batch."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(args.upload_threads) as pool:
+        uploads = list(pool.map(lambda _: upload_job(client, files, args.recipe, "batch"), range(args.batch_size)))
+        interactive = None
+        if args.interactive_during_batch:
+            time.sleep(1.0)
+            interactive = pool.submit(run_job, client, files, args.timeout, args.recipe)
+        done = [wait_job(client, job, args.timeout) for job, _ in uploads]
+        inter = interactive.result() if interactive else None
+    first = min(_stamp(j["started_at"]) for j in done)  # type: ignore[type-var]
+    last = max(_stamp(j["finished_at"]) for j in done)  # type: ignore[type-var]
+    span = (last - first).total_seconds()  # type: ignore[operator]
+    result = {"scenario": "batch", "shots": len(done), "render_span_s": span, "frames_per_s": len(done) / span,
+              "upload_span_s": sum(u for _, u in uploads) / args.upload_threads, "recipes": list(args.recipe),
+              "shards_by_gpu": _count_shards(done), "resources": sampler.window(t0, time.monotonic())}
+    if inter is not None:
+        result["interactive_during_batch"] = {**inter, "idle_latency_s": idle_latency,
+                                              "ratio_to_idle": (inter["queued_to_done_s"] / idle_latency
+                                                                if idle_latency else None)}
+    print(f"batch  {len(done)} shots  render span {span:6.2f} s  {result['frames_per_s']:.2f} frames/s  "
+          f"{busy_summary(result['resources'])}", flush=True)
+    if inter is not None:
+        print(f"       interactive during the batch: queued->done {inter['queued_to_done_s']:.2f} s "
+              f"(idle {idle_latency or float('nan'):.2f} s)", flush=True)
+    return result
+
+
+def _count_shards(jobs: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for job in jobs:
+        for s in job["shards"]:
+            counts[s["gpu"]] = counts.get(s["gpu"], 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _local_service() -> tuple[str | None, str | None]:
@@ -117,43 +213,73 @@ def _local_service() -> tuple[str | None, str | None]:
     return found.get("api_url"), Path(token_file).read_text().strip() if token_file else None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="strata bench service", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--api", default=None, help="API URL (default: the local `strata serve`)")
     ap.add_argument("--token", default=None, help="station token (default: the local service's)")
     ap.add_argument("--scale", type=float, default=1.0, help="linear size relative to the real sensors")
-    ap.add_argument("--frames", type=int, default=8)
-    ap.add_argument("--scenarios", default="single,stack")
+    ap.add_argument("--frames", type=int, default=8, help="frames of the `stack` scenario")
+    ap.add_argument("--scenarios", default="single,stack",
+                    help="comma list of single, stack4, stack8, stack (--frames), batch")
     ap.add_argument("--repeats", type=int, default=3, help="runs per scenario (the first also warms the workers)")
+    ap.add_argument("--batch-size", type=int, default=12, help="IQ3_S shots of the batch scenario")
+    ap.add_argument("--upload-threads", type=int, default=4, help="concurrent uploads in the batch scenario")
+    ap.add_argument("--interactive-during-batch", action="store_true",
+                    help="submit one interactive IQ3_S shot 1 s after the batch's uploads and time it")
+    ap.add_argument("--recipe", action="append", default=None, help="recipe(s) of every job (default tiff16)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", type=Path, default=Path("bench-service.json"))
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
+    args.recipe = args.recipe or ["tiff16"]
     api, token = _local_service()
     api, token = args.api or api, args.token or token
     if not api or not token:
         ap.error("no service found: start `strata serve` or pass --api and --token")
-    results = []
-    with tempfile.TemporaryDirectory(prefix="strata-bench-service-") as d, httpx.Client(
-        base_url=api, headers={"Authorization": f"Bearer {token}"}, timeout=httpx.Timeout(60, read=600)
-    ) as client:
-        for scenario in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
-            folder = Path(d) / scenario
-            folder.mkdir()
-            files = _frames(folder, scenario, args.scale, args.frames)
-            for run in range(args.repeats):
-                r = run_job(client, files, args.timeout)
-                r.update(scenario=scenario, run=run, warm=run > 0, frames=len(files))
-                results.append(r)
-                shards = ", ".join(f"{k} {v:.2f}" for k, v in r["shard_max_s"].items())
-                print(f"{scenario:6s} run {run}{' (cold)' if run == 0 else '       '}  upload {r['upload_s']:6.2f} s  "
-                      f"processing {r['processing_s']:6.2f} s  queued->done {r['queued_to_done_s']:6.2f} s  "
-                      f"GPUs {','.join(r['gpus'])}  [{shards}]", flush=True)
-                if r["timeline_s"]:
-                    print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items()), flush=True)
-    args.json.write_text(json.dumps({"machine": machine(), "api": api, "results": results}, indent=2))
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in scenarios if s not in (*SCENARIO_FRAMES, "stack", "batch")]
+    if unknown:
+        ap.error(f"unknown scenario(s) {unknown}; choose from single, stack4, stack8, stack, batch")
+    sampler = ResourceSampler().start()
+    results: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="strata-bench-service-") as d, httpx.Client(
+            base_url=api, headers={"Authorization": f"Bearer {token}"}, timeout=httpx.Timeout(60, read=600)
+        ) as client:
+            idle: float | None = None
+            for scenario in scenarios:
+                files = shot_files(Path(d) / scenario, scenario, args.scale, args.frames)
+                if scenario == "batch":
+                    results.append(batch_scenario(client, sampler, files, args, idle))
+                    continue
+                results.append(latency_scenario(client, sampler, scenario, files, args))
+                if scenario == "single":
+                    idle = statistics.median(r["queued_to_done_s"] for r in results[-1]["runs"] if r["warm"]
+                                             ) if args.repeats > 1 else results[-1]["runs"][0]["queued_to_done_s"]
+    finally:
+        sampler.stop()
+    print_summary(results)
+    args.json.write_text(json.dumps({"machine": machine(), "api": api, "gpus_sampled": sampler.gpus,
+                                     "scenarios": results}, indent=2))
     print(f"wrote {args.json}")
     return 0
+
+
+def print_summary(results: list[dict[str, Any]]) -> None:
+    print(f"\n{'scenario':<8} {'frames':>6} {'median s':>9} {'min-max s':>13} {'frames/s':>9}  resources")
+    for r in results:
+        if r["scenario"] == "batch":
+            print(f"{'batch':<8} {r['shots']:>6} {'':>9} {'':>13} {r['frames_per_s']:>9.2f}  "
+                  f"{busy_summary(r['resources'])}")
+            continue
+        print(f"{r['scenario']:<8} {r['frames']:>6} {r['processing_median_s']:>9.2f} "
+              f"{r['processing_min_s']:>6.2f}-{r['processing_max_s']:<6.2f} {r['frames_per_s']:>9.2f}  "
+              f"{busy_summary(r['resources'])}")
 
 
 if __name__ == "__main__":

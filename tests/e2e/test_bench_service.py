@@ -1,0 +1,29 @@
+"""The service benchmark's CI smoke run: every scenario at a tiny scale through the real service."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_end_to_end import Stack, stack  # noqa: F401 (the real-service fixture)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_bench_service_runs_every_scenario_and_writes_json(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    from lab.bench.service import main
+
+    out = tmp_path / "bench.json"
+    token = stack.headers["Authorization"].split()[1]
+    assert main(["--api", stack.url, "--token", token, "--scale", "0.02", "--repeats", "1", "--batch-size", "2",
+                 "--scenarios", "single,stack4,batch", "--interactive-during-batch", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    by_name = {r["scenario"]: r for r in report["scenarios"]}
+    assert set(by_name) == {"single", "stack4", "batch"}
+    assert by_name["stack4"]["frames"] == 4 and by_name["single"]["processing_median_s"] > 0
+    batch = by_name["batch"]
+    assert batch["shots"] == 2 and batch["frames_per_s"] > 0 and sum(batch["shards_by_gpu"].values()) >= 2
+    assert batch["interactive_during_batch"]["queued_to_done_s"] > 0
+    assert 0 <= batch["resources"]["cpu_busy_mean"] <= 1 and batch["resources"]["host_used_peak_bytes"] > 0
