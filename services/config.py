@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     # Decode sandbox
     decode_timeout_s: float = 300.0
     decode_memory_mb: int = 8192
+    decode_fast_dng: bool = Field(
+        default=True, description="Read uncompressed Bayer DNGs straight from the file (no LibRaw; same result)."
+    )
     decode_workers: int = Field(
         default=0, description="Frames decoded at once (one LibRaw child each); 0 = one per frame up to the cores."
     )

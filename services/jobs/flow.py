@@ -130,7 +130,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         shot = prepare_shot(storage, job_id, [f.storage_key for f in job.frames], camera=job.camera,
                             colour_space=get_recipe(job.recipe).colour_space, stack=stack,
                             limits=DecodeLimits(settings.decode_timeout_s, settings.decode_memory_mb,
-                                                settings.decode_workers))
+                                                settings.decode_workers, settings.decode_fast_dng))
     except (RawError, FramesMismatch) as exc:
         fail_job(session, job_id, f"decode failed: {exc.detail}" if isinstance(exc, RawError) else exc.detail,
                  storage)

@@ -27,6 +27,7 @@ class DecodeLimits:
     timeout_s: float = 300.0
     memory_mb: int = 8192
     workers: int = 0
+    fast_dng: bool = True  # uncompressed Bayer DNGs read straight from the file (services.raw.fast_dng)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits:
     def decode_one(index: int) -> RawMeta:
         with storage.path_writer(raw_key(job_id, index)) as tmp:
             return decode_raw(storage.local_path(uploads[index]), tmp, timeout_s=limits.timeout_s,
-                              memory_mb=limits.memory_mb)
+                              memory_mb=limits.memory_mb, fast_dng=limits.fast_dng)
 
     workers = max(1, min(len(uploads), limits.workers or os.cpu_count() or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:

@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 from services.errors import RawDecodeError
+from services.raw.fast_dng import decode_fast
 from services.raw.meta import RawMeta
 
 # The child command without its arguments; tests replace it with a child that crashes or hangs.
@@ -170,13 +171,21 @@ def _discard(child: subprocess.Popen[bytes]) -> None:
 _spares = _Spares()
 
 
-def decode_raw(path: Path, out_npy: Path, *, timeout_s: float = 300.0, memory_mb: int = 8192) -> RawMeta:
+def decode_raw(path: Path, out_npy: Path, *, timeout_s: float = 300.0, memory_mb: int = 8192,
+               fast_dng: bool = True) -> RawMeta:
     """Decode ``path`` in a child process; write its visible Bayer mosaic (uint16 .npy) to ``out_npy``.
+
+    ``fast_dng``: an uncompressed Bayer DNG is read straight from the file instead (:mod:`services.raw.fast_dng`,
+    same result, no LibRaw, no child).
 
     Returns the frame's metadata. Raises ``RawDecodeError`` if the decoder fails, crashes, exceeds
     ``memory_mb`` of address space or runs longer than ``timeout_s`` seconds.
     """
     path, out_npy = Path(path), Path(out_npy)
+    if fast_dng:
+        meta = decode_fast(path, out_npy)
+        if meta is not None:
+            return meta
     with tempfile.TemporaryDirectory(prefix="strata-decode-") as tmp:
         out_json = Path(tmp) / "meta.json"
         args = [str(path), str(out_npy), str(out_json)]

@@ -17,7 +17,7 @@ from lab.synth.unprocess import FORWARD_MATRIX_D65 as FM_D65
 from services.errors import RawDecodeError
 from services.raw import decode
 from services.raw.colour import WHITE_D65, CameraProfile, as_shot_neutral
-from services.raw.decode import decode_raw
+from services.raw.decode import decode_raw as _decode_raw
 from services.raw.dng import (
     PHOTOMETRIC_CFA,
     TAG_BLACK_LEVEL,
@@ -26,6 +26,11 @@ from services.raw.dng import (
     write_dng,
 )
 from services.raw.meta import NoiseProfile, RawMeta
+
+
+def decode_raw(path: Path, out: Path, **kwargs: object) -> RawMeta:
+    """The LibRaw child (these tests are about it): the fast DNG path off (tests/unit/test_raw_fast_dng.py)."""
+    return _decode_raw(path, out, fast_dng=False, **kwargs)  # type: ignore[arg-type]
 
 
 def test_decodes_synthetic_frame(tmp_path: Path) -> None:
