@@ -51,8 +51,13 @@ class Settings(BaseSettings):
     worker_gpu: str = Field(default="cpu", description="GPU id this worker is pinned to, or 'cpu'.")
 
     # Planning
-    strip_rows: int = Field(default=1288, description="Target rows per strip (IQ3_S); rounded to even.")
-    strips_per_worker: int = Field(default=2, description="Strips per live GPU worker when the frame is big.")
+    strip_rows: int = Field(
+        default=0, description="Rows per strip; 0 = as many as fit the GPU workers' memory budget (1288 on CPUs)."
+    )
+    strips_per_worker: int = Field(default=1, description="Strips per live GPU worker (at least).")
+    gpu_memory_fraction: float = Field(
+        default=0.8, description="Share of a GPU's memory free after warm-up that strips may plan for."
+    )
     split_ratio: str | None = Field(default=None, description="Relative GPU shares, e.g. '0.6,0.4'.")
 
     # Models (enhancement packages, *.strata): a path or the name of a shipped package

@@ -7,7 +7,7 @@ import json
 import logging
 import socket
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import redis
 
@@ -24,6 +24,7 @@ class WorkerInfo:
     queue: str  # the worker's own queue
     host: str
     pid: int
+    memory_mb: int = 0  # GPU memory a strip may plan for (0: unknown, a CPU worker)
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -36,7 +37,8 @@ def live_workers(client: redis.Redis, kind: str | None = None) -> list[WorkerInf
     for key in client.scan_iter(match=f"{PREFIX}*", count=100):
         raw = client.get(key)
         if raw:
-            info = WorkerInfo(**json.loads(raw))
+            known = {f.name for f in fields(WorkerInfo)}  # newer or older workers may beat other fields
+            info = WorkerInfo(**{k: v for k, v in json.loads(raw).items() if k in known})
             if kind is None or info.kind == kind:
                 infos.append(info)
     return sorted(infos, key=lambda i: i.name)

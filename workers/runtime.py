@@ -115,7 +115,7 @@ def start(name: str, reconcile: Callable[[], object] | None = None) -> None:
     from workers.app import broker_url
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
-                      pid=os.getpid())
+                      pid=os.getpid(), memory_mb=_strip_memory_mb(device, settings.gpu_memory_fraction))
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s)
     _heartbeat.start()
     if kind == "coordinator":  # decoder children waiting for the first stack's frames
@@ -146,6 +146,28 @@ def context() -> WorkerContext:
     if _ctx is None:
         return WorkerContext(name=f"local@{this_host()}", kind="gpu", gpu="cpu", device="cpu")
     return _ctx
+
+
+def _strip_memory_mb(device: str, fraction: float) -> int:
+    """The GPU memory strips may plan for: a share of what is free once the model is resident (0 on the CPU)."""
+    if not device.startswith("cuda"):
+        return 0
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free * fraction) >> 20
+
+
+def gpu_capacity() -> tuple[int, int]:
+    """(live GPU workers, the smallest memory budget among them; 0 when any is unknown) for planning."""
+    from workers.app import broker_url
+
+    try:
+        workers = live_workers(redis_client(broker_url(get_settings())), "gpu")
+    except Exception:  # noqa: BLE001 - planning still works with one worker and default strips
+        return 1, 0
+    budgets = [w.memory_mb for w in workers]
+    return max(1, len(workers)), (min(budgets) if budgets and min(budgets) > 0 else 0)
 
 
 def gpu_worker_count() -> int:

@@ -92,7 +92,8 @@ def _coordinator_step(step: str, job_id: str, work: Callable[[], list[ShardTicke
 def ingest(job_id: str) -> None:
     def work() -> list[ShardTicket]:
         with session_scope() as session:
-            return flow.ingest_job(session, get_storage(), get_settings(), job_id, runtime.gpu_worker_count())
+            n_workers, memory_mb = runtime.gpu_capacity()
+            return flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers, memory_mb)
 
     _coordinator_step("ingest", job_id, work)
 

@@ -112,8 +112,8 @@ def _add_phase_shards(session: Session, job: Job, plan: JobPlan, phase: int, set
     return shards
 
 
-def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: str, n_workers: int
-               ) -> list[ShardTicket]:
+def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: str, n_workers: int,
+               gpu_memory_mb: int = 0) -> list[ShardTicket]:
     """Decode, compute the shared shot parameters once, plan phase 0; returns shards to dispatch."""
     job = load_job(session, job_id)
     if job.status not in ACTIVE:
@@ -139,7 +139,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     plan = JobPlan(frames=shot.frames, render=shot.render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(shot.frames[0].height, shot.frames[0].width),
-                   extra=job.params)
+                   gpu_memory_mb=gpu_memory_mb, extra=job.params)
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.
     if not _claim(session, job_id, -1, phase=0):
         return []

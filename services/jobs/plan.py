@@ -87,7 +87,7 @@ class ShardPayload:
 
 
 # What ingest adds to a job's params (removed again when the job starts over).
-PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size")
+PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb")
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ class JobPlan:
     n_workers: int
     ratios: tuple[float, ...] | None
     size: tuple[int, int]  # (H, W) of the reference frame
+    gpu_memory_mb: int = 0  # the smallest live GPU worker's memory budget at ingest (0: unknown, CPU workers)
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
 
     @property
@@ -116,6 +117,7 @@ class JobPlan:
             "n_workers": self.n_workers,
             "ratios": None if self.ratios is None else list(self.ratios),
             "size": list(self.size),
+            "gpu_memory_mb": self.gpu_memory_mb,
         }
 
     @classmethod
@@ -131,6 +133,7 @@ class JobPlan:
             n_workers=int(params["n_workers"]),
             ratios=None if ratios is None else tuple(float(r) for r in ratios),
             size=(h, w),
+            gpu_memory_mb=int(params.get("gpu_memory_mb", 0)),
             extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
         )
 

@@ -67,6 +67,25 @@ def plan_frame_groups(n_frames: int, n_groups: int, ratios: Sequence[float] | No
     return groups
 
 
+# Without a memory figure (CPU workers, older GPU workers): the seed's strip height.
+DEFAULT_STRIP_ROWS = 1288
+# Peak device bytes per output pixel while a strip renders (a single frame's strip; a stack strip fuses 5-channel
+# accumulators and runs the package twice); measured on an H200, docs/PERFORMANCE.md ("Strips sized from memory").
+STRIP_BYTES_PER_PIXEL = {"frame": 1000, "stack": 2000}
+
+
+def strip_rows_for(width: int, memory_mb: int, configured: int, *, stack: bool) -> int:
+    """Rows per strip: ``configured`` (STRATA_STRIP_ROWS) when set, else as many as fit in ``memory_mb`` of the
+    smallest live GPU worker's budget (one strip per GPU for a whole frame when it fits), else
+    :data:`DEFAULT_STRIP_ROWS`. Even (keeps the CFA phase)."""
+    if configured > 0:
+        return max(2, configured // 2 * 2)
+    if memory_mb <= 0:
+        return DEFAULT_STRIP_ROWS
+    per_row = max(width, 1) * STRIP_BYTES_PER_PIXEL["stack" if stack else "frame"]
+    return max(2, int(memory_mb * 2**20 // per_row) // 2 * 2)
+
+
 def strip_count(height: int, target_rows: int, n_workers: int, per_worker: int) -> int:
     """Enough strips to keep every worker busy, and none much taller than ``target_rows``."""
     return max(math.ceil(height / max(target_rows, 2)), max(n_workers, 1) * max(per_worker, 1))
@@ -84,7 +103,8 @@ def plan_phase_shards(plan: JobPlan, phase: int, *, groups_done: int, strip_rows
         groups = plan_frame_groups(len(plan.frames), n_workers, use_ratio)
         return [(ShardKind.FRAME_GROUP, ShardPayload(gpu_slot=i if use_ratio else None, frames=tuple(g)))
                 for i, g in enumerate(groups)]
-    n = len(use_ratio) if use_ratio else strip_count(plan.height, strip_rows, n_workers, strips_per_worker)
+    rows = strip_rows_for(plan.size[1], plan.gpu_memory_mb, strip_rows, stack=spec.groups_phase is not None)
+    n = len(use_ratio) if use_ratio else strip_count(plan.height, rows, n_workers, strips_per_worker)
     groups_count = groups_done if spec.groups_phase is not None else None
     return [(ShardKind.STRIP, ShardPayload(gpu_slot=i if use_ratio else None, y0=y0, y1=y1, groups=groups_count))
             for i, (y0, y1) in enumerate(plan_strips(plan.height, n, use_ratio))]

@@ -8,9 +8,12 @@ Results are intermediates, not synced (docs/ARCHITECTURE.md, "Durability").
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from services.pipeline.render import RenderParams, render_strip
 from services.pipeline.stack import merge_frame_group, render_stack_strip
@@ -19,6 +22,7 @@ from services.raw.meta import RawMeta
 from services.storage.base import Storage
 from services.storage.intermediates import load_intermediate
 
+log = logging.getLogger(__name__)
 StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its metadata)
 
 
@@ -75,13 +79,29 @@ def compute_shard(storage: Storage, shard: ShardInput, device: str) -> str:
         return shard.out
     if isinstance(shard, StackStripShard):
         groups = [load_intermediate(storage, shard.job_id, key) for key in shard.groups]
-        rows = render_stack_strip(groups, shard.y0, shard.y1, shard.params, device=device,
-                                  pixel_shift=shard.pixel_shift)
+        rows = split_on_oom(lambda y0, y1: render_stack_strip(groups, y0, y1, shard.params, device=device,
+                                                              pixel_shift=shard.pixel_shift), shard.y0, shard.y1)
     else:
         source = load_intermediate(storage, shard.job_id, shard.source)
-        rows = render_strip(source, shard.y0, shard.y1, shard.params, device=device, normalized=shard.normalized)
+        rows = split_on_oom(lambda y0, y1: render_strip(source, y0, y1, shard.params, device=device,
+                                                        normalized=shard.normalized), shard.y0, shard.y1)
     storage.save_array(shard.out, rows, durable=False)
     return shard.out
+
+
+def split_on_oom(render: Callable[[int, int], np.ndarray], y0: int, y1: int) -> np.ndarray:
+    """``render(y0, y1)``; when the device runs out of memory, the rows are rendered in two halves (cut on an
+    even row) and joined: strips are exact, so the result is the same bits, only later than planned."""
+    try:
+        return render(y0, y1)
+    except torch.cuda.OutOfMemoryError:
+        if y1 - y0 < 4:
+            raise
+        torch.cuda.empty_cache()
+        mid = y0 + (y1 - y0) // 4 * 2
+        log.warning("out of device memory rendering rows [%d, %d): rendering [%d, %d) and [%d, %d)", y0, y1, y0, mid,
+                    mid, y1)
+        return np.concatenate([split_on_oom(render, y0, mid), split_on_oom(render, mid, y1)])
 
 
 def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:

@@ -28,6 +28,7 @@ TAG_LINEARIZATION_TABLE = 50712
 TAG_ACTIVE_AREA = 50829
 _OPCODE_LISTS = (51008, 51009, 51022)
 _COLOURS = "RGB"
+LIBRAW_MIN_SIDE = 22  # LibRaw refuses smaller images; so does this path (the same answer for every file)
 
 
 def _raw_page(tif: tifffile.TiffFile) -> tifffile.TiffPage | None:
@@ -135,6 +136,8 @@ def decode_fast(path: Path, out_npy: Path) -> RawMeta | None:
             if count != rows * cols * 2 or offset + count > os.path.getsize(path):
                 return None
             top, left, bottom, right = _active_area(page)
+            if min(bottom - top, right - left) < LIBRAW_MIN_SIDE:
+                return None
             cfa = _cfa(page, top, left)
             dtype = np.dtype(f"{tif.byteorder}u2")
     except Exception:  # noqa: BLE001 - anything odd about the file: LibRaw decides (and reports) instead

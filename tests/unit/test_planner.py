@@ -117,3 +117,33 @@ def test_memory_mapped_arrays_carry_a_sample_digest(tmp_path: Path) -> None:
     storage.local_path("jobs/a/g.npy.sample").write_bytes(b"")  # the digest's own data lost
     with pytest.raises(ValueError, match="sample digest"):
         storage.load_array("jobs/a/g.npy")
+
+
+def test_strips_are_sized_from_the_gpu_memory_budget() -> None:
+    from services.jobs.planner import DEFAULT_STRIP_ROWS, STRIP_BYTES_PER_PIXEL, strip_rows_for
+
+    assert strip_rows_for(7728, 0, 0, stack=False) == DEFAULT_STRIP_ROWS  # no figure: the default
+    assert strip_rows_for(7728, 0, 1001, stack=False) == 1000  # configured wins, even
+    rows = strip_rows_for(7728, 100_000, 0, stack=False)
+    assert rows % 2 == 0 and rows == 100_000 * 2**20 // (7728 * STRIP_BYTES_PER_PIXEL["frame"]) // 2 * 2
+    assert strip_rows_for(7728, 100_000, 0, stack=True) < rows  # a stack strip needs more per pixel
+    assert strip_rows_for(7728, 1, 0, stack=False) == 2  # never fewer than one CFA row pair
+
+
+def test_a_strip_that_runs_out_of_device_memory_is_rendered_in_halves() -> None:
+    import numpy as np
+    import torch
+
+    from services.pipeline.shards import split_on_oom
+
+    calls: list[tuple[int, int]] = []
+
+    def render(y0: int, y1: int) -> np.ndarray:
+        calls.append((y0, y1))
+        if y1 - y0 > 25:
+            raise torch.cuda.OutOfMemoryError("no room")
+        return np.arange(y0, y1)
+
+    out = split_on_oom(render, 10, 110)
+    assert np.array_equal(out, np.arange(10, 110))
+    assert all(a % 2 == 0 for a, _ in calls)  # every cut on an even row
