@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -56,7 +57,7 @@ def main() -> None:
         out[f"stack {rows} rows"] = {"peak_bytes": peak, "bytes_per_pixel": peak / (rows * sw)}
     print(json.dumps(out, indent=1))
     if len(sys.argv) > 1:
-        open(sys.argv[1], "w").write(json.dumps(out, indent=1))
+        Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
