@@ -71,7 +71,7 @@ def plan_frame_groups(n_frames: int, n_groups: int, ratios: Sequence[float] | No
 DEFAULT_STRIP_ROWS = 1288
 # Peak device bytes per output pixel while a strip renders (a single frame's strip; a stack strip fuses 5-channel
 # accumulators and runs the package twice); measured on an H200, docs/PERFORMANCE.md ("Strips sized from memory").
-STRIP_BYTES_PER_PIXEL = {"frame": 1000, "stack": 2000}
+STRIP_BYTES_PER_PIXEL = {"frame": 300, "stack": 350}  # measured 259-278 and 292-313 (h200-strip-memory.json)
 
 
 def strip_rows_for(width: int, memory_mb: int, configured: int, *, stack: bool) -> int:

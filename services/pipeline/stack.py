@@ -57,7 +57,7 @@ from services.raw.meta import RawMeta
 
 Frame = tuple[np.ndarray, RawMeta]
 _PIXEL_SHIFT_TOLERANCE = 0.25  # px: how far measured shifts may be from whole pixels
-SHIFT_WINDOW = 2048  # px: the central square the global shifts are measured on
+SHIFT_WINDOW = 1024  # px: the central square the global shifts are measured on (a whole-pixel pattern test)
 # Each frame's model pass is told this many times the stack's noise (per-sample noise / frames); chosen by a sweep
 # on the stack benchmark (docs/QUALITY.md, "tried and not kept" has the other values).
 MERGE_NOISE_FACTOR = 2.0
