@@ -14,7 +14,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from services.batches.admission import Admission, admission_pass
+from services.batches.admission import Admission, admission_pass, unsent_notifications
 from services.batches.notify import notification
 from services.batches.service import record_delivery
 from services.config import get_settings
@@ -152,9 +152,10 @@ def reconcile_once() -> Repairs | None:
     try:
         alive = {w.name for w in live_workers(client, "gpu")}
         backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
+        stale_after_s = max(settings.visibility_timeout_s, 30)
         with session_scope() as session:
-            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
-                                stale_after_s=max(settings.visibility_timeout_s, 30))
+            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog, stale_after_s=stale_after_s)
+            unsent = unsent_notifications(session, stale_after_s)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
             enqueue_ingest(job_id, priority)
@@ -164,6 +165,9 @@ def reconcile_once() -> Repairs | None:
         for job_id, priority in repairs.advance:
             log.warning("reconcile: advancing stalled job %s", job_id)
             dispatch_advance(job_id, priority)
+        for batch_id in unsent:
+            log.warning("reconcile: re-sending the lost webhook of batch %s", batch_id)
+            notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)
         return repairs
     finally:
         with contextlib.suppress(LockError):  # expired and perhaps taken by another coordinator: not ours to free

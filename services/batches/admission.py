@@ -127,3 +127,12 @@ def finish_batches(session: Session, now: dt.datetime) -> list[str]:
             finished.append(b.id)
     session.commit()
     return finished
+
+
+def unsent_notifications(session: Session, stale_after_s: float) -> list[str]:
+    """Batches that finished over ``stale_after_s`` ago with a webhook never attempted: their notification
+    message was lost (a crash between the commit and the send); the reconciler sends it again."""
+    stale = utcnow() - dt.timedelta(seconds=stale_after_s)
+    return list(session.scalars(select(Batch.id).where(
+        Batch.webhook_url.is_not(None), Batch.webhook_attempts == 0, Batch.webhook_delivered_at.is_(None),
+        Batch.status.in_((BatchStatus.DONE, BatchStatus.FAILED)), Batch.finished_at < stale)))

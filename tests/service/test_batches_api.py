@@ -220,3 +220,56 @@ def test_cancel_cancels_the_batch_and_its_shots(client: TestClient, auth: dict[s
     assert again.status_code == 409 and again.json()["type"] == "conflict"
     assert client.post(f"/v1/batches/{batch['id']}/shots", headers=auth,
                        files=[("frames", ("a.dng", b"x"))]).status_code == 409
+
+
+def test_admission_is_fair_between_stations(client: TestClient, auth: dict[str, str], import_root: Path,
+                                            synth_dir: Path) -> None:
+    """Station A queues its three shots first; station B's one shot is still admitted second, not last."""
+    big = _create(client, auth, paths=["night"])
+    other = _token("station-b")
+    small = _create(client, other, name="b")
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    b_job = client.post(f"/v1/batches/{small['id']}/shots", headers=other,
+                        files=[("frames", ("b.dng", data))]).json()["id"]
+    order = []
+    with session_scope() as session:
+        for _ in range(4):  # one slot at a time: each admitted job ends before the next pass
+            admitted = admission_pass(session, get_settings(), capacity=1).ingest
+            assert len(admitted) == 1
+            order.append(admitted[0][0])
+            _finish(admitted[0][0], "done")
+    a_jobs = [s["job"] for s in client.get(f"/v1/batches/{big['id']}/report", headers=auth).json()["shots"]]
+    assert order == [a_jobs[0], b_job, a_jobs[1], a_jobs[2]]
+
+
+def test_a_lost_webhook_message_is_found_again(client: TestClient, auth: dict[str, str], import_root: Path) -> None:
+    from services.batches.admission import unsent_notifications
+
+    batch = _create(client, auth, paths=["night/shot_00.dng"], webhook_url="http://127.0.0.1:9/x")
+    with session_scope() as session:
+        (job_id, _), = admission_pass(session, get_settings(), capacity=1).ingest
+    _finish(job_id, "done")
+    with session_scope() as session:
+        assert admission_pass(session, get_settings(), capacity=1).finished == [batch["id"]]
+        assert unsent_notifications(session, stale_after_s=60) == []  # just finished: its message may be on the way
+        assert unsent_notifications(session, stale_after_s=-1) == [batch["id"]]
+
+
+def test_migration_matches_the_models_and_downgrades(db: str) -> None:
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import create_engine, inspect
+
+    from services.db.migrate import alembic_config
+    from services.db.models import Base
+
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    command.downgrade(alembic_config(db), "0001")
+    assert "batches" not in inspect(engine).get_table_names()
+    assert {"batch_id", "admitted_at"}.isdisjoint(c["name"] for c in inspect(engine).get_columns("jobs"))
+    command.upgrade(alembic_config(db), "head")
+    assert "batches" in inspect(create_engine(db)).get_table_names()
+    engine.dispose()
