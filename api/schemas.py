@@ -91,3 +91,70 @@ class Readiness(BaseModel):
     redis: str
     workers: dict[str, int]
     queues: dict[str, int] = Field(default_factory=dict)
+
+
+class BatchCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=200)
+    recipes: list[str] = Field(default_factory=list, description="Recipe names; default the default recipe.")
+    priority: str | None = Field(default=None, description="batch (default) | interactive")
+    not_before: str | None = Field(default=None, description="ISO 8601; without offset = studio time zone.")
+    not_after: str | None = Field(default=None, description="ISO 8601; without offset = studio time zone.")
+    on_window_end: str | None = Field(default=None, description="wait | skip; default STRATA_BATCH_WINDOW_MISSED.")
+    paths: list[str] = Field(default_factory=list, description="Files or folders under STRATA_IMPORT_ROOT.")
+    webhook_url: str | None = Field(default=None, description="http(s) URL told when the batch ends.")
+
+
+class WebhookOut(BaseModel):
+    attempts: int
+    last_status: str | None
+    delivered_at: dt.datetime | None
+
+
+class BatchOut(BaseModel):
+    id: str
+    name: str
+    status: str = Field(description="open | scheduled | running | done | failed | cancelled")
+    recipes: list[str]
+    priority: str
+    not_before: dt.datetime | None
+    not_after: dt.datetime | None
+    on_window_end: str | None
+    counts: dict[str, int] = Field(description="Shots by status: queued, running, done, failed, cancelled, not_run.")
+    total: int
+    shots_per_minute: float | None
+    eta: dt.datetime | None = Field(description="When the rest should be done at the pace so far; null if unknown.")
+    webhook_url: str | None
+    webhook: WebhookOut
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    webhook_secret: str | None = Field(default=None, description="Only in the answer to the creation.")
+
+
+class BatchList(BaseModel):
+    batches: list[BatchOut]
+    next_cursor: str | None
+
+
+class ShotOutputOut(BaseModel):
+    name: str
+    url: str
+    sha256: str
+    bytes: int
+
+
+class ShotOut(BaseModel):
+    job: str
+    name: str
+    status: str = Field(description="queued | running | done | failed | cancelled | not_run")
+    outputs: list[ShotOutputOut]
+    error: str | None
+    queued_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    seconds: float | None
+
+
+class BatchReport(BaseModel):
+    batch: BatchOut
+    shots: list[ShotOut]

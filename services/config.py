@@ -50,6 +50,18 @@ class Settings(BaseSettings):
     worker_kind: str = Field(default="gpu", description="gpu | coordinator (set by the launcher).")
     worker_gpu: str = Field(default="cpu", description="GPU id this worker is pinned to, or 'cpu'.")
 
+    # Batches and admission (docs/BATCHES.md)
+    timezone: str = Field(default="UTC", description="The studio's time zone (IANA name) for naive batch windows.")
+    batch_window_missed: str = Field(
+        default="wait", description="Shots not started by a batch's not_after: wait (same times next day) | skip."
+    )
+    import_root: Path | None = Field(default=None, description="Server-side folder batches may import paths from.")
+    batch_in_flight: int = Field(default=0, description="Batch-lane jobs in flight at once; 0 = live GPU workers + 1.")
+    admission_interval_s: float = Field(default=1.0, description="Coordinator's admission pass; 0 = off.")
+    webhook_max_attempts: int = Field(default=6, description="Batch webhook deliveries tried before giving up.")
+    webhook_backoff_s: float = Field(default=2.0, description="First webhook retry delay; doubles each attempt.")
+    webhook_timeout_s: float = 10.0
+
     # Planning
     strip_rows: int = Field(
         default=0, description="Rows per strip; 0 = as many as fit the GPU workers' memory budget (1288 on CPUs)."

@@ -99,9 +99,10 @@ def _warm_up_stacks(device: str) -> None:
     render_stack_strip([group], 0, 64, params, device, pixel_shift=False)
 
 
-def start(name: str, reconcile: Callable[[], object] | None = None) -> None:
+def start(name: str, reconcile: Callable[[], object] | None = None, admit: Callable[[], object] | None = None
+          ) -> None:
     """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat; a coordinator
-    also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S."""
+    also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S and ``admit`` every STRATA_ADMISSION_INTERVAL_S."""
     global _ctx, _heartbeat
     settings = get_settings()
     kind = settings.worker_kind
@@ -122,17 +123,20 @@ def start(name: str, reconcile: Callable[[], object] | None = None) -> None:
         from services.raw.decode import prestart
 
         prestart(settings.decode_workers or min(8, os.cpu_count() or 1), settings.decode_memory_mb)
-    if kind == "coordinator" and reconcile is not None and settings.reconcile_interval_s > 0:
-        threading.Thread(target=_reconcile_loop, args=(reconcile, settings.reconcile_interval_s),
-                         name="strata-reconcile", daemon=True).start()
+    if kind == "coordinator":
+        for what, fn, interval in (("reconcile", reconcile, settings.reconcile_interval_s),
+                                   ("admission", admit, settings.admission_interval_s)):
+            if fn is not None and interval > 0:
+                threading.Thread(target=_periodic, args=(what, fn, interval), name=f"strata-{what}",
+                                 daemon=True).start()
 
 
-def _reconcile_loop(reconcile: Callable[[], object], interval: float) -> None:
+def _periodic(what: str, fn: Callable[[], object], interval: float) -> None:
     while not _stopping.wait(interval):
         try:
-            reconcile()
+            fn()
         except Exception:  # noqa: BLE001 - the next pass tries again
-            log.exception("reconcile pass failed")
+            log.exception("%s pass failed", what)
 
 
 def stop() -> None:

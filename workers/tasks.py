@@ -7,12 +7,16 @@ import logging
 import uuid
 from collections.abc import Callable
 
+import httpx
 import redis
 from celery import Task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from services.batches.admission import Admission, admission_pass, unsent_notifications
+from services.batches.notify import notification
+from services.batches.service import record_delivery
 from services.config import get_settings
 from services.db.models import Job
 from services.db.session import reset_engine, session_scope
@@ -27,6 +31,7 @@ from workers.registry import live_workers, queue_depths, redis_client
 
 log = logging.getLogger(__name__)
 RECONCILE_LOCK = "strata:reconcile-lock"
+ADMISSION_LOCK = "strata:admission-lock"
 
 
 def dispatch_shards(tickets: list[ShardTicket]) -> None:
@@ -84,8 +89,11 @@ def _coordinator_step(step: str, job_id: str, work: Callable[[], list[ShardTicke
         log.exception("%s of job %s failed", step, job_id)
         with session_scope() as session:
             flow.fail_job(session, job_id, f"{step} failed: {exc}", get_storage())
+        admit_soon()
         return
     dispatch_shards(tickets)
+    if not tickets:  # the job may have ended: its batch-lane slot is free now
+        admit_soon()
 
 
 @celery_app.task(name="strata.ingest", **RETRY)
@@ -145,9 +153,10 @@ def reconcile_once() -> Repairs | None:
     try:
         alive = {w.name for w in live_workers(client, "gpu")}
         backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
+        stale_after_s = max(settings.visibility_timeout_s, 30)
         with session_scope() as session:
-            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
-                                stale_after_s=max(settings.visibility_timeout_s, 30))
+            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog, stale_after_s=stale_after_s)
+            unsent = unsent_notifications(session, stale_after_s)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
             enqueue_ingest(job_id, priority)
@@ -157,10 +166,72 @@ def reconcile_once() -> Repairs | None:
         for job_id, priority in repairs.advance:
             log.warning("reconcile: advancing stalled job %s", job_id)
             dispatch_advance(job_id, priority)
+        for batch_id in unsent:
+            log.warning("reconcile: re-sending the lost webhook of batch %s", batch_id)
+            notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)
         return repairs
     finally:
         with contextlib.suppress(LockError):  # expired and perhaps taken by another coordinator: not ours to free
             lock.release()
+
+
+def batch_capacity(client: redis.Redis) -> int:
+    """Batch-lane jobs allowed in flight: STRATA_BATCH_IN_FLIGHT, else live GPU workers + 1 (one job decoding
+    or encoding while the GPUs hold about one job's shards)."""
+    settings = get_settings()
+    return settings.batch_in_flight or len(live_workers(client, "gpu")) + 1
+
+
+def admit_once() -> Admission | None:
+    """One admission pass (one coordinator at a time, through a Redis lock): send the ingests of the batch-lane
+    jobs admitted now, notify the webhooks of batches that ended."""
+    client = redis_client(broker_url(get_settings()))
+    lock = client.lock(ADMISSION_LOCK, timeout=30, blocking=False)
+    if not lock.acquire(token=runtime.context().name.encode() + b"-" + uuid.uuid4().hex.encode()):
+        return None
+    try:
+        with session_scope() as session:
+            result = admission_pass(session, get_settings(), batch_capacity(client))
+        for job_id, priority in result.ingest:
+            enqueue_ingest(job_id, priority)
+        for batch_id in result.finished:
+            log.info("batch %s finished", batch_id)
+            notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)
+        return result
+    finally:
+        with contextlib.suppress(LockError):
+            lock.release()
+
+
+def admit_soon() -> None:
+    """A job ended: run an admission pass now rather than at the next tick (skipped if one is running)."""
+    try:
+        admit_once()
+    except Exception:  # noqa: BLE001 - the periodic pass runs again within a second
+        log.exception("admission pass failed")
+
+
+@celery_app.task(name="strata.notify_batch", bind=True, max_retries=None)
+def notify_batch(self: Task, batch_id: str) -> None:
+    """POST the signed batch.finished message; retried with exponential back-off up to
+    STRATA_WEBHOOK_MAX_ATTEMPTS deliveries, each attempt recorded on the batch row."""
+    settings = get_settings()
+    with session_scope() as session:
+        message = notification(session, batch_id)
+    if message is None:
+        return
+    try:
+        response = httpx.post(message.url, content=message.body, headers=message.headers,
+                              timeout=settings.webhook_timeout_s)
+        delivered, status = response.is_success, f"HTTP {response.status_code}"
+    except httpx.HTTPError as exc:
+        delivered, status = False, f"{type(exc).__name__}: {exc}"
+    with session_scope() as session:
+        attempts = record_delivery(session, batch_id, status, delivered)
+    if not delivered:
+        log.warning("batch %s webhook attempt %d: %s", batch_id, attempts, status)
+        if attempts < settings.webhook_max_attempts:
+            raise self.retry(countdown=settings.webhook_backoff_s * 2 ** (attempts - 1))
 
 
 @worker_process_init.connect
@@ -170,7 +241,7 @@ def _fresh_engine(**_: object) -> None:
 
 @worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
-    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once)
+    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, admit=admit_once)
 
 
 @worker_shutdown.connect

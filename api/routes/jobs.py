@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
@@ -13,7 +14,7 @@ from api.deps import SessionDep, StationDep
 from api.schemas import ErrorOut, JobList, JobOut
 from api.uploads import receive_multipart
 from services.config import get_settings
-from services.db.models import new_id
+from services.db.models import Job, new_id
 from services.errors import RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
 from services.storage import get_storage
@@ -53,6 +54,17 @@ UPLOAD_BODY = {
 @router.post("", status_code=202, response_model=JobOut, responses=ERRORS, openapi_extra=UPLOAD_BODY,
              summary="Upload a shot (multipart) and queue it")
 async def create_job(request: Request, session: SessionDep, station: StationDep) -> JobOut:
+    job = await receive_shot(request, lambda job_id, files, form: service.submit_job(
+        session, get_storage(), station, job_id, files, form))
+    return JobOut.of(job)
+
+
+Submit = Callable[[str, list[service.Upload], service.JobRequest], Job]
+
+
+async def receive_shot(request: Request, submit: Submit) -> Job:
+    """Stream a shot's multipart upload into storage, record it with ``submit`` (job id, files, form) and send
+    its ingest unless it waits for admission; nothing stays in storage if any of it fails."""
     settings = get_settings()
     storage = get_storage()
     length = request.headers.get("content-length")
@@ -62,10 +74,10 @@ async def create_job(request: Request, session: SessionDep, station: StationDep)
     with service.discard_on_error(storage, job_id):
         form = await receive_multipart(request.headers.get("content-type", ""), request.stream(), storage, job_id,
                                        max_bytes=settings.max_upload_bytes, max_files=settings.max_frames)
-        job = await run_in_threadpool(service.submit_job, session, storage, station, job_id, form.files,
-                                      service.JobRequest.from_form(form.fields))
-    enqueue_ingest(job.id, job.priority)
-    return JobOut.of(job)
+        job = await run_in_threadpool(submit, job_id, form.files, service.JobRequest.from_form(form.fields))
+    if service.enqueue_now(job):
+        enqueue_ingest(job.id, job.priority)
+    return job
 
 
 @router.get("", response_model=JobList, responses=ERRORS, summary="List this station's jobs, newest first")

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 models: stations, jobs, frames, shards, outputs. The database is the source of truth."""
+"""SQLAlchemy 2 models: stations, batches, jobs, frames, shards, outputs. The database is the source of truth."""
 
 from __future__ import annotations
 
@@ -55,6 +55,9 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    # The batch lane (a batch's shots, priority=batch) waits for admission; interactive jobs are admitted at once.
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"), index=True, default=None)
+    admitted_at: Mapped[dt.datetime | None] = mapped_column(default=None)
 
     frames: Mapped[list[Frame]] = relationship(
         back_populates="job", order_by="Frame.index", cascade="all, delete-orphan"
@@ -65,6 +68,29 @@ class Job(Base):
     outputs: Mapped[list[Output]] = relationship(
         back_populates="job", order_by="Output.name", cascade="all, delete-orphan"
     )
+
+
+class Batch(Base):
+    """A station's set of shots rendered together (overnight), optionally inside a time window."""
+
+    __tablename__ = "batches"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    station_id: Mapped[str] = mapped_column(ForeignKey("stations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), index=True, default="open")
+    recipes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    priority: Mapped[str] = mapped_column(String(16), default="batch")
+    not_before: Mapped[dt.datetime | None] = mapped_column(default=None)
+    not_after: Mapped[dt.datetime | None] = mapped_column(default=None)
+    on_window_end: Mapped[str | None] = mapped_column(String(8), default=None)  # wait | skip; None = the setting
+    webhook_url: Mapped[str | None] = mapped_column(String(2000), default=None)
+    webhook_secret: Mapped[str | None] = mapped_column(String(128), default=None)
+    webhook_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    webhook_status: Mapped[str | None] = mapped_column(String(200), default=None)  # last HTTP status or error
+    webhook_delivered_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
 
 
 class Frame(Base):

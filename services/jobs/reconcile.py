@@ -21,13 +21,16 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
     - shards marked running on a worker whose heartbeat is gone (redelivered to the shared GPU queue);
     - shards pinned to a worker's own queue (split_ratio) whose worker is gone;
     - running jobs whose current phase is complete but that did not advance;
-    - queued jobs never ingested while the coordinator queue is empty (their message was lost).
+    - queued jobs never ingested while the coordinator queue is empty (their message was lost); jobs of the batch
+      lane still waiting for admission (``admitted_at`` null) were never sent and are left to admission.
     """
     stale = utcnow() - dt.timedelta(seconds=stale_after_s)
     repairs = Repairs([], [], [])
     for job in session.scalars(select(Job).where(Job.status.in_(ACTIVE))).all():
         if job.status == JobStatus.QUEUED and job.phase < 0:
-            if coordinator_backlog == 0 and as_utc(job.created_at) < stale:
+            if job.admitted_at is None:  # waiting for admission (batch lane): no message was ever sent
+                continue
+            if coordinator_backlog == 0 and as_utc(job.admitted_at) < stale:
                 repairs.ingest.append((job.id, job.priority))
             continue
         if job.phase < 0 or job.phase >= phase_count(job.params):

@@ -96,12 +96,23 @@ def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedF
 
 
 def submit_job(session: Session, storage: Storage, station: Station, job_id: str, uploads: Sequence[Upload],
-               request: JobRequest) -> Job:
-    """Probe the received uploads and record the job (status ``queued``); the caller enqueues its ingest."""
+               request: JobRequest, *, batch_id: str | None = None) -> Job:
+    """Probe the received uploads and record the job (status ``queued``); the caller enqueues its ingest when
+    :func:`enqueue_now` says so (the batch lane waits for admission)."""
     files = probe_uploads(storage, uploads)
     job = create_job(session, station, job_id, files, camera=request.camera, recipe=request.recipe,
-                     priority=request.priority, sha256=list(request.sha256))
+                     priority=request.priority, sha256=list(request.sha256), batch_id=batch_id)
     return get_job(session, station, job.id)
+
+
+def in_batch_lane(priority: str, batch_id: str | None) -> bool:
+    """Shots of a batch and ``priority=batch`` jobs wait for the coordinator's admission (docs/BATCHES.md)."""
+    return batch_id is not None or priority == Priority.BATCH
+
+
+def enqueue_now(job: Job) -> bool:
+    """Whether the caller sends the job's ingest now (interactive) or leaves it to admission (batch lane)."""
+    return job.admitted_at is not None
 
 
 def safe_name(name: str, index: int) -> str:
@@ -121,6 +132,7 @@ def create_job(
     recipe: str | None,
     priority: str | None,
     sha256: list[str],
+    batch_id: str | None = None,
 ) -> Job:
     """Validate the request against the received files and record the job (status ``queued``)."""
     if not files:
@@ -135,7 +147,8 @@ def create_job(
                 raise ChecksumMismatch(f"frame {i} ({got.name}): sha256 {got.sha256} does not match {want.strip()}")
     profile = resolve_camera(camera, [f.model for f in files], len(files))
     job = Job(id=job_id, station_id=station.id, status=JobStatus.QUEUED, camera=profile.name,
-              recipe=recipe_obj.name, priority=priority, stage=Stage.QUEUED, params={})
+              recipe=recipe_obj.name, priority=priority, stage=Stage.QUEUED, params={}, batch_id=batch_id,
+              admitted_at=None if in_batch_lane(priority, batch_id) else utcnow())
     job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key)
                   for i, f in enumerate(files)]
     session.add(job)
@@ -154,11 +167,15 @@ def get_job(session: Session, station: Station, job_id: str) -> Job:
 
 
 def _encode_cursor(job: Job) -> str:
-    created = as_utc(job.created_at)
-    return base64.urlsafe_b64encode(json.dumps([created.isoformat(), job.id]).encode()).decode()
+    return encode_cursor(as_utc(job.created_at), job.id)
 
 
-def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
+def encode_cursor(created: dt.datetime, row_id: str) -> str:
+    """A keyset cursor (creation time, id) for listings newest first."""
+    return base64.urlsafe_b64encode(json.dumps([created.isoformat(), row_id]).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
     try:
         created, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
         return dt.datetime.fromisoformat(created), str(job_id)
@@ -178,7 +195,7 @@ def list_jobs(
     if status:
         stmt = stmt.where(Job.status == status)
     if cursor:
-        created, job_id = _decode_cursor(cursor)
+        created, job_id = decode_cursor(cursor)
         stmt = stmt.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
     jobs = list(session.scalars(stmt))
     next_cursor = _encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None

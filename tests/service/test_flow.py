@@ -14,13 +14,14 @@ from services.jobs.tickets import ShardTicket
 from services.storage.keys import shard_key
 
 
-def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600) -> Job:  # type: ignore[no-untyped-def]
+def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600,  # type: ignore[no-untyped-def]
+         admitted: bool = True) -> Job:
     station = Station(name=f"s-{utcnow().timestamp()}", token_hash=str(utcnow().timestamp()))
     session.add(station)
     session.flush()
     created = utcnow() - dt.timedelta(seconds=age_s)
     job = Job(station_id=station.id, status=status, camera="IQ3_S", recipe="tiff16", priority="batch",
-              phase=phase, created_at=created,
+              phase=phase, created_at=created, admitted_at=created if admitted else None,
               params={"plan": [{"kind": "strip"}], "n_workers": 2, "size": [100, 100]})
     session.add(job)
     session.flush()
@@ -68,6 +69,7 @@ def test_reconcile_finds_lost_shards_stalled_phases_and_lost_ingests(db: str) ->
         session.add(Shard(job_id=fresh.id, phase=0, index=0, kind="strip", status="running", worker="dead@h",
                           started_at=utcnow()))
         never = _job(session, status="queued", phase=-1)
+        _job(session, status="queued", phase=-1, admitted=False)  # waits for admission: never sent, not lost
         done = _job(session, status="done")
         session.add(Shard(job_id=done.id, phase=0, index=0, kind="strip", status="running", worker="dead@h",
                           started_at=old))

@@ -1,0 +1,77 @@
+"""Batches: create (server-side paths or empty), add uploaded shots, list, status, report, cancel."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from api.deps import SessionDep, StationDep
+from api.routes.jobs import ERRORS, UPLOAD_BODY, receive_shot
+from api.schemas import BatchCreate, BatchList, BatchOut, BatchReport, JobOut, ShotOut
+from services.batches import report as reports
+from services.batches import service
+from services.config import get_settings
+from services.db.models import Batch
+from services.storage import get_storage
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+def _out(session: SessionDep, batch: Batch) -> BatchOut:
+    return BatchOut.model_validate(reports.summary(batch, service.batch_jobs(session, batch)))
+
+
+@router.post("", status_code=201, response_model=BatchOut, responses=ERRORS,
+             summary="Create a batch (its shots from server-side paths, or uploaded later)")
+def create_batch(body: BatchCreate, session: SessionDep, station: StationDep) -> BatchOut:
+    request = service.BatchRequest(
+        name=body.name, recipes=tuple(body.recipes), priority=body.priority, not_before=body.not_before,
+        not_after=body.not_after, on_window_end=body.on_window_end, paths=tuple(body.paths),
+        webhook_url=body.webhook_url)
+    batch = service.create_batch(session, get_storage(), get_settings(), station, request)
+    out = _out(session, batch)
+    out.webhook_secret = batch.webhook_secret
+    return out
+
+
+@router.post("/{batch_id}/shots", status_code=202, response_model=JobOut, responses=ERRORS,
+             openapi_extra=UPLOAD_BODY, summary="Upload a shot into a batch (same multipart as POST /v1/jobs)")
+async def add_shot(batch_id: str, request: Request, session: SessionDep, station: StationDep) -> JobOut:
+    job = await receive_shot(request, lambda job_id, files, form: service.add_shot(
+        session, get_storage(), station, batch_id, job_id, files, form))
+    return JobOut.of(job)
+
+
+@router.get("", response_model=BatchList, responses=ERRORS, summary="This station's batches, newest first")
+def list_batches(session: SessionDep, station: StationDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                 cursor: str | None = None) -> BatchList:
+    batches, next_cursor = service.list_batches(session, station, limit=limit, cursor=cursor)
+    return BatchList(batches=[_out(session, b) for b in batches], next_cursor=next_cursor)
+
+
+@router.get("/{batch_id}", response_model=BatchOut, responses=ERRORS, summary="Batch status, counts and ETA")
+def get_batch(batch_id: str, session: SessionDep, station: StationDep) -> BatchOut:
+    return _out(session, service.get_batch(session, station, batch_id))
+
+
+@router.get("/{batch_id}/report", response_model=BatchReport, responses={**ERRORS, 200: {"content": {
+    "application/json": {}, "text/csv": {}}}}, summary="Every shot: status, timings, outputs (JSON or CSV)")
+def batch_report(batch_id: str, session: SessionDep, station: StationDep,
+                 format: Annotated[Literal["json", "csv"], Query()] = "json") -> BatchReport | Response:
+    batch = service.get_batch(session, station, batch_id)
+    jobs = service.batch_jobs(session, batch)
+    rows = reports.shot_rows(jobs)
+    if format == "csv":
+        return Response(reports.report_csv(rows), media_type="text/csv; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="batch-{batch.id}.csv"'})
+    return BatchReport(batch=BatchOut.model_validate(reports.summary(batch, jobs)),
+                       shots=[ShotOut.model_validate(asdict(r)) for r in rows])
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchOut, responses=ERRORS,
+             summary="Cancel a batch and its queued or running shots")
+def cancel_batch(batch_id: str, session: SessionDep, station: StationDep) -> BatchOut:
+    return _out(session, service.cancel_batch(session, get_storage(), station, batch_id))

@@ -1,0 +1,80 @@
+"""Batch windows: parsing times in the studio's time zone, and where ``now`` falls in a window."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from enum import StrEnum
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from services.errors import BadInput
+
+
+class WindowState(StrEnum):
+    OPEN = "open"  # shots may be admitted
+    WAITING = "waiting"  # not_before is later
+    ENDED = "ended"  # not_after passed (skip: the rest is not run)
+
+
+@dataclass(frozen=True)
+class Window:
+    not_before: dt.datetime | None
+    not_after: dt.datetime | None
+
+
+def studio_zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise BadInput(f"unknown time zone {name!r} (STRATA_TIMEZONE)") from exc
+
+
+def parse_time(value: str | dt.datetime | None, zone: ZoneInfo, what: str) -> dt.datetime | None:
+    """An ISO 8601 time as an aware UTC datetime; a time without offset is read in the studio's zone."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise BadInput(f"{what}: {value!r} is not an ISO 8601 time") from exc
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=zone)
+    return value.astimezone(dt.UTC)
+
+
+def make_window(not_before: str | dt.datetime | None, not_after: str | dt.datetime | None, zone: ZoneInfo
+                ) -> Window:
+    """The window of a new batch; ``BadInput`` when it ends before (or when) it starts."""
+    start = parse_time(not_before, zone, "not_before")
+    end = parse_time(not_after, zone, "not_after")
+    if start is not None and end is not None and end <= start:
+        raise BadInput(f"the window ends ({end.isoformat()}) before it starts ({start.isoformat()})")
+    return Window(start, end)
+
+
+def window_state(window: Window, now: dt.datetime) -> WindowState:
+    if window.not_after is not None and now >= window.not_after:
+        return WindowState.ENDED
+    if window.not_before is not None and now < window.not_before:
+        return WindowState.WAITING
+    return WindowState.OPEN
+
+
+def next_window(window: Window, now: dt.datetime, zone: ZoneInfo) -> Window:
+    """The same clock times (in the studio's zone, so across DST changes too) on the first later day whose
+    window has not ended by ``now``."""
+    assert window.not_after is not None
+    days = 0
+    while True:
+        days += 1
+        end = _shift_days(window.not_after, days, zone)
+        if end > now:
+            start = None if window.not_before is None else _shift_days(window.not_before, days, zone)
+            return Window(start, end)
+
+
+def _shift_days(value: dt.datetime, days: int, zone: ZoneInfo) -> dt.datetime:
+    local = value.astimezone(zone)
+    shifted = dt.datetime.combine(local.date() + dt.timedelta(days=days), local.time(), tzinfo=zone)
+    return shifted.astimezone(dt.UTC)

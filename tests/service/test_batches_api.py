@@ -1,0 +1,275 @@
+"""Batches through the REST API against a real database (SQLite and PostgreSQL), and the admission pass."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+
+from services.batches.admission import admission_pass, in_flight
+from services.config import get_settings
+from services.db.models import Batch, Job, as_utc, utcnow
+from services.db.session import session_scope
+from services.stations import create_station_token
+
+
+@pytest.fixture
+def import_root(tmp_path: Path, synth_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    root = tmp_path / "import"
+    night = root / "night"
+    night.mkdir(parents=True)
+    for i in range(3):
+        shutil.copy(synth_dir / "iq3s" / "frame_00.dng", night / f"shot_{i:02d}.dng")
+    (night / "notes.txt").write_text("not a raw")
+    (root / "empty").mkdir()
+    (root / "empty" / "readme.txt").write_text("nothing")
+    monkeypatch.setenv("STRATA_IMPORT_ROOT", str(root))
+    get_settings.cache_clear()
+    yield root
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def client(db: str) -> Iterator[TestClient]:
+    from api.app import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+def _token(name: str) -> dict[str, str]:
+    with session_scope() as session:
+        return {"Authorization": f"Bearer {create_station_token(session, name)}"}
+
+
+@pytest.fixture
+def auth(client: TestClient) -> dict[str, str]:
+    return _token("station-a")
+
+
+def _create(client: TestClient, auth: dict[str, str], **body: object) -> dict:
+    r = client.post("/v1/batches", headers=auth, json={"name": "night", **body})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_batch_from_paths_queues_one_job_per_raw_file(client: TestClient, auth: dict[str, str],
+                                                      import_root: Path) -> None:
+    batch = _create(client, auth, paths=["night"], recipes=["tiff16-adobergb"], webhook_url="https://h.example/x")
+    assert batch["status"] == "open" and batch["total"] == 3 and batch["priority"] == "batch"
+    assert batch["counts"]["queued"] == 3 and batch["recipes"] == ["tiff16-adobergb"]
+    assert len(batch["webhook_secret"]) == 64
+    got = client.get(f"/v1/batches/{batch['id']}", headers=auth).json()
+    assert got["webhook_secret"] is None and got["counts"] == batch["counts"] and got["eta"] is None
+    jobs = client.get("/v1/jobs", headers=auth).json()["jobs"]
+    assert len(jobs) == 3 and {j["recipe"] for j in jobs} == {"tiff16-adobergb"}
+    assert sorted(j["frames"][0]["name"] for j in jobs) == ["shot_00.dng", "shot_01.dng", "shot_02.dng"]
+    with session_scope() as session:  # waiting for admission: nothing was sent
+        assert all(j.admitted_at is None and j.batch_id == batch["id"] for j in session.query(Job))
+
+
+def test_window_in_studio_time_and_scheduled_status(client: TestClient, auth: dict[str, str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_TIMEZONE", "America/New_York")
+    get_settings.cache_clear()
+    batch = _create(client, auth, not_before="2099-07-01T19:00", not_after="2099-07-02T07:00+00:00",
+                    on_window_end="skip")
+    assert batch["status"] == "scheduled" and batch["total"] == 0
+    assert dt.datetime.fromisoformat(batch["not_before"]) == dt.datetime(2099, 7, 1, 23, tzinfo=dt.UTC)
+    assert batch["on_window_end"] == "skip"
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"recipes": ["tiff99"]}, "unknown recipe"),
+    ({"not_before": "2026-12-02T07:00", "not_after": "2026-12-01T19:00"}, "before it starts"),
+    ({"not_before": "tonight"}, "ISO 8601"),
+    ({"paths": ["../outside"]}, "outside the import root"),
+    ({"paths": ["/etc"]}, "outside the import root"),
+    ({"paths": ["empty"]}, "zero shots"),
+    ({"webhook_url": "ftp://h.example/x"}, "http"),
+    ({"priority": "urgent"}, "priority"),
+    ({"on_window_end": "maybe"}, "on_window_end"),
+    ({"name": ""}, "name"),
+])
+def test_bad_batches_are_422(client: TestClient, auth: dict[str, str], import_root: Path, body: dict,
+                             match: str) -> None:
+    r = client.post("/v1/batches", headers=auth, json={"name": "night", **body})
+    assert r.status_code == 422, r.text
+    assert set(r.json()) == {"type", "detail"} and match in r.json()["detail"]
+    assert client.get("/v1/batches", headers=auth).json()["batches"] == []
+    assert client.get("/v1/jobs", headers=auth).json()["jobs"] == []
+
+
+def test_paths_are_refused_without_an_import_root(client: TestClient, auth: dict[str, str]) -> None:
+    r = client.post("/v1/batches", headers=auth, json={"name": "night", "paths": ["night"]})
+    assert r.status_code == 422 and "no import root" in r.json()["detail"]
+
+
+def test_uploaded_shots_join_the_batch_with_its_recipe(client: TestClient, auth: dict[str, str],
+                                                       synth_dir: Path) -> None:
+    batch = _create(client, auth, recipes=["tiff16-prophoto"])
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    r = client.post(f"/v1/batches/{batch['id']}/shots", headers=auth, files=[("frames", ("a.dng", data))])
+    assert r.status_code == 202, r.text
+    assert r.json()["recipe"] == "tiff16-prophoto" and r.json()["priority"] == "batch"
+    r2 = client.post(f"/v1/batches/{batch['id']}/shots", headers=auth, files=[("frames", ("b.dng", data))],
+                     data={"recipe": "tiff16"})
+    assert r2.json()["recipe"] == "tiff16"
+    bad = client.post(f"/v1/batches/{batch['id']}/shots", headers=auth, files=[("frames", ("c.dng", b"nope"))])
+    assert bad.status_code == 422 and bad.json()["type"] == "not_a_raw_file"
+    assert client.get(f"/v1/batches/{batch['id']}", headers=auth).json()["total"] == 2
+    other = _token("station-b")
+    assert client.post(f"/v1/batches/{batch['id']}/shots", headers=other,
+                       files=[("frames", ("a.dng", data))]).status_code == 404
+
+
+def test_list_is_per_station_newest_first_and_paged(client: TestClient, auth: dict[str, str]) -> None:
+    ids = [_create(client, auth, name=f"n{i}")["id"] for i in range(3)]
+    _create(client, _token("station-b"))
+    page = client.get("/v1/batches?limit=2", headers=auth).json()
+    assert [b["id"] for b in page["batches"]] == ids[::-1][:2] and page["next_cursor"]
+    rest = client.get(f"/v1/batches?limit=2&cursor={page['next_cursor']}", headers=auth).json()
+    assert [b["id"] for b in rest["batches"]] == [ids[0]] and rest["next_cursor"] is None
+    assert client.get("/v1/batches/nope", headers=auth).status_code == 404
+
+
+def _finish(job_id: str, status: str, error: str | None = None) -> None:
+    with session_scope() as session:
+        now = utcnow()
+        session.execute(update(Job).where(Job.id == job_id).values(
+            status=status, error=error, started_at=now - dt.timedelta(seconds=30), finished_at=now))
+
+
+def test_admission_limits_the_lane_then_ends_the_batch(client: TestClient, auth: dict[str, str],
+                                                       import_root: Path) -> None:
+    batch = _create(client, auth, paths=["night"])
+    settings = get_settings()
+    with session_scope() as session:
+        first = admission_pass(session, settings, capacity=2)
+        assert len(first.ingest) == 2 and in_flight(session) == 2
+        assert admission_pass(session, settings, capacity=2).ingest == []  # full: nothing more
+        assert session.get(Batch, batch["id"]).status == "running"
+    _finish(first.ingest[0][0], "done")
+    with session_scope() as session:
+        second = admission_pass(session, settings, capacity=2)
+        assert len(second.ingest) == 1 and second.finished == []
+    _finish(first.ingest[1][0], "failed", "decode failed: boom")
+    _finish(second.ingest[0][0], "done")
+    with session_scope() as session:
+        assert admission_pass(session, settings, capacity=2).finished == [batch["id"]]
+        assert admission_pass(session, settings, capacity=2).finished == []  # reported once
+    got = client.get(f"/v1/batches/{batch['id']}", headers=auth).json()
+    assert got["status"] == "done" and got["counts"]["done"] == 2 and got["counts"]["failed"] == 1
+    assert got["finished_at"] and got["shots_per_minute"] is not None
+
+
+def test_closed_window_admits_nothing_and_skip_reports_not_run(client: TestClient, auth: dict[str, str],
+                                                               import_root: Path) -> None:
+    now = utcnow()
+    later = _create(client, auth, paths=["night/shot_00.dng"], not_before=(now + dt.timedelta(hours=1)).isoformat())
+    with session_scope() as session:
+        assert admission_pass(session, get_settings(), capacity=5).ingest == []
+        assert admission_pass(session, get_settings(), capacity=5,
+                              now=now + dt.timedelta(hours=1, seconds=1)).ingest != []
+    skipped = _create(client, auth, paths=["night/shot_01.dng"], not_before=now.isoformat(),
+                      not_after=(now + dt.timedelta(minutes=1)).isoformat(), on_window_end="skip")
+    waiting = _create(client, auth, paths=["night/shot_02.dng"], not_before=(now - dt.timedelta(hours=2)).isoformat(),
+                      not_after=(now - dt.timedelta(hours=1)).isoformat(), on_window_end="wait")
+    with session_scope() as session:
+        result = admission_pass(session, get_settings(), capacity=5, now=now + dt.timedelta(minutes=2))
+        assert result.ingest == [] and result.finished == [skipped["id"]]
+        moved = session.get(Batch, waiting["id"])
+        assert moved.status == "scheduled"  # wait: the same clock times tomorrow
+        assert as_utc(moved.not_before) - (now - dt.timedelta(hours=2)) == dt.timedelta(days=1)
+    report = client.get(f"/v1/batches/{skipped['id']}/report", headers=auth).json()
+    assert report["batch"]["status"] == "failed" and report["batch"]["counts"]["not_run"] == 1
+    assert report["shots"][0]["status"] == "not_run" and report["shots"][0]["error"].startswith("not run:")
+    assert later["status"] == "scheduled"
+
+
+def test_report_json_and_csv_list_every_shot(client: TestClient, auth: dict[str, str], import_root: Path) -> None:
+    batch = _create(client, auth, paths=["night"])
+    jobs = client.get("/v1/jobs", headers=auth).json()["jobs"]
+    _finish(jobs[0]["id"], "failed", "decode failed: boom")
+    report = client.get(f"/v1/batches/{batch['id']}/report", headers=auth).json()
+    assert report["batch"]["id"] == batch["id"] and len(report["shots"]) == 3
+    assert {s["status"] for s in report["shots"]} == {"queued", "failed"}
+    failed = next(s for s in report["shots"] if s["status"] == "failed")
+    assert failed["error"] == "decode failed: boom" and failed["seconds"] == 30.0 and failed["outputs"] == []
+    r = client.get(f"/v1/batches/{batch['id']}/report?format=csv", headers=auth)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert len(rows) == 3 and list(rows[0]) == ["job", "name", "status", "outputs", "urls", "sha256", "bytes",
+                                                 "error", "queued_at", "started_at", "finished_at", "seconds"]
+    assert client.get(f"/v1/batches/{batch['id']}/report?format=xml", headers=auth).status_code == 422
+
+
+def test_cancel_cancels_the_batch_and_its_shots(client: TestClient, auth: dict[str, str], import_root: Path) -> None:
+    batch = _create(client, auth, paths=["night"])
+    r = client.post(f"/v1/batches/{batch['id']}/cancel", headers=auth)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["counts"]["cancelled"] == 3
+    again = client.post(f"/v1/batches/{batch['id']}/cancel", headers=auth)
+    assert again.status_code == 409 and again.json()["type"] == "conflict"
+    assert client.post(f"/v1/batches/{batch['id']}/shots", headers=auth,
+                       files=[("frames", ("a.dng", b"x"))]).status_code == 409
+
+
+def test_admission_is_fair_between_stations(client: TestClient, auth: dict[str, str], import_root: Path,
+                                            synth_dir: Path) -> None:
+    """Station A queues its three shots first; station B's one shot is still admitted second, not last."""
+    big = _create(client, auth, paths=["night"])
+    other = _token("station-b")
+    small = _create(client, other, name="b")
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    b_job = client.post(f"/v1/batches/{small['id']}/shots", headers=other,
+                        files=[("frames", ("b.dng", data))]).json()["id"]
+    order = []
+    with session_scope() as session:
+        for _ in range(4):  # one slot at a time: each admitted job ends before the next pass
+            admitted = admission_pass(session, get_settings(), capacity=1).ingest
+            assert len(admitted) == 1
+            order.append(admitted[0][0])
+            _finish(admitted[0][0], "done")
+    a_jobs = [s["job"] for s in client.get(f"/v1/batches/{big['id']}/report", headers=auth).json()["shots"]]
+    assert order == [a_jobs[0], b_job, a_jobs[1], a_jobs[2]]
+
+
+def test_a_lost_webhook_message_is_found_again(client: TestClient, auth: dict[str, str], import_root: Path) -> None:
+    from services.batches.admission import unsent_notifications
+
+    batch = _create(client, auth, paths=["night/shot_00.dng"], webhook_url="http://127.0.0.1:9/x")
+    with session_scope() as session:
+        (job_id, _), = admission_pass(session, get_settings(), capacity=1).ingest
+    _finish(job_id, "done")
+    with session_scope() as session:
+        assert admission_pass(session, get_settings(), capacity=1).finished == [batch["id"]]
+        assert unsent_notifications(session, stale_after_s=60) == []  # just finished: its message may be on the way
+        assert unsent_notifications(session, stale_after_s=-1) == [batch["id"]]
+
+
+def test_migration_matches_the_models_and_downgrades(db: str) -> None:
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import create_engine, inspect
+
+    from services.db.migrate import alembic_config
+    from services.db.models import Base
+
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    command.downgrade(alembic_config(db), "0001")
+    assert "batches" not in inspect(engine).get_table_names()
+    assert {"batch_id", "admitted_at"}.isdisjoint(c["name"] for c in inspect(engine).get_columns("jobs"))
+    command.upgrade(alembic_config(db), "head")
+    assert "batches" in inspect(create_engine(db)).get_table_names()
+    engine.dispose()
