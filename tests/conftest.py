@@ -45,6 +45,16 @@ def reset_database(url: str) -> None:
     upgrade(url)
 
 
+def restore_environment(saved: dict[str, str]) -> None:
+    """Put the process environment back as it was (a module's service fixture sets STRATA_* variables) and
+    forget the settings read from it, so later tests see their own."""
+    from services.config import get_settings
+
+    os.environ.clear()
+    os.environ.update(saved)
+    get_settings.cache_clear()
+
+
 def configure(url: str, data_dir: Path) -> None:
     """Point this process's settings, engine and storage at ``url`` and ``data_dir``."""
     from services.config import get_settings

@@ -173,7 +173,7 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
             time.sleep(delay_s)
         plan = JobPlan.from_params(job.params)
         compute_shard(storage, shard_input(job.id, plan, shard.phase, shard.index,
-                                           ShardPayload.from_dict(shard.payload)), device)
+                                           ShardPayload.from_dict(shard.payload)), device, gpu)
         seconds = time.perf_counter() - t0
         session.execute(update(Shard).where(Shard.id == shard_id, Shard.status != ShardStatus.DONE).values(
             status=ShardStatus.DONE, seconds=seconds, finished_at=utcnow(), worker=worker, gpu=gpu, error=None))

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from services.batches.webhook import verify
-from tests.conftest import backend_url, configure, reset_database
+from tests.conftest import backend_url, configure, reset_database, restore_environment
 
 pytestmark = pytest.mark.e2e
 BATCH_SHOTS = 8
@@ -72,6 +72,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str, import_roo
     reset_database(url)
     with session_scope() as session:
         token = create_station_token(session, "e2e-batches")
+    saved_env = dict(os.environ)
     os.environ.update(env)
     get_settings.cache_clear()
     port = free_port()
@@ -94,6 +95,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str, import_roo
         pytest.fail(f"service did not become ready\n{logs}")
     yield Service(base_url, {"Authorization": f"Bearer {token}"}, import_root)
     sup.stop()
+    restore_environment(saved_env)
 
 
 @dataclass

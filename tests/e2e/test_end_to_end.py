@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from tests.conftest import BACKENDS, backend_url, configure, psnr, reset_database
+from tests.conftest import BACKENDS, backend_url, configure, psnr, reset_database, restore_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -70,6 +70,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     reset_database(url)
     with session_scope() as session:
         token = create_station_token(session, "e2e")
+    saved_env = dict(os.environ)
     os.environ.update(env)
     from services.config import get_settings
 
@@ -97,6 +98,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         pytest.fail(f"service did not become ready: {ready}\n{logs}")
     yield Stack(base, {"Authorization": f"Bearer {token}"}, sup, e2e_redis, env)
     sup.stop()
+    restore_environment(saved_env)
 
 
 def _synth(out: Path, camera: str, *extra: str) -> list[Path]:
