@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.pipeline.render import RenderParams, render_strip
-from services.pipeline.stack import merge_frame_group, render_stack_strip
+from services.pipeline.render import RenderParams, render_strip_spaces
+from services.pipeline.stack import merge_frame_group, render_stack_strip_spaces
 from services.pipeline.transfer import prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
@@ -33,6 +33,7 @@ class StripShard:
     y1: int
     source: str
     normalized: bool = False
+    space_outs: tuple[str, ...] = ()  # where the result in each of ``params.extra_spaces`` goes, in order
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class StackStripShard:
     y1: int
     groups: tuple[str, ...]
     pixel_shift: bool
+    space_outs: tuple[str, ...] = ()  # as for StripShard
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,18 @@ def compute_shard(storage: Storage, shard: ShardInput, device: str) -> str:
         return shard.out
     if isinstance(shard, StackStripShard):
         groups = [load_intermediate(storage, shard.job_id, key) for key in shard.groups]
-        rows = render_stack_strip(groups, shard.y0, shard.y1, shard.params, device=device,
-                                  pixel_shift=shard.pixel_shift)
+        results = render_stack_strip_spaces(groups, shard.y0, shard.y1, shard.params, device=device,
+                                            pixel_shift=shard.pixel_shift)
     else:
         source = load_intermediate(storage, shard.job_id, shard.source)
-        rows = render_strip(source, shard.y0, shard.y1, shard.params, device=device, normalized=shard.normalized)
-    storage.save_array(shard.out, rows, durable=False)
+        results = render_strip_spaces(source, shard.y0, shard.y1, shard.params, device=device,
+                                      normalized=shard.normalized)
+    if len(results) != 1 + len(shard.space_outs):
+        raise ValueError(f"{len(results)} output spaces rendered for {1 + len(shard.space_outs)} result keys")
+    # The extra spaces first: the primary result's key is the one a reader checks for the whole shard.
+    for key, rows in zip(shard.space_outs, results[1:], strict=True):
+        storage.save_array(key, rows, durable=False)
+    storage.save_array(shard.out, results[0], durable=False)
     return shard.out
 
 
