@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
-from api.routes import health, jobs
+from api.routes import health, jobs, recipes
 from services.config import get_settings
 
 
@@ -34,4 +34,5 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(recipes.router)
     return app
