@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.errors import BadInput
-from services.export.naming import validate_template
+from services.export.naming import BadNaming, validate_template
 
 DEFAULT_RECIPE = "tiff16"
 MAX_RECIPES_PER_JOB = 8
@@ -90,7 +90,10 @@ class Recipe(BaseModel):
     @classmethod
     def _naming(cls, value: str | None) -> str | None:
         if value is not None:
-            validate_template(value)
+            try:
+                validate_template(value)
+            except BadNaming as exc:
+                raise ValueError(exc.detail) from None
         return value
 
     @model_validator(mode="after")
