@@ -61,6 +61,9 @@ def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], re
     16-bit bands of each colour space the recipes need); one :class:`WrittenOutput` per recipe, in order."""
     written = []
     for recipe, name in zip(recipes, output_names(recipes, tokens), strict=True):
+        if recipe.colour_space not in spaces:  # e.g. the studio file changed the recipe after the job was planned
+            raise ValueError(f"recipe {recipe.name!r} needs a {recipe.colour_space} render; the job rendered "
+                             f"{', '.join(spaces)}")
         key = output_key(job_id, name)
         sha, size = write_recipe(storage, key, spaces[recipe.colour_space], recipe, meta, threads=threads)
         written.append(WrittenOutput(name, key, sha, size, recipe.name, recipe.media_type))
