@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
-from api.routes import batches, health, jobs
+from api.routes import batches, health, jobs, recipes
 from services.config import get_settings
 
 
@@ -35,4 +35,5 @@ def create_app() -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(batches.router)
+    app.include_router(recipes.router)
     return app

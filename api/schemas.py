@@ -6,7 +6,7 @@ import datetime as dt
 
 from pydantic import BaseModel, Field
 
-from services.db.models import Job, as_utc
+from services.db.models import Job, Output, as_utc, job_recipes
 
 
 class FrameOut(BaseModel):
@@ -30,9 +30,31 @@ class ShardOut(BaseModel):
 
 class OutputOut(BaseModel):
     name: str
+    recipe: str | None = Field(default=None, description="The recipe that made it (null on outputs from before).")
+    media_type: str = "image/tiff"
     url: str
     sha256: str
     bytes: int
+
+
+class RecipeOut(BaseModel):
+    name: str
+    format: str = Field(description="tiff | jpeg | png")
+    bits: int
+    space: str = Field(description="srgb | adobergb | prophoto | linear")
+    compression: str = Field(description="TIFF: none | deflate | lzw | zstd")
+    quality: int = Field(description="JPEG quality")
+    long_edge: int | None = Field(description="Long edge in pixels; null = full size")
+    sharpen: float = Field(description="Output sharpening of resized files")
+    ppi: float
+    naming: str = Field(description="The naming template in effect")
+    extension: str
+    media_type: str
+    description: str
+
+
+class RecipeList(BaseModel):
+    recipes: list[RecipeOut]
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
@@ -43,7 +65,8 @@ class JobOut(BaseModel):
     id: str
     status: str = Field(description="queued | running | done | failed | cancelled")
     camera: str
-    recipe: str
+    recipe: str = Field(description="The first of `recipes`.")
+    recipes: list[str]
     priority: str
     progress: float = Field(ge=0, le=1)
     stage: str
@@ -58,17 +81,25 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobOut:
         return cls(
-            id=job.id, status=job.status, camera=job.camera, recipe=job.recipe, priority=job.priority,
+            id=job.id, status=job.status, camera=job.camera, recipe=job.recipe, recipes=job_recipes(job),
+            priority=job.priority,
             progress=round(min(max(job.progress, 0.0), 1.0), 4), stage=job.stage,
             created_at=as_utc(job.created_at), started_at=_utc(job.started_at), finished_at=_utc(job.finished_at),
             frames=[FrameOut(name=f.name, sha256=f.sha256, bytes=f.bytes) for f in job.frames],
             shards=[ShardOut(index=s.index, phase=s.phase, kind=s.kind, worker=s.worker, gpu=s.gpu, status=s.status,
                              attempts=s.attempts, seconds=s.seconds, started_at=_utc(s.started_at),
                              finished_at=_utc(s.finished_at)) for s in job.shards],
-            outputs=[OutputOut(name=o.name, url=f"/v1/jobs/{job.id}/outputs/{o.name}", sha256=o.sha256,
-                               bytes=o.bytes) for o in job.outputs],
+            outputs=[OutputOut(name=o.name, recipe=o.recipe, media_type=o.media_type,
+                               url=f"/v1/jobs/{job.id}/outputs/{o.name}", sha256=o.sha256, bytes=o.bytes)
+                     for o in _in_recipe_order(job)],
             error=job.error,
         )
+
+
+def _in_recipe_order(job: Job) -> list[Output]:
+    """A job's outputs in the order of its recipes (outputs of no listed recipe last, by name)."""
+    order = {name: i for i, name in enumerate(job_recipes(job))}
+    return sorted(job.outputs, key=lambda o: (order.get(o.recipe or "", len(order)), o.name))
 
 
 class JobList(BaseModel):

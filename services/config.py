@@ -84,6 +84,9 @@ class Settings(BaseSettings):
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")
+    recipes_file: Path | None = Field(
+        default=None, description="A studio's recipes (TOML, docs/RECIPES.md), added to the built-in ones."
+    )
 
     # Failure drills: an artificial pause inside every shard, so a worker can be killed mid-shard.
     fault_shard_delay_s: float = 0.0

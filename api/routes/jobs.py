@@ -38,7 +38,13 @@ UPLOAD_BODY = {
                                    "description": "RAW files: 1 for IQ3_S, 2-16 for a multi-shot stack."},
                         "camera": {"type": "string", "enum": ["IQ3_S", "IQ2_XS"],
                                    "description": "Omit to detect from make/model and frame count."},
-                        "recipe": {"type": "string", "default": "tiff16"},
+                        "recipe": {"type": "array", "items": {"type": "string"}, "default": ["tiff16"],
+                                   "description": "Output recipes (GET /v1/recipes); repeat the field (or "
+                                                  "separate with commas) for several outputs from one render, "
+                                                  "at most 8."},
+                        "naming": {"type": "string",
+                                   "description": "Naming template for this job's outputs instead of each "
+                                                  "recipe's (tokens: docs/RECIPES.md)."},
                         "priority": {"type": "string", "enum": ["interactive", "batch"],
                                      "default": "interactive"},
                         "sha256": {"type": "array", "items": {"type": "string"},
@@ -120,7 +126,8 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
     return start, end
 
 
-@router.get("/{job_id}/outputs/{name}", responses={**ERRORS, 200: {"content": {"image/tiff": {}}}},
+@router.get("/{job_id}/outputs/{name}",
+            responses={**ERRORS, 200: {"content": {"image/tiff": {}, "image/jpeg": {}, "image/png": {}}}},
             response_class=Response, summary="Download an output (Range supported; HEAD answers the headers)")
 @router.head("/{job_id}/outputs/{name}", include_in_schema=False)
 def download_output(

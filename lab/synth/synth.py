@@ -35,7 +35,7 @@ from services.raw.colour import (
     xyz_d50_to_output_matrix,
 )
 from services.raw.dng import write_dng
-from services.raw.meta import CFA_PATTERNS, NoiseProfile
+from services.raw.meta import CFA_PATTERNS, CaptureInfo, NoiseProfile
 
 CAMERAS: dict[str, tuple[int, int]] = {"IQ3_S": (7728, 10304), "IQ2_XS": (6912, 7296)}  # (width, height)
 MAKE = "Phase One"
@@ -247,7 +247,13 @@ def write_frame(path: Path, raw: np.ndarray, *, cfa: str, camera: str, profile: 
     """One synthetic frame as a DNG with the synthetic back's levels and make."""
     write_dng(path, raw, cfa=cfa, black_level=BLACK_LEVEL, white_level=WHITE_LEVEL, profile=profile,
               as_shot_neutral=neutral, make=MAKE, model=camera, noise_profile=noise_profile,
-              baseline_exposure=baseline_exposure)
+              baseline_exposure=baseline_exposure, capture=synthetic_capture(camera))
+
+
+def synthetic_capture(camera: str) -> CaptureInfo:
+    """The capture tags every synthetic frame carries (fixed, so outputs are reproducible)."""
+    return CaptureInfo(make=MAKE, model=camera, lens="Schneider Kreuznach LS 80mm f/2.8", datetime_original=
+                       "2026:11:30 14:05:09", exposure_time=1 / 125, f_number=8.0, iso=100, focal_length=80.0)
 
 
 def write_ground_truth(linear: np.ndarray, out_dir: Path, space: str = "srgb") -> Path:

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0003_batches'
-down_revision = '0001'
+down_revision = '0002_recipes'
 branch_labels = None
 depends_on = None
 

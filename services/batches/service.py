@@ -80,7 +80,7 @@ def create_batch(session: Session, storage: Storage, settings: Settings, station
     session.add(batch)
     session.commit()
     for job_id, rf in received:
-        jobs.create_job(session, station, job_id, [rf], camera=None, recipe=batch.recipes[0],
+        jobs.create_job(session, station, job_id, [rf], camera=None, recipe=None, recipes=batch.recipes,
                         priority=batch.priority, sha256=[], batch_id=batch.id)
     return batch
 
@@ -101,13 +101,14 @@ def _copy_in(storage: Storage, job_id: str, path: Path) -> jobs.Upload:
 
 def add_shot(session: Session, storage: Storage, station: Station, batch_id: str, job_id: str,
              uploads: Sequence[jobs.Upload], request: jobs.JobRequest) -> Job:
-    """An uploaded shot joins an unfinished batch, with the batch's recipe and priority unless the form gives
+    """An uploaded shot joins an unfinished batch, with the batch's recipes and priority unless the form gives
     them; it waits for admission like the batch's other shots."""
     batch = get_batch(session, station, batch_id)
     if batch.status not in UNFINISHED:
         raise Conflict(f"batch {batch_id} is {batch.status}; it takes no more shots")
-    form = jobs.JobRequest(camera=request.camera, recipe=request.recipe or batch.recipes[0],
-                           priority=request.priority or batch.priority, sha256=request.sha256)
+    form = jobs.JobRequest(camera=request.camera, recipes=request.recipe_names or tuple(batch.recipes),
+                           priority=request.priority or batch.priority, sha256=request.sha256,
+                           naming=request.naming)
     return jobs.submit_job(session, storage, station, job_id, uploads, form, batch_id=batch.id)
 
 

@@ -43,7 +43,9 @@ class Job(Base):
     station_id: Mapped[str] = mapped_column(ForeignKey("stations.id"), index=True)
     status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
     camera: Mapped[str] = mapped_column(String(16))
-    recipe: Mapped[str] = mapped_column(String(64))
+    recipe: Mapped[str] = mapped_column(String(64))  # the first of ``recipes`` (older rows: the only one)
+    # Every recipe the job asked for, in order (NULL on rows from before several recipes per job).
+    recipes: Mapped[list[str] | None] = mapped_column(JSON, default=None)
     priority: Mapped[str] = mapped_column(String(16), default="interactive")
     stage: Mapped[str] = mapped_column(String(32), default="queued")
     # Index into plan["phases"]; advanced with a conditional UPDATE so exactly one coordinator wins.
@@ -93,6 +95,11 @@ class Batch(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
 
 
+def job_recipes(job: Job) -> list[str]:
+    """The recipes a job asked for, in order (older rows: their one ``recipe``)."""
+    return list(job.recipes) if job.recipes else [job.recipe]
+
+
 class Frame(Base):
     __tablename__ = "frames"
     __table_args__ = (UniqueConstraint("job_id", "index"),)
@@ -138,4 +145,5 @@ class Output(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger)
     media_type: Mapped[str] = mapped_column(String(100), default="image/tiff")
+    recipe: Mapped[str | None] = mapped_column(String(64), default=None)  # NULL on rows from before 0002
     job: Mapped[Job] = relationship(back_populates="outputs")

@@ -9,6 +9,7 @@ the profile describes exactly what the renderer wrote.
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -96,3 +97,10 @@ def build_icc_profile(space: str, description: str | None = None) -> bytes:
     )
     assert len(header) == 128
     return header + body
+
+
+@lru_cache(maxsize=8)
+def icc_profile(colour_space: str) -> bytes:
+    """The ICC profile embedded for an output space: our v2 builder for every space, sRGB included (lcms' own
+    sRGB carries its creation time, so a file's bytes would change from one process to the next)."""
+    return build_icc_profile(colour_space)  # ValueError for an unknown space

@@ -1,13 +1,23 @@
-"""A job's output files: named from the shot, written from the rendered strips by the recipe, recorded by the
-job state machine. The one place that writes files for people."""
+"""A job's output files: one per recipe, named from the recipe's template, written from the rendered strips of
+the recipe's colour space, recorded by the job state machine. The one place that writes files for people.
+
+Full-size 16-bit TIFFs are cut tile by tile from the memory-mapped strips (no stitched copy); 8-bit and resized
+outputs are derived from the same strips on the CPU (:mod:`services.export.derive`). The same strips give the
+same bytes: every embedded ICC profile and tag is deterministic.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from services.export.recipes import get_recipe
+from services.export.derive import derive_bands, stitch
+from services.export.images import write_jpeg, write_png
+from services.export.metadata import OutputMetadata, tiff_tags
+from services.export.naming import NameTokens, render_name, unique_names
+from services.export.recipes import Format, Recipe
 from services.export.tiff import Bands, write_tiff
+from services.raw.colour import output_space
 from services.storage.base import Storage
 from services.storage.keys import output_key
 
@@ -18,20 +28,43 @@ class WrittenOutput:
     storage_key: str
     sha256: str
     bytes: int
+    recipe: str = ""
+    media_type: str = "image/tiff"
 
 
-def output_name(first_frame: str) -> str:
-    """The TIFF's file name: the first frame's stem (already a safe name) + ``.tif``."""
-    return f"{Path(first_frame).stem}.tif"
+def output_names(recipes: Sequence[Recipe], tokens: NameTokens) -> list[str]:
+    """Each recipe's file name (its template), made unique in recipe order."""
+    return unique_names([render_name(r.template, tokens, r.name, r.extension) for r in recipes])
 
 
-def write_output(storage: Storage, job_id: str, first_frame: str, bands: Bands, recipe: str, *,
-                 threads: int = 0) -> WrittenOutput:
-    """Encode the rendered image (its row bands, memory-mapped strips) with ``recipe`` into the job's output
-    folder, atomically and durably; same bytes for the same bands."""
-    name = output_name(first_frame)
-    key = output_key(job_id, name)
-    r = get_recipe(recipe)
-    sha, size = write_tiff(storage, key, bands, colour_space=r.colour_space, compression=r.compression,
-                           threads=threads)
-    return WrittenOutput(name, key, sha, size)
+def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta: OutputMetadata, *,
+                 threads: int = 0) -> tuple[str, int]:
+    """Encode one recipe's file from the 16-bit bands of its colour space; returns (sha256, bytes)."""
+    space = recipe.colour_space
+    out = derive_bands(bands, bits=recipe.bits, long_edge=recipe.long_edge,
+                       transfer=output_space(space).transfer, sharpen_amount=recipe.sharpen)
+    stamped = OutputMetadata(meta.capture, meta.original_name, recipe.ppi, meta.software)
+    if recipe.format == Format.TIFF:
+        return write_tiff(storage, key, out, colour_space=space, compression=recipe.compression.value,
+                          threads=threads, software=stamped.software_text, ppi=recipe.ppi,
+                          description=meta.original_name.encode("ascii", "replace").decode(),
+                          extratags=tiff_tags(stamped))
+    image = stitch(out)
+    if recipe.format == Format.JPEG:
+        return write_jpeg(storage, key, image, colour_space=space, quality=recipe.quality, meta=stamped)
+    return write_png(storage, key, image, colour_space=space, meta=stamped)
+
+
+def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], recipes: Sequence[Recipe],
+                  tokens: NameTokens, meta: OutputMetadata, *, threads: int = 0) -> list[WrittenOutput]:
+    """Write every recipe's file into the job's output folder, atomically and durably, from ``spaces`` (the
+    16-bit bands of each colour space the recipes need); one :class:`WrittenOutput` per recipe, in order."""
+    written = []
+    for recipe, name in zip(recipes, output_names(recipes, tokens), strict=True):
+        if recipe.colour_space not in spaces:  # e.g. the studio file changed the recipe after the job was planned
+            raise ValueError(f"recipe {recipe.name!r} needs a {recipe.colour_space} render; the job rendered "
+                             f"{', '.join(spaces)}")
+        key = output_key(job_id, name)
+        sha, size = write_recipe(storage, key, spaces[recipe.colour_space], recipe, meta, threads=threads)
+        written.append(WrittenOutput(name, key, sha, size, recipe.name, recipe.media_type))
+    return written

@@ -1,38 +1,245 @@
-"""Output recipes: the named presets a job can ask for."""
+"""Output recipes as data: the named presets a job can ask for (built in, plus a studio's TOML file).
+
+A recipe says how one output file is made from the render: format and bit depth, colour space (and its ICC
+profile), TIFF compression, JPEG quality, resize by long edge (in linear light) with output sharpening, the
+resolution written into the file, and the naming template (:mod:`services.export.naming`). The GPU renders one
+16-bit image per colour space a job's recipes need; everything else a recipe asks for is derived on the CPU.
+
+A studio adds or overrides recipes in the TOML file named by ``STRATA_RECIPES_FILE`` (docs/RECIPES.md)::
+
+    [recipes.web-proof]
+    format = "jpeg"
+    long_edge = 2048
+    quality = 85
+    naming = "{station}_{stem}_web"
+
+A table may start from another recipe with ``base = "jpeg-proof"``; the file is validated when it is loaded,
+and every error names the file and the recipe.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tomllib
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.errors import BadInput
+from services.export.naming import BadNaming, validate_template
 
-
-@dataclass(frozen=True)
-class Recipe:
-    """An output preset. ``colour_space`` is a key of ``services.raw.colour.OUTPUT_SPACES``: the
-    space the pipeline renders to (DNG colorimetric, its own transfer function, no tone curve) and whose ICC
-    profile is embedded."""
-
-    name: str
-    colour_space: str  # "srgb", "adobergb", "prophoto" or "linear"
-    compression: str | None  # TIFF compression (None = uncompressed)
-    description: str
-
-
-RECIPES: dict[str, Recipe] = {
-    "tiff16": Recipe("tiff16", "srgb", "zstd", "16-bit sRGB TIFF, tiled, zstd, ICC profile embedded"),
-    "tiff16-uncompressed": Recipe("tiff16-uncompressed", "srgb", None, "16-bit sRGB TIFF, tiled, uncompressed"),
-    "tiff16-adobergb": Recipe("tiff16-adobergb", "adobergb", "zstd", "16-bit Adobe RGB (1998) TIFF, ICC embedded"),
-    "tiff16-prophoto": Recipe("tiff16-prophoto", "prophoto", "zstd", "16-bit ProPhoto RGB TIFF, ICC embedded"),
-    "tiff16-linear": Recipe("tiff16-linear", "linear", "zstd",
-                            "16-bit linear sRGB (Rec. 709 primaries, D65, no transfer curve) TIFF, ICC embedded"),
-}
 DEFAULT_RECIPE = "tiff16"
+MAX_RECIPES_PER_JOB = 8
 
 
-def get_recipe(name: str | None) -> Recipe:
-    """The recipe ``name`` (default ``tiff16``); ``BadInput`` naming the choices otherwise."""
-    recipe = RECIPES.get((name or DEFAULT_RECIPE).strip())
+class Format(StrEnum):
+    TIFF = "tiff"
+    JPEG = "jpeg"
+    PNG = "png"
+
+
+class Space(StrEnum):
+    SRGB = "srgb"
+    ADOBERGB = "adobergb"
+    PROPHOTO = "prophoto"
+    LINEAR = "linear"
+
+
+class Compression(StrEnum):
+    NONE = "none"
+    DEFLATE = "deflate"  # with the horizontal predictor (TIFF Predictor 2)
+    LZW = "lzw"  # with the horizontal predictor
+    ZSTD = "zstd"  # TIFF compression 50000: not every reader has it
+
+
+EXTENSIONS = {Format.TIFF: "tif", Format.JPEG: "jpg", Format.PNG: "png"}
+MEDIA_TYPES = {Format.TIFF: "image/tiff", Format.JPEG: "image/jpeg", Format.PNG: "image/png"}
+
+
+class UnknownRecipe(BadInput):
+    """A recipe name no recipe has (the API's slug stays ``invalid_input``, as it always answered)."""
+
+
+class BadRecipe(BadInput):
+    """A recipe definition (a studio's file, or a template given at job creation) that cannot be used."""
+
+    type = "invalid_recipe"
+
+
+class Recipe(BaseModel):
+    """One output preset (immutable). ``naming`` None: ``{stem}`` for the default recipe, else
+    ``{stem}_{recipe}`` (so two recipes of one job never collide)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    format: Format = Format.TIFF
+    bits: int = 16
+    space: Space = Space.SRGB
+    compression: Compression = Compression.DEFLATE
+    quality: int = Field(default=90, ge=1, le=100)
+    long_edge: int | None = Field(default=None, ge=16, le=100_000)
+    sharpen: float = Field(default=0.0, ge=0.0, le=5.0)
+    ppi: float = Field(default=300.0, gt=0, le=100_000)
+    naming: str | None = None
+    description: str = ""
+
+    @field_validator("naming")
+    @classmethod
+    def _naming(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                validate_template(value)
+            except BadNaming as exc:
+                raise ValueError(exc.detail) from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        allowed = {Format.TIFF: (8, 16), Format.JPEG: (8,), Format.PNG: (8, 16)}[self.format]
+        if self.bits not in allowed:
+            raise ValueError(f"{self.format.value} output is {' or '.join(map(str, allowed))}-bit, not {self.bits}")
+        if self.format != Format.TIFF and self.compression not in (Compression.DEFLATE, Compression.NONE):
+            raise ValueError(f"compression {self.compression.value!r} is for TIFF; {self.format.value} has its own")
+        return self
+
+    @property
+    def colour_space(self) -> str:
+        """The output space's key in ``services.raw.colour.OUTPUT_SPACES``."""
+        return self.space.value
+
+    @property
+    def extension(self) -> str:
+        return EXTENSIONS[self.format]
+
+    @property
+    def media_type(self) -> str:
+        return MEDIA_TYPES[self.format]
+
+    @property
+    def template(self) -> str:
+        """The naming template in effect (see the class doc)."""
+        if self.naming is not None:
+            return self.naming
+        return "{stem}" if self.name == DEFAULT_RECIPE else "{stem}_{recipe}"
+
+    @property
+    def derived(self) -> bool:
+        """Whether the file needs more than the 16-bit strips of its space (8 bits or a resize)."""
+        return self.bits != 16 or self.long_edge is not None
+
+    def to_public(self) -> dict[str, Any]:
+        """The recipe as ``GET /v1/recipes`` lists it (naming: the template in effect)."""
+        return {**self.model_dump(mode="json"), "naming": self.template, "extension": self.extension,
+                "media_type": self.media_type}
+
+
+def _builtin(name: str, description: str, **fields: Any) -> Recipe:
+    return Recipe(name=name, description=description, **fields)
+
+
+BUILTIN_RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    _builtin("tiff16", "16-bit sRGB TIFF, tiled, deflate + predictor, ICC profile embedded"),
+    _builtin("tiff16-uncompressed", "16-bit sRGB TIFF, tiled, uncompressed", compression="none"),
+    _builtin("tiff16-zstd", "16-bit sRGB TIFF, tiled, zstd (smaller and faster; not every reader has it)",
+             compression="zstd"),
+    _builtin("tiff16-adobergb", "16-bit Adobe RGB (1998) TIFF, ICC embedded", space="adobergb"),
+    _builtin("tiff16-prophoto", "16-bit ProPhoto RGB TIFF, ICC embedded", space="prophoto"),
+    _builtin("tiff16-linear", "16-bit linear sRGB (Rec. 709 primaries, D65, no transfer curve) TIFF, ICC embedded",
+             space="linear"),
+    _builtin("tiff8", "8-bit sRGB TIFF, deflate + predictor, ICC embedded", bits=8),
+    _builtin("jpeg-proof", "sRGB JPEG proof, 1600 px long edge, quality 90, light output sharpening",
+             format="jpeg", bits=8, long_edge=1600, quality=90, sharpen=0.4),
+    _builtin("jpeg", "Full-size sRGB JPEG, quality 92", format="jpeg", bits=8, quality=92),
+    _builtin("png16", "16-bit sRGB PNG, ICC embedded", format="png", bits=16),
+)}
+
+
+RECIPES = BUILTIN_RECIPES  # the name older callers import
+
+
+def _error(origin: str, name: str, exc: ValidationError | str) -> BadRecipe:
+    if isinstance(exc, str):
+        return BadRecipe(f"{origin}: recipe {name!r}: {exc}")
+    reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'recipe'}: {e['msg']}" for e in exc.errors())
+    return BadRecipe(f"{origin}: recipe {name!r}: {reasons}")
+
+
+def parse_recipes(tables: Mapping[str, Any], origin: str, known: Mapping[str, Recipe]) -> dict[str, Recipe]:
+    """Validate the ``[recipes.<name>]`` tables of a studio file against the ``known`` recipes (for ``base``)."""
+    out: dict[str, Recipe] = {}
+    for name, table in tables.items():
+        if not isinstance(table, Mapping):
+            raise _error(origin, name, "must be a table of fields")
+        fields = dict(table)
+        base_name = fields.pop("base", None)
+        base = {**known, **out}.get(str(base_name)) if base_name is not None else None
+        if base_name is not None and base is None:
+            raise _error(origin, name, f"base {base_name!r} is not a recipe defined before it")
+        start = base.model_dump(exclude={"name", "description"}) if base is not None else {}
+        try:
+            out[name] = Recipe(**{**start, **fields, "name": name})
+        except ValidationError as exc:
+            raise _error(origin, name, exc) from None
+    return out
+
+
+def load_recipes_file(path: Path) -> dict[str, Recipe]:
+    """The built-ins with the studio file's recipes added or overriding them; :class:`BadRecipe` naming the file
+    (and the recipe) when it cannot be read or a recipe is invalid."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise BadRecipe(f"{path}: cannot read the recipes file: {exc}") from None
+    unknown = set(data) - {"recipes"}
+    if unknown or not isinstance(data.get("recipes", {}), Mapping):
+        raise BadRecipe(f"{path}: expected only [recipes.<name>] tables, got {sorted(unknown) or ['recipes']}")
+    return {**BUILTIN_RECIPES, **parse_recipes(data.get("recipes", {}), str(path), BUILTIN_RECIPES)}
+
+
+_CACHE: dict[tuple[str, int, int], dict[str, Recipe]] = {}
+
+
+def catalogue(path: Path | None = None) -> dict[str, Recipe]:
+    """Every recipe available now: the built-ins, plus the file at ``path`` (default: ``STRATA_RECIPES_FILE``).
+    The file is re-read when it changes (its size or modification time)."""
+    if path is None:
+        from services.config import get_settings
+
+        path = get_settings().recipes_file
+    if path is None:
+        return BUILTIN_RECIPES
+    try:
+        stat = Path(path).stat()
+    except OSError as exc:
+        raise BadRecipe(f"{path}: cannot read the recipes file: {exc}") from None
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = load_recipes_file(Path(path))
+    return _CACHE[key]
+
+
+def get_recipe(name: str | None, recipes: Mapping[str, Recipe] | None = None) -> Recipe:
+    """The recipe ``name`` (default ``tiff16``); :class:`UnknownRecipe` naming the choices otherwise."""
+    known = catalogue() if recipes is None else recipes
+    recipe = known.get((name or DEFAULT_RECIPE).strip())
     if recipe is None:
-        raise BadInput(f"unknown recipe {name!r}; expected one of {', '.join(RECIPES)}")
+        raise UnknownRecipe(f"unknown recipe {name!r}; expected one of {', '.join(known)}")
     return recipe
+
+
+def resolve_recipes(names: Iterable[str] | None, recipes: Mapping[str, Recipe] | None = None) -> list[Recipe]:
+    """A job's recipes: duplicates dropped, order kept, at most :data:`MAX_RECIPES_PER_JOB`; none: the
+    default."""
+    unique = list(dict.fromkeys(n.strip() for n in (names or ()) if n and n.strip()))
+    if len(unique) > MAX_RECIPES_PER_JOB:
+        raise BadInput(f"{len(unique)} recipes asked for; at most {MAX_RECIPES_PER_JOB} per job")
+    return [get_recipe(n, recipes) for n in unique] or [get_recipe(None, recipes)]
+
+
+def job_spaces(recipes: Iterable[Recipe]) -> list[str]:
+    """The distinct colour spaces of a job's recipes, first recipe's first (the render's primary space)."""
+    return list(dict.fromkeys(r.colour_space for r in recipes))

@@ -1,40 +1,48 @@
-"""16-bit TIFF output: tiled, compressed on a thread pool, with the output space's ICC profile."""
+"""TIFF output (16 or 8 bits): tiled, compressed on a thread pool, with the output space's ICC profile and the
+shot's tags (:mod:`services.export.metadata`).
+
+Compression: ``deflate`` (the default; TIFF Compression 8 with the horizontal predictor, readable everywhere),
+``lzw`` (5, with the predictor), ``zstd`` (50000, level 3, no predictor) or ``none``."""
 
 from __future__ import annotations
 
 import hashlib
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from typing import BinaryIO
 
 import numpy as np
 import tifffile
 
+from services.export.icc import icc_profile
 from services.storage import Storage
 
 TILE = 256
 
 
-@lru_cache(maxsize=8)
-def icc_profile(colour_space: str) -> bytes:
-    """ICC profile bytes for an output colour space: lcms's built-in sRGB via Pillow, else our v2 builder."""
-    from PIL import ImageCms
+COMPRESSIONS: dict[str, tuple[str | None, int | None, dict | None]] = {  # name: (tifffile codec, predictor, args)
+    "none": (None, None, None),
+    "deflate": ("adobe_deflate", 2, None),
+    "lzw": ("lzw", 2, None),
+    "zstd": ("zstd", None, {"level": 3}),
+}
 
-    from services.export.icc import build_icc_profile
 
-    if colour_space == "srgb":
-        return bytes(ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes())
-    return build_icc_profile(colour_space)  # ValueError for an unknown space
+def tiff_compression(name: str | None) -> tuple[str | None, int | None, dict | None]:
+    """tifffile's (compression, predictor, compressionargs) for a recipe's compression name."""
+    spec = COMPRESSIONS.get(str(name or "none").lower())
+    if spec is None:
+        raise ValueError(f"unknown TIFF compression {name!r}; expected one of {sorted(COMPRESSIONS)}")
+    return spec
 
 
 def encode_threads(configured: int) -> int:
     return configured if configured > 0 else max(os.cpu_count() or 1, 1)
 
 
-Bands = Sequence[tuple[int, np.ndarray]]  # (first row, (rows, W, 3) uint16) in order, covering the image
+Bands = Sequence[tuple[int, np.ndarray]]  # (first row, (rows, W, 3) uint16 or uint8) in order, covering the image
 
 
 def _tiles(bands: Bands, height: int, width: int) -> Iterator[np.ndarray]:
@@ -52,11 +60,12 @@ def _tiles(bands: Bands, height: int, width: int) -> Iterator[np.ndarray]:
 def _check_bands(bands: Bands) -> tuple[int, int]:
     if not bands:
         raise ValueError("no image bands")
-    width, row = bands[0][1].shape[1], 0
+    width, row, dtype = bands[0][1].shape[1], 0, bands[0][1].dtype
     for top, rows in bands:
-        if rows.ndim != 3 or rows.shape[1:] != (width, 3) or rows.dtype != np.uint16 or top != row:
-            raise ValueError(f"bands must be consecutive (rows, {width}, 3) uint16 from row 0; got one at row {top} "
-                             f"{rows.shape} {rows.dtype} after row {row}")
+        if (rows.ndim != 3 or rows.shape[1:] != (width, 3) or rows.dtype != dtype
+                or dtype not in (np.uint16, np.uint8) or top != row):
+            raise ValueError(f"bands must be consecutive (rows, {width}, 3) uint16 or uint8 from row 0; got one at "
+                             f"row {top} {rows.shape} {rows.dtype} after row {row}")
         row += rows.shape[0]
     return row, width
 
@@ -67,11 +76,14 @@ def write_tiff(
     rgb: np.ndarray | Bands,
     *,
     colour_space: str = "srgb",
-    compression: str | None = "zstd",
+    compression: str | None = "deflate",
     threads: int = 0,
     software: str = "Strata",
+    ppi: float | None = None,
+    description: str | None = None,
+    extratags: Sequence[tuple] = (),
 ) -> tuple[str, int]:
-    """Write ``rgb`` (H, W, 3) uint16 to ``key`` atomically; returns (sha256, bytes).
+    """Write ``rgb`` (H, W, 3) uint16 or uint8 to ``key`` atomically; returns (sha256, bytes).
 
     ``rgb`` may also be the image's row bands, ``[(first row, (rows, W, 3) array), ...]`` in order (a job's
     strips, memory-mapped): their tiles are compressed straight from the bands, never stitched.
@@ -79,36 +91,40 @@ def write_tiff(
     storage file; the file is then hashed from the page cache on a second thread while the writer makes it
     durable (fsync): faster than through an in-memory buffer (docs/PERFORMANCE.md, "Choices measured").
     """
+    data, shape, dtype = _source(rgb)
+    codec, predictor, codec_args = tiff_compression(compression)
+
+    def encode(f: BinaryIO) -> None:
+        tifffile.imwrite(
+            f, data, shape=shape, dtype=dtype, photometric="rgb", tile=(TILE, TILE),
+            compression=codec, compressionargs=codec_args, predictor=predictor, maxworkers=encode_threads(threads),
+            iccprofile=icc_profile(colour_space), software=software, description=description,
+            resolution=None if ppi is None else (ppi, ppi), resolutionunit=None if ppi is None else "INCH",
+            extratags=list(extratags), metadata=None,
+        )
+
+    return write_hashed(storage, key, encode)
+
+
+def _source(rgb: np.ndarray | Bands) -> tuple[np.ndarray | Iterator[np.ndarray], tuple[int, ...], np.dtype]:
+    """What tifffile writes: the whole array, or the bands' tiles; with the image's shape and dtype."""
     if isinstance(rgb, np.ndarray):
-        if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint16:
-            raise ValueError(f"expected (H, W, 3) uint16, got {rgb.shape} {rgb.dtype}")
-        data: np.ndarray | Iterator[np.ndarray] = rgb
-        shape = rgb.shape
-    else:
-        height, width = _check_bands(rgb)
-        data, shape = _tiles(rgb, height, width), (height, width, 3)
-    icc = icc_profile(colour_space)
+        if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype not in (np.uint16, np.uint8):
+            raise ValueError(f"expected (H, W, 3) uint16 or uint8, got {rgb.shape} {rgb.dtype}")
+        return rgb, rgb.shape, rgb.dtype
+    height, width = _check_bands(rgb)
+    return _tiles(rgb, height, width), (height, width, 3), rgb[0][1].dtype
+
+
+def write_hashed(storage: Storage, key: str, encode: Callable[[BinaryIO], object]) -> tuple[str, int]:
+    """Run ``encode`` into a new storage object ``key`` (atomic, durable); returns (sha256, bytes). The file is
+    hashed from the page cache on a second thread while the writer makes it durable (fsync)."""
     with ThreadPoolExecutor(1) as pool:
         with storage.writer(key) as f:
-            tifffile.imwrite(
-                f,
-                data,
-                shape=shape,
-                dtype=np.uint16,
-                photometric="rgb",
-                tile=(TILE, TILE),
-                compression=compression,
-                compressionargs={"level": 3} if compression == "zstd" else None,
-                predictor=None,
-                maxworkers=encode_threads(threads),
-                iccprofile=icc,
-                software=software,
-                metadata=None,
-            )
+            encode(f)
             size = f.seek(0, os.SEEK_END)
             f.flush()
             written = _mapped(f, size)
-            # Hash what was written (from the page cache) while the writer's exit makes it durable (fsync).
             if written is not None:
                 digest = pool.submit(hashlib.sha256, written)
         if written is None:  # a backend whose writer cannot be mapped: read the object back

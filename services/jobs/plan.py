@@ -14,7 +14,7 @@ from typing import Any
 from services.pipeline.render import RenderParams
 from services.pipeline.shards import FrameGroupShard, ShardInput, StackStripShard, StripShard
 from services.raw.meta import RawMeta
-from services.storage.keys import raw_key, shard_key
+from services.storage.keys import raw_key, shard_key, space_shard_key
 
 Offsets = tuple[tuple[int, int], ...]
 
@@ -161,14 +161,24 @@ def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: Sha
         )
     r = plan.render
     params = replace(r, noise_shot=r.noise_shot * spec.noise_scale, noise_read=r.noise_read * spec.noise_scale)
+    extra = tuple(strip_keys(job_id, plan.render, phase, spec.kind.value, index).values())[1:]
     if spec.groups_phase is not None:
         groups = tuple(shard_key(job_id, spec.groups_phase, ShardKind.FRAME_GROUP.value, i)
                        for i in range(payload.groups or 0))
         return StackStripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, groups=groups,
-                               pixel_shift=spec.pixel_shift)
+                               pixel_shift=spec.pixel_shift, space_outs=extra)
     assert spec.source is not None
     return StripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, source=spec.source,
-                      normalized=spec.normalized)
+                      normalized=spec.normalized, space_outs=extra)
+
+
+def strip_keys(job_id: str, render: RenderParams, phase: int, kind: str, index: int) -> dict[str, str]:
+    """Where strip ``index`` of ``phase`` keeps its result in each output space the shot renders (primary first:
+    the shard's own key, as a single-space job has always had it)."""
+    keys = {render.space: shard_key(job_id, phase, kind, index)}
+    for extra in render.extra_spaces:
+        keys[extra.space] = space_shard_key(job_id, phase, kind, index, extra.space)
+    return keys
 
 
 def stack_phases(offsets: Sequence[tuple[int, int]] | None) -> tuple[Phase, ...]:

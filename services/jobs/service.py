@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, selectinload
 from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
 from services.db.session import execute_update
 from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, NotFound
-from services.export.recipes import get_recipe
+from services.export.naming import validate_template
+from services.export.recipes import resolve_recipes
 from services.jobs.cameras import resolve_camera
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, parse_enum
 from services.raw.probe import probe_raw
@@ -51,19 +52,29 @@ class ReceivedFile:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """The form fields of an upload: all optional (camera detected, default recipe, interactive)."""
+    """The form fields of an upload: all optional (camera detected, default recipe, interactive).
+
+    ``recipes``: every recipe asked for, in order (``recipe``, a single one, is kept for callers that give one);
+    ``naming``: a naming template for this job's outputs instead of each recipe's own."""
 
     camera: str | None = None
     recipe: str | None = None
     priority: str | None = None
     sha256: tuple[str, ...] = ()
+    recipes: tuple[str, ...] = ()
+    naming: str | None = None
 
     @classmethod
     def from_form(cls, fields: Mapping[str, Sequence[str]]) -> JobRequest:
-        """Single-valued fields once at most; ``sha256`` repeated or comma-separated, one per frame."""
+        """Single-valued fields once at most; ``recipe`` and ``sha256`` repeated or comma-separated."""
         sha = tuple(v for raw in fields.get("sha256", []) for v in raw.split(",") if v.strip())
-        return cls(camera=_one(fields, "camera"), recipe=_one(fields, "recipe"), priority=_one(fields, "priority"),
-                   sha256=sha)
+        recipes = tuple(v.strip() for raw in fields.get("recipe", []) for v in raw.split(",") if v.strip())
+        return cls(camera=_one(fields, "camera"), priority=_one(fields, "priority"), sha256=sha, recipes=recipes,
+                   naming=_one(fields, "naming"))
+
+    @property
+    def recipe_names(self) -> tuple[str, ...]:
+        return self.recipes or ((self.recipe,) if self.recipe else ())
 
 
 def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:
@@ -100,8 +111,9 @@ def submit_job(session: Session, storage: Storage, station: Station, job_id: str
     """Probe the received uploads and record the job (status ``queued``); the caller enqueues its ingest when
     :func:`enqueue_now` says so (the batch lane waits for admission)."""
     files = probe_uploads(storage, uploads)
-    job = create_job(session, station, job_id, files, camera=request.camera, recipe=request.recipe,
-                     priority=request.priority, sha256=list(request.sha256), batch_id=batch_id)
+    job = create_job(session, station, job_id, files, camera=request.camera, recipe=None,
+                     recipes=request.recipe_names, naming=request.naming, priority=request.priority,
+                     sha256=list(request.sha256), batch_id=batch_id)
     return get_job(session, station, job.id)
 
 
@@ -132,13 +144,20 @@ def create_job(
     recipe: str | None,
     priority: str | None,
     sha256: list[str],
+    recipes: Sequence[str] = (),
+    naming: str | None = None,
     batch_id: str | None = None,
 ) -> Job:
-    """Validate the request against the received files and record the job (status ``queued``)."""
+    """Validate the request against the received files and record the job (status ``queued``).
+
+    ``recipes`` (or the single ``recipe``; none: the default) are resolved now: an unknown one, more than
+    :data:`~services.export.recipes.MAX_RECIPES_PER_JOB`, or a bad ``naming`` template is a ``BadInput``."""
     if not files:
         raise BadInput("no frames: upload one or more RAW files under the form field 'frames'")
     priority = parse_enum(Priority, priority or Priority.INTERACTIVE, "priority")
-    recipe_obj = get_recipe(recipe)
+    chosen = resolve_recipes(list(recipes) or ([recipe] if recipe else []))
+    if naming is not None:
+        validate_template(naming.strip())
     if sha256:
         if len(sha256) != len(files):
             raise BadInput(f"got {len(sha256)} sha256 values for {len(files)} frames; give one per frame, in order")
@@ -147,7 +166,8 @@ def create_job(
                 raise ChecksumMismatch(f"frame {i} ({got.name}): sha256 {got.sha256} does not match {want.strip()}")
     profile = resolve_camera(camera, [f.model for f in files], len(files))
     job = Job(id=job_id, station_id=station.id, status=JobStatus.QUEUED, camera=profile.name,
-              recipe=recipe_obj.name, priority=priority, stage=Stage.QUEUED, params={}, batch_id=batch_id,
+              recipe=chosen[0].name, recipes=[r.name for r in chosen], priority=priority, stage=Stage.QUEUED,
+              params={} if naming is None else {"naming": naming.strip()}, batch_id=batch_id,
               admitted_at=None if in_batch_lane(priority, batch_id) else utcnow())
     job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key)
                   for i, f in enumerate(files)]

@@ -62,14 +62,16 @@ def check_frames_match(metas: Sequence[RawMeta]) -> None:
 
 
 def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camera: str, colour_space: str,
-                 stack: bool, limits: DecodeLimits) -> PreparedShot:
-    """Decode the shot and compute its shared parameters once, on the reference frame (frame 0)."""
+                 stack: bool, limits: DecodeLimits, extra_spaces: Sequence[str] = ()) -> PreparedShot:
+    """Decode the shot and compute its shared parameters once, on the reference frame (frame 0), for the
+    primary ``colour_space`` and any ``extra_spaces`` the job's recipes need."""
     t0 = time.perf_counter()
     metas = decode_frames(storage, job_id, uploads, limits)
     check_frames_match(metas)
     decode_s = time.perf_counter() - t0
     ref = storage.load_array(raw_key(job_id, 0))
-    params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera), frames=len(metas))
+    params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
+                                               extra_spaces=extra_spaces), frames=len(metas))
     offsets = None
     if stack and len(metas) == 4:  # a 4-shot one-pixel pattern is combined without demosaicing (pixel shift)
         frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]

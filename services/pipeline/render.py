@@ -9,7 +9,7 @@ a pixel from a bounded neighbourhood (the package declares its receptive field),
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,24 @@ def halo_rows(params: RenderParams, extra: int = 0) -> int:
 
 
 @dataclass(frozen=True)
+class SpaceColour:
+    """One more output space a shot is rendered to (beside its primary one): the white-balanced camera RGB ->
+    linear ``space`` matrix and the space's transfer function. Applied after the model, pointwise."""
+
+    space: str
+    rgb_cam: tuple[tuple[float, ...], ...]
+    transfer: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"space": self.space, "rgb_cam": [list(row) for row in self.rgb_cam], "transfer": self.transfer}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SpaceColour:
+        return cls(space=str(d["space"]), rgb_cam=tuple(tuple(float(v) for v in row) for row in d["rgb_cam"]),
+                   transfer=str(d["transfer"]))
+
+
+@dataclass(frozen=True)
 class RenderParams:
     """Everything a shard needs to render, shared by all shards of a shot (JSON-able via :meth:`to_dict`)."""
 
@@ -54,6 +72,8 @@ class RenderParams:
     camera: str = "IQ3_S"
     model: str = "classical_v1.strata"  # chosen once per shot at ingest: every shard uses the same package
     frames: int = 1  # frames the image stands for (a stack's size): its Bayer path is told 1/frames of the noise
+    space: str = "srgb"  # the primary output space (rgb_cam, transfer): the strips' main result
+    extra_spaces: tuple[SpaceColour, ...] = ()  # further spaces, each a result of its own (same model pass)
 
     def __post_init__(self) -> None:
         cfa_channels(self.cfa)
@@ -76,7 +96,13 @@ class RenderParams:
         d["black"] = list(self.black)
         d["gains"] = list(self.gains)
         d["rgb_cam"] = [list(row) for row in self.rgb_cam]
+        d["extra_spaces"] = [s.to_dict() for s in self.extra_spaces]
         return d
+
+    @property
+    def spaces(self) -> tuple[str, ...]:
+        """Every output space rendered, primary first: the order of :func:`encode_spaces`' results."""
+        return (self.space, *(s.space for s in self.extra_spaces))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RenderParams:
@@ -91,6 +117,8 @@ class RenderParams:
             rgb_cam=tuple(tuple(float(v) for v in row) for row in d["rgb_cam"]),
             noise_shot=float(d["noise_shot"]),
             noise_read=float(d["noise_read"]),
+            space=str(d.get("space", d.get("transfer", "srgb"))),  # older rows: the transfer names its space
+            extra_spaces=tuple(SpaceColour.from_dict(s) for s in d.get("extra_spaces", ())),
             **optional,
         )
 
@@ -109,10 +137,29 @@ def mosaic_tensor(mosaic: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(arr if arr.flags.writeable else arr.copy()).to(device)
 
 
-@torch.inference_mode()
+def encode_spaces(rgb: torch.Tensor, params: RenderParams) -> list[np.ndarray]:
+    """(1, 3, H, W) linear white-balanced camera RGB -> one (H, W, 3) uint16 image per output space
+    (:attr:`RenderParams.spaces` order): matrix, transfer function, codes. The primary one is computed exactly
+    as a single-space render computes it."""
+    out = []
+    for rgb_cam, transfer in ((params.rgb_cam, params.transfer),
+                              *((s.rgb_cam, s.transfer) for s in params.extra_spaces)):
+        lin = apply_matrix(rgb, rgb_cam)  # (1, 3, H, W) linear output RGB
+        out.append(to_uint16(encode_transfer(lin, transfer))[0].permute(1, 2, 0).contiguous().cpu().numpy())
+    return out
+
+
 def render_mosaic(mosaic: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
                   normalized: bool = False) -> np.ndarray:
-    """Render a (H, W) Bayer mosaic to (H, W, 3) uint16 sRGB-encoded.
+    """Render a (H, W) Bayer mosaic to (H, W, 3) uint16 in the primary output space (see
+    :func:`render_mosaic_spaces`)."""
+    return render_mosaic_spaces(mosaic, replace(params, extra_spaces=()), device, normalized)[0]
+
+
+@torch.inference_mode()
+def render_mosaic_spaces(mosaic: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
+                         normalized: bool = False) -> list[np.ndarray]:
+    """Render a (H, W) Bayer mosaic to one (H, W, 3) uint16 image per output space (primary first).
 
     ``mosaic`` is raw counts (uint16, levels from ``params``) or, with ``normalized=True``, float values
     already in [0, 1] (e.g. a merged stack). Row 0 and column 0 must be CFA phase (0, 0).
@@ -128,9 +175,7 @@ def render_mosaic(mosaic: np.ndarray, params: RenderParams, device: torch.device
     shot, read = noise_per_channel(params)
     rgb = enhancer.enhance(x, params.cfa, shot, read)
     rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W) linear WB camera RGB
-    rgb = apply_matrix(rgb, params.rgb_cam)  # (1, 3, H, W) linear sRGB
-    out = to_uint16(encode_transfer(rgb, params.transfer))[0].permute(1, 2, 0)  # (H, W, 3)
-    return out.contiguous().cpu().numpy()
+    return encode_spaces(rgb, params)
 
 
 def check_strip(y0: int, y1: int, height: int) -> None:
@@ -143,7 +188,14 @@ def check_strip(y0: int, y1: int, height: int) -> None:
 
 def render_strip(source: np.ndarray, y0: int, y1: int, params: RenderParams,
                  device: torch.device | str = "cpu", normalized: bool = False) -> np.ndarray:
-    """Render rows [y0, y1) of the full (H, W) mosaic ``source`` (may be a ``np.memmap``): (y1 - y0, W, 3) uint16.
+    """Rows [y0, y1) in the primary output space (:func:`render_strip_spaces`)."""
+    return render_strip_spaces(source, y0, y1, replace(params, extra_spaces=()), device, normalized)[0]
+
+
+def render_strip_spaces(source: np.ndarray, y0: int, y1: int, params: RenderParams,
+                        device: torch.device | str = "cpu", normalized: bool = False) -> list[np.ndarray]:
+    """Render rows [y0, y1) of the full (H, W) mosaic ``source`` (may be a ``np.memmap``): one (y1 - y0, W, 3)
+    uint16 array per output space (primary first), from one model pass.
 
     Reads only rows [y0 - halo, y1 + halo) clipped to the frame, so stitched strips equal the whole-frame
     render. ``y0`` must be even so the strip keeps the frame's CFA phase. (Stacks render their strips from the
@@ -153,7 +205,8 @@ def render_strip(source: np.ndarray, y0: int, y1: int, params: RenderParams,
         raise ValueError(f"source must be a (H, W) mosaic, got {source.shape}")
     check_strip(y0, y1, source.shape[0])
     top, bottom = rows_needed(y0, y1, source.shape[0], params)
-    return render_mosaic(np.asarray(source[top:bottom]), params, device, normalized)[y0 - top : y1 - top]
+    rendered = render_mosaic_spaces(np.asarray(source[top:bottom]), params, device, normalized)
+    return [rows[y0 - top : y1 - top] for rows in rendered]
 
 
 def rows_needed(y0: int, y1: int, height: int, params: RenderParams, extra: int = 0) -> tuple[int, int]:
@@ -166,11 +219,15 @@ def rows_needed(y0: int, y1: int, height: int, params: RenderParams, extra: int 
 __all__ = [
     "SHARPEN_SIGMA",
     "RenderParams",
+    "SpaceColour",
     "check_strip",
+    "encode_spaces",
     "halo_rows",
     "mosaic_tensor",
     "noise_per_channel",
     "render_mosaic",
+    "render_mosaic_spaces",
     "render_strip",
+    "render_strip_spaces",
     "rows_needed",
 ]

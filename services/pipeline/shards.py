@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.pipeline.render import RenderParams, render_strip
-from services.pipeline.stack import merge_frame_group, render_stack_strip
+from services.pipeline.render import RenderParams, render_strip_spaces
+from services.pipeline.stack import merge_frame_group, render_stack_strip_spaces
 from services.pipeline.transfer import prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
@@ -37,6 +37,7 @@ class StripShard:
     y1: int
     source: str
     normalized: bool = False
+    space_outs: tuple[str, ...] = ()  # where the result in each of ``params.extra_spaces`` goes, in order
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class StackStripShard:
     y1: int
     groups: tuple[str, ...]
     pixel_shift: bool
+    space_outs: tuple[str, ...] = ()  # as for StripShard
 
 
 @dataclass(frozen=True)
@@ -92,19 +94,25 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
         return shard.out
     if isinstance(shard, StackStripShard):
         groups = [load_intermediate(storage, shard.job_id, key) for key in shard.groups]
-        rows = split_on_oom(lambda y0, y1: render_stack_strip(groups, y0, y1, shard.params, device=device,
-                                                              pixel_shift=shard.pixel_shift), shard.y0, shard.y1)
+        results = split_on_oom(lambda y0, y1: render_stack_strip_spaces(
+            groups, y0, y1, shard.params, device=device, pixel_shift=shard.pixel_shift), shard.y0, shard.y1)
     else:
         source = load_intermediate(storage, shard.job_id, shard.source)
-        rows = split_on_oom(lambda y0, y1: render_strip(source, y0, y1, shard.params, device=device,
-                                                        normalized=shard.normalized), shard.y0, shard.y1)
-    storage.save_array(shard.out, rows, durable=False)
+        results = split_on_oom(lambda y0, y1: render_strip_spaces(
+            source, y0, y1, shard.params, device=device, normalized=shard.normalized), shard.y0, shard.y1)
+    if len(results) != 1 + len(shard.space_outs):
+        raise ValueError(f"{len(results)} output spaces rendered for {1 + len(shard.space_outs)} result keys")
+    # The extra spaces first: the primary result's key is the one a reader checks for the whole shard.
+    for key, rows in zip(shard.space_outs, results[1:], strict=True):
+        storage.save_array(key, rows, durable=False)
+    storage.save_array(shard.out, results[0], durable=False)
     return shard.out
 
 
-def split_on_oom(render: Callable[[int, int], np.ndarray], y0: int, y1: int) -> np.ndarray:
-    """``render(y0, y1)``; when the device runs out of memory, the rows are rendered in two halves (cut on an
-    even row) and joined: strips are exact, so the result is the same bits, only later than planned."""
+def split_on_oom(render: Callable[[int, int], list[np.ndarray]], y0: int, y1: int) -> list[np.ndarray]:
+    """``render(y0, y1)`` (one array of rows per output space); when the device runs out of memory, the rows are
+    rendered in two halves (cut on an even row) and joined: strips are exact, so the result is the same bits,
+    only later than planned."""
     try:
         return render(y0, y1)
     except torch.cuda.OutOfMemoryError:
@@ -114,7 +122,8 @@ def split_on_oom(render: Callable[[int, int], np.ndarray], y0: int, y1: int) -> 
         mid = y0 + (y1 - y0) // 4 * 2
         log.warning("out of device memory rendering rows [%d, %d): rendering [%d, %d) and [%d, %d)", y0, y1, y0, mid,
                     mid, y1)
-        return np.concatenate([split_on_oom(render, y0, mid), split_on_oom(render, mid, y1)])
+        top, bottom = split_on_oom(render, y0, mid), split_on_oom(render, mid, y1)
+        return [np.concatenate([a, b]) for a, b in zip(top, bottom, strict=True)]
 
 
 def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:

@@ -6,11 +6,13 @@ The colour model and the white-balance decision (as-shot white, else grey world)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from services.pipeline.models.architectures import post_sharpen
 from services.pipeline.models.registry import default_package, package_manifest, package_ref
-from services.pipeline.render import RenderParams
+from services.pipeline.render import RenderParams, SpaceColour
 from services.raw.colour import cfa_planes, render_colour, white_balance_neutral
 from services.raw.meta import RawMeta
 
@@ -31,16 +33,24 @@ def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:
 
 
 def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", camera: str = "IQ3_S",
-                       model: str | None = None) -> RenderParams:
+                       model: str | None = None, extra_spaces: Sequence[str] = ()) -> RenderParams:
     """The parameters every shard of this shot renders with (computed once, on the reference frame).
 
     Colour follows the DNG specification (services/raw/colour.py): white balance from AsShotNeutral (or
     AsShotWhiteXY, or a grey-world estimate when the file has neither), camera to XYZ D50 to ``space``.
     The model package is chosen here, once, so every shard of the shot renders with the same one.
+    ``extra_spaces``: further output spaces the shards also produce (each its matrix and transfer, computed
+    here once; the white and so the gains do not depend on the space).
     """
     shot, read = estimate_noise(meta, mosaic)
     package = model or package_ref(default_package(camera))
-    colour = render_colour(meta, space, neutral=white_balance_neutral(meta, mosaic))
+    neutral = white_balance_neutral(meta, mosaic)
+    colour = render_colour(meta, space, neutral=neutral)
+    extras = []
+    for name in dict.fromkeys(s for s in extra_spaces if s != space):
+        other = render_colour(meta, name, neutral=neutral)
+        extras.append(SpaceColour(name, tuple(tuple(float(v) for v in row) for row in other.out_from_wb_cam),
+                                  other.transfer))
     return RenderParams(
         cfa=meta.cfa,
         black=tuple(float(b) for b in meta.black_levels),  # type: ignore[arg-type]
@@ -53,4 +63,6 @@ def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", c
         camera=camera,
         model=package,
         sharpen_amount=post_sharpen(package_manifest(package)),
+        space=space,
+        extra_spaces=tuple(extras),
     )

@@ -18,6 +18,7 @@ camera RGB, the merge weight(s) and (sub-pixel) the merged Bayer mosaic, only ex
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -25,12 +26,9 @@ import torch
 from services.pipeline.models import load_enhancer
 from services.pipeline.models.classical import DEMOSAIC_NOISE_FACTORS
 from services.pipeline.ops import (
-    apply_matrix,
     cfa_masks,
     denoise_lee,
-    encode_transfer,
     sharpen,
-    to_uint16,
     white_balance,
 )
 from services.pipeline.ops.align import estimate_shift
@@ -47,6 +45,7 @@ from services.pipeline.render import (
     SHARPEN_SIGMA,
     RenderParams,
     check_strip,
+    encode_spaces,
     mosaic_tensor,
     noise_per_channel,
     rows_needed,
@@ -271,10 +270,17 @@ def _blend_bayer(a: torch.Tensor, bayer: torch.Tensor, params: RenderParams) -> 
     return a + share * (b - a)
 
 
-@torch.inference_mode()
 def render_fused(fused: torch.Tensor, params: RenderParams,
                  noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
-    """Render a fused stack (1, 5|6, H, W) float32 on its device to (H, W, 3) uint16: camera RGB in [0, 1], the
+    """The fused stack rendered in the primary output space (:func:`render_fused_spaces`)."""
+    return render_fused_spaces(fused, replace(params, extra_spaces=()), noise_factors)[0]
+
+
+@torch.inference_mode()
+def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
+                        noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> list[np.ndarray]:
+    """Render a fused stack (1, 5|6, H, W) float32 on its device to one (H, W, 3) uint16 image per output space
+    (primary first, :func:`~services.pipeline.render.encode_spaces`): camera RGB in [0, 1], the
     merge weight of each pixel in frames and the merged Bayer mosaic (sub-pixel stacks), or R, G, B weights
     (pixel shift).
 
@@ -300,8 +306,7 @@ def render_fused(fused: torch.Tensor, params: RenderParams,
     else:
         x = denoise_lee(x, shot, read, radius=RGB_DENOISE_RADIUS, noise_scale=1.0 / weight.clamp(min=1.0))
         x = _blend_bayer(sharpen(x, params.sharpen_amount, SHARPEN_SIGMA), fused[:, 4:5].float(), params)
-    x = apply_matrix(x, params.rgb_cam)  # (1, 3, H, W) linear output RGB
-    return to_uint16(encode_transfer(x, params.transfer))[0].permute(1, 2, 0).contiguous().cpu().numpy()
+    return encode_spaces(x, params)  # matrix, transfer and codes per output space
 
 
 def render_rgb(fused: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
@@ -316,7 +321,15 @@ def render_rgb(fused: np.ndarray, params: RenderParams, device: torch.device | s
 
 def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: RenderParams,
                        device: str | torch.device = "cpu", *, pixel_shift: bool) -> np.ndarray:
-    """Rows [y0, y1) of the stack's final image, (y1 - y0, W, 3) uint16, straight from the group accumulators.
+    """Rows [y0, y1) of the stack in the primary output space (:func:`render_stack_strip_spaces`)."""
+    return render_stack_strip_spaces(groups, y0, y1, replace(params, extra_spaces=()), device,
+                                     pixel_shift=pixel_shift)[0]
+
+
+def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, params: RenderParams,
+                              device: str | torch.device = "cpu", *, pixel_shift: bool) -> list[np.ndarray]:
+    """Rows [y0, y1) of the stack's final image, one (y1 - y0, W, 3) uint16 array per output space (primary
+    first), straight from the group accumulators.
 
     Fuses only the rows the strip needs (its halo included) on ``device``, so no whole fused image is ever
     built on the coordinator; stitched strips equal :func:`render_rgb` of :func:`fuse_groups`.
@@ -326,7 +339,8 @@ def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: R
     check_strip(y0, y1, h)
     top, bottom = rows_needed(y0, y1, h, params, 0 if pixel_shift else BLEND_RADIUS)
     fused = fuse_rows(groups, top, bottom, device)
-    return render_fused(fused, params, stack_noise_factors(pixel_shift))[y0 - top : y1 - top]
+    rendered = render_fused_spaces(fused, params, stack_noise_factors(pixel_shift))
+    return [rows[y0 - top : y1 - top] for rows in rendered]
 
 
 # The frames were already denoised (at MERGE_NOISE_FACTOR x the stack's noise), so the filter after fusion takes out
@@ -362,7 +376,9 @@ __all__ = [
     "merge_params",
     "pixel_shift_offsets",
     "render_fused",
+    "render_fused_spaces",
     "render_rgb",
     "render_stack_strip",
+    "render_stack_strip_spaces",
     "stack_noise_factors",
 ]

@@ -100,6 +100,38 @@ def _bayer_pattern(raw: Any) -> tuple[str, np.ndarray]:
     return cfa, sites
 
 
+def _attr(obj: Any, *names: str) -> Any:
+    """The first of ``names`` that ``obj`` has (rawpy renamed some fields between versions)."""
+    for name in names:
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+def _libraw_capture(raw: Any) -> dict[str, Any]:
+    """The capture fields LibRaw read (rawpy's ``other`` and ``lens``), as CaptureInfo keywords; zeros dropped."""
+    import datetime as dt
+
+    other, lens = getattr(raw, "other", None), getattr(raw, "lens", None)
+    fields: dict[str, Any] = {}
+    if other is not None:
+        for key, names in (("exposure_time", ("shutter_speed", "shutter")), ("f_number", ("aperture",)),
+                           ("focal_length", ("focal_length", "focal_len")), ("iso", ("iso_speed",))):
+            value = float(_attr(other, *names) or 0)
+            if value > 0:
+                fields[key] = round(value) if key == "iso" else value
+        stamp = _attr(other, "timestamp")
+        if isinstance(stamp, (int, float)) and stamp > 0:
+            stamp = dt.datetime.fromtimestamp(stamp)
+        if isinstance(stamp, dt.datetime) and stamp.year > 1970:
+            fields["datetime_original"] = stamp.strftime("%Y:%m:%d %H:%M:%S")
+    name = _attr(lens, "model", "lens") if lens is not None else ""
+    name = (name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name or "")).strip("\x00 ")
+    if name:
+        fields["lens"] = name
+    return fields
+
+
 def _libraw_fields(raw_path: Path, out_npy: Path) -> tuple[dict[str, Any], tuple[int, int]]:
     """Decode with LibRaw and save the visible mosaic; the RawMeta fields as LibRaw reports them (the colour
     matrix as ``color_matrix``) and the visible area's (top, left) margins."""
@@ -121,6 +153,7 @@ def _libraw_fields(raw_path: Path, out_npy: Path) -> tuple[dict[str, Any], tuple
             "white_level": float(raw.white_level),
             "color_matrix": rgb_xyz.tolist() if np.any(rgb_xyz) else _matrix_from_rgb_cam(raw.color_matrix),
             "as_shot_neutral": _neutral_from_wb(list(raw.camera_whitebalance)),
+            "capture": _libraw_capture(raw),
         }
         return fields, (raw.sizes.top_margin, raw.sizes.left_margin)
 
@@ -154,6 +187,18 @@ def _apply_dng_tags(fields: dict[str, Any], tags: dict[str, Any], margins: tuple
     return _dng_profile_fields(tags)
 
 
+def _capture(raw_path: Path, is_tiff: bool, libraw: dict[str, Any], make: str, model: str) -> Any:
+    """CaptureInfo: the file's own TIFF/EXIF tags where it has them, LibRaw's reading for the rest."""
+    from dataclasses import replace
+
+    from services.raw.dng import read_capture_info
+    from services.raw.meta import CaptureInfo
+
+    info = (read_capture_info(raw_path) if is_tiff else None) or CaptureInfo()
+    missing = {k: v for k, v in libraw.items() if not getattr(info, k)}
+    return replace(info, **missing, make=info.make or make, model=info.model or model)
+
+
 def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
     """Decode ``raw_path`` with LibRaw, save its visible mosaic to ``out_npy``, return RawMeta as a dict."""
     from services.raw.colour import CameraProfile
@@ -168,6 +213,7 @@ def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
     tags = read_dng_tags(raw_path) if is_tiff else None
     if tags is not None:
         profile_fields = _apply_dng_tags(fields, tags, margins)
+    fields["capture"] = _capture(raw_path, is_tiff, fields.pop("capture"), fields["make"], fields["model"])
     c0, c1, c2 = fields.pop("color_matrix")
     profile = CameraProfile(color_matrix_1=(tuple(c0), tuple(c1), tuple(c2)), **profile_fields)
     return RawMeta(profile=profile, **fields).to_dict()

@@ -11,11 +11,19 @@ import numpy as np
 import tifffile
 
 from services.raw.colour import CameraProfile, Matrix3
-from services.raw.meta import CFA_PATTERNS, NoiseProfile
+from services.raw.meta import CFA_PATTERNS, CaptureInfo, NoiseProfile
 
 # TIFF/EP and DNG tag codes used here.
 TAG_MAKE = 271
 TAG_MODEL = 272
+TAG_ORIENTATION = 274
+# EXIF capture tags; TIFF/EP (and so DNG) allows them in IFD0, where write_dng puts them.
+TAG_EXPOSURE_TIME = 33434
+TAG_F_NUMBER = 33437
+TAG_ISO = 34855
+TAG_DATETIME_ORIGINAL = 36867
+TAG_FOCAL_LENGTH = 37386
+TAG_LENS_MODEL = 42036
 TAG_CFA_REPEAT_PATTERN_DIM = 33421
 TAG_CFA_PATTERN = 33422
 TAG_DNG_VERSION = 50706
@@ -89,6 +97,34 @@ def _scene_tags(as_shot_white_xy: tuple[float, float] | None, baseline_exposure:
         tags.append((TAG_AS_SHOT_WHITE_XY, "2I", 2, _rationals(list(as_shot_white_xy), signed=False), True))
     if baseline_exposure is not None:
         tags.append((TAG_BASELINE_EXPOSURE, "2i", 1, _rationals([baseline_exposure], signed=True), True))
+    return tags
+
+
+def exposure_rational(seconds: float) -> tuple[int, int]:
+    """An exposure time as the usual 1/N rational when it is one (1/125 s -> (1, 125)), else decimal."""
+    if 0 < seconds < 1 and abs(1 / seconds - round(1 / seconds)) < 1e-6:
+        return 1, round(1 / seconds)
+    return _rational(seconds, signed=False)
+
+
+def capture_tags(capture: CaptureInfo | None) -> list[TagTuple]:
+    """The EXIF capture tags (TIFF/EP form: in the image's IFD) of ``capture``, where it has them; Make and
+    Model are written separately."""
+    if capture is None:
+        return []
+    tags: list[TagTuple] = [(TAG_ORIENTATION, "H", 1, int(capture.orientation), True)]
+    if capture.exposure_time is not None:
+        tags.append((TAG_EXPOSURE_TIME, "2I", 1, exposure_rational(capture.exposure_time), True))
+    if capture.f_number is not None:
+        tags.append((TAG_F_NUMBER, "2I", 1, _rational(capture.f_number, signed=False), True))
+    if capture.iso is not None:
+        tags.append((TAG_ISO, "H", 1, min(int(capture.iso), 65535), True))
+    if capture.datetime_original:
+        tags.append(_ascii_tag(TAG_DATETIME_ORIGINAL, capture.datetime_original))
+    if capture.focal_length is not None:
+        tags.append((TAG_FOCAL_LENGTH, "2I", 1, _rational(capture.focal_length, signed=False), True))
+    if capture.lens:
+        tags.append(_ascii_tag(TAG_LENS_MODEL, capture.lens))
     return tags
 
 
@@ -172,6 +208,7 @@ def write_dng(
     noise_profile: NoiseProfile | None = None,
     as_shot_white_xy: tuple[float, float] | None = None,
     baseline_exposure: float | None = None,
+    capture: CaptureInfo | None = None,
 ) -> None:
     """Write a (H, W) uint16 Bayer mosaic as an uncompressed DNG 1.4, atomically (temp file + rename).
 
@@ -196,7 +233,7 @@ def write_dng(
         noise_profile=noise_profile,
         as_shot_white_xy=as_shot_white_xy,
         baseline_exposure=baseline_exposure,
-    )
+    ) + capture_tags(capture)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
@@ -288,3 +325,56 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
             ),
             "baseline_exposure": (_tag_floats(_find_tag(pages, TAG_BASELINE_EXPOSURE)) or [0.0])[0],
         }
+
+
+def _exif_value(pages: Sequence[tifffile.TiffPage], code: int, name: str) -> Any:
+    """A capture tag's value from the pages' own tags (TIFF/EP) or their EXIF IFD (tifffile parses it into a
+    dict keyed by tag name); None when absent. Rationals come back as floats."""
+    tag = _find_tag(pages, code)
+    if tag is not None:
+        if isinstance(tag.value, (str, bytes)):
+            return _tag_text(tag)
+        floats = _tag_floats(tag)
+        return floats[0] if floats else None
+    for page in pages:
+        exif = page.tags.get(34665)
+        value = exif.value.get(name) if exif is not None and isinstance(exif.value, dict) else None
+        if value is None:
+            continue
+        if isinstance(value, (str, bytes)):
+            return (value.decode("ascii", "replace") if isinstance(value, bytes) else value).strip("\x00 ").strip()
+        flat = np.atleast_1d(np.asarray(value, dtype=np.float64)).ravel()
+        if flat.size == 2 and code in (TAG_EXPOSURE_TIME, TAG_F_NUMBER, TAG_FOCAL_LENGTH):
+            return float(flat[0] / flat[1]) if flat[1] else None
+        return float(flat[0]) if flat.size else None
+    return None
+
+
+def read_capture_info(path: Path) -> CaptureInfo | None:
+    """The capture tags of a TIFF-structured RAW (DNG, and TIFF-based vendor formats): IFD0 and the raw IFD
+    first, then the EXIF IFD; None when ``path`` is no TIFF or cannot be parsed."""
+    try:
+        with tifffile.TiffFile(path) as tif:
+            ifd0 = tif.pages.first
+            pages = [ifd0]
+            if ifd0.pages is not None:
+                pages += [p for p in ifd0.pages if isinstance(p, tifffile.TiffPage)]
+
+            def get(code: int, name: str) -> Any:
+                return _exif_value(pages, code, name)
+
+            def num(code: int, name: str) -> float | None:
+                value = get(code, name)
+                return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+            iso, orientation = num(TAG_ISO, "ISOSpeedRatings"), num(TAG_ORIENTATION, "Orientation")
+            return CaptureInfo(
+                make=str(get(TAG_MAKE, "Make") or ""), model=str(get(TAG_MODEL, "Model") or ""),
+                lens=str(get(TAG_LENS_MODEL, "LensModel") or ""),
+                datetime_original=str(get(TAG_DATETIME_ORIGINAL, "DateTimeOriginal") or ""),
+                exposure_time=num(TAG_EXPOSURE_TIME, "ExposureTime"), f_number=num(TAG_F_NUMBER, "FNumber"),
+                iso=None if iso is None else int(iso), focal_length=num(TAG_FOCAL_LENGTH, "FocalLength"),
+                orientation=int(orientation) if orientation and 1 <= orientation <= 8 else 1,
+            )
+    except (tifffile.TiffFileError, OSError, ValueError, KeyError, TypeError, IndexError):
+        return None

@@ -19,6 +19,55 @@ class NoiseProfile:
 
 
 @dataclass(frozen=True)
+class CaptureInfo:
+    """What the camera recorded about the capture, carried into every output's TIFF/EXIF tags.
+
+    Read at decode time from the file's TIFF/EXIF tags (DNG: IFD0 and its EXIF IFD), else from LibRaw. Every
+    field is optional; ``datetime_original`` keeps the EXIF form ``YYYY:MM:DD HH:MM:SS`` (camera local time).
+    ``orientation`` is the EXIF Orientation code 1..8, written into the outputs as read (pixels not rotated).
+    """
+
+    make: str = ""
+    model: str = ""
+    lens: str = ""
+    datetime_original: str = ""
+    exposure_time: float | None = None  # seconds
+    f_number: float | None = None
+    iso: int | None = None
+    focal_length: float | None = None  # mm
+    orientation: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"make": self.make, "model": self.model, "lens": self.lens, "datetime_original": self.datetime_original,
+                "exposure_time": self.exposure_time, "f_number": self.f_number, "iso": self.iso,
+                "focal_length": self.focal_length, "orientation": self.orientation}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaptureInfo:
+        """Inverse of :meth:`to_dict`; missing keys take their defaults."""
+
+        def num(key: str) -> float | None:
+            value = d.get(key)
+            return None if value is None else float(value)
+
+        iso = d.get("iso")
+        orientation = int(d.get("orientation") or 1)
+        return cls(make=str(d.get("make") or ""), model=str(d.get("model") or ""), lens=str(d.get("lens") or ""),
+                   datetime_original=str(d.get("datetime_original") or ""), exposure_time=num("exposure_time"),
+                   f_number=num("f_number"), iso=None if iso is None else int(iso), focal_length=num("focal_length"),
+                   orientation=orientation if 1 <= orientation <= 8 else 1)
+
+    @property
+    def capture_date(self) -> str | None:
+        """``YYYY-MM-DD`` of ``datetime_original`` (None when absent or malformed)."""
+        date = self.datetime_original[:10].replace(":", "-")
+        parts = date.split("-")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts) or len(parts[0]) != 4 or parts[0] == "0000":
+            return None
+        return date
+
+
+@dataclass(frozen=True)
 class RawMeta:
     """Everything the render pipeline needs to know about one Bayer frame besides its pixels.
 
@@ -41,6 +90,7 @@ class RawMeta:
     noise_profile: NoiseProfile | None
     as_shot_white_xy: tuple[float, float] | None = None
     baseline_exposure: float = 0.0
+    capture: CaptureInfo | None = None  # None: decoded by a version that did not read it
 
     def __post_init__(self) -> None:
         if self.cfa not in CFA_PATTERNS:
@@ -71,6 +121,7 @@ class RawMeta:
             "analog_balance": None if p.analog_balance is None else list(p.analog_balance),
             "as_shot_white_xy": None if self.as_shot_white_xy is None else list(self.as_shot_white_xy),
             "baseline_exposure": self.baseline_exposure,
+            "capture": None if self.capture is None else self.capture.to_dict(),
         }
 
     @classmethod
@@ -93,6 +144,7 @@ class RawMeta:
             noise_profile=None if noise is None else NoiseProfile(float(noise["shot"]), float(noise["read"])),
             as_shot_white_xy=None if white_xy is None else (float(white_xy[0]), float(white_xy[1])),
             baseline_exposure=float(d.get("baseline_exposure", 0.0)),
+            capture=None if d.get("capture") is None else CaptureInfo.from_dict(d["capture"]),
         )
 
 

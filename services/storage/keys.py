@@ -4,6 +4,7 @@
 jobs/<id>/frames/NN_<name>          uploads (durable)
 jobs/<id>/raw/NN.npy                decoded mosaics (intermediate)
 jobs/<id>/p<phase>/<kind>_NNN.npy   shard results: strips, frame-group accumulators (intermediate)
+jobs/<id>/p<phase>/strip_NNN.<space>.npy  a strip in a further output space (a job whose recipes need several)
 jobs/<id>/out/<name>                outputs (durable)
 ```
 """
@@ -31,6 +32,11 @@ def raw_key(job_id: str, index: int) -> str:
 def shard_key(job_id: str, phase: int, kind: str, index: int) -> str:
     """The result of shard ``index`` of ``phase`` (``kind``: strip or frame_group)."""
     return f"jobs/{job_id}/p{phase}/{kind}_{index:03d}.npy"
+
+
+def space_shard_key(job_id: str, phase: int, kind: str, index: int, space: str) -> str:
+    """The result of strip ``index`` of ``phase`` in the further output space ``space``."""
+    return f"jobs/{job_id}/p{phase}/{kind}_{index:03d}.{space}.npy"
 
 
 def output_key(job_id: str, name: str) -> str:

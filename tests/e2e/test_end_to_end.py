@@ -116,7 +116,7 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
             "IQ2_XS": _synth(root / "iq2xs", "IQ2_XS", "--frames", "4", "--seed", "12")}
 
 
-def _submit(stack: Stack, files: list[Path], **fields: str) -> dict:
+def _submit(stack: Stack, files: list[Path], **fields: str | list[str]) -> dict:
     with httpx.Client(base_url=stack.url, headers=stack.headers, timeout=60) as c:
         r = c.post("/v1/jobs", files=[("frames", (p.name, p.read_bytes())) for p in files], data=fields)
     assert r.status_code == 202, r.text
@@ -293,3 +293,40 @@ def test_worker_killed_mid_shard_job_completes_identically(stack: Stack, shots: 
     data, image = _download(stack, job)
     assert np.array_equal(image, ref_image)
     assert hashlib.sha256(data).hexdigest() == hashlib.sha256(ref_data).hexdigest()
+
+
+def test_two_recipes_from_one_render(stack: Stack, shots: dict[str, list[Path]], tmp_path: Path) -> None:
+    """A deflate TIFF and a JPEG proof of one shot: both listed with their recipe, each download matches its
+    sha256, the GPU work ran once (the same strip shards as a one-recipe job), EXIF reads back in exiftool."""
+    import json
+    import shutil
+
+    from PIL import Image
+
+    single = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
+    job = _wait(stack, _submit(stack, shots["IQ3_S"], recipe=["tiff16", "jpeg-proof"])["id"])
+    assert job["status"] == "done", job["error"]
+    assert job["recipes"] == ["tiff16", "jpeg-proof"]
+    assert [(o["recipe"], o["name"], o["media_type"]) for o in job["outputs"]] == [
+        ("tiff16", "frame_00.tif", "image/tiff"), ("jpeg-proof", "frame_00_jpeg-proof.jpg", "image/jpeg")]
+    strips = [(s["phase"], s["index"]) for s in job["shards"]]
+    assert len(strips) == len(set(strips)) == len(single["shards"]) and all(s["kind"] == "strip" for s in job["shards"])
+    files = []
+    for out in job["outputs"]:
+        data = httpx.get(stack.url + out["url"], headers=stack.headers, timeout=60).content
+        assert hashlib.sha256(data).hexdigest() == out["sha256"] and len(data) == out["bytes"]
+        files.append(tmp_path / out["name"])
+        files[-1].write_bytes(data)
+    assert files[0].read_bytes() == _download(stack, single)[0]  # the TIFF is the one-recipe job's, byte for byte
+    with tifffile.TiffFile(files[0]) as tif:
+        assert tif.pages[0].compression == 8 and tif.pages[0].predictor == 2
+    with Image.open(files[1]) as im:
+        assert im.format == "JPEG" and im.getexif()[271] == "Phase One"
+    if shutil.which("exiftool") is None:
+        pytest.skip("exiftool (libimage-exiftool-perl) not installed")
+    tags = json.loads(subprocess.run(["exiftool", "-j", "-n", *map(str, files)], capture_output=True, text=True,
+                                     check=True).stdout)
+    for t in tags:
+        assert (t["Make"], t["Model"], t["DateTimeOriginal"], t["ISO"]) == (
+            "Phase One", "IQ3_S", "2026:11:30 14:05:09", 100), t["SourceFile"]
+        assert t["FNumber"] == 8 and t["FocalLength"] == 80 and t["XResolution"] == 300

@@ -127,6 +127,15 @@ BAD_UPLOADS = {
     "wrong checksum": (lambda d: [("frames", ("a.dng", d))], {"sha256": "0" * 64}, 422, "checksum_mismatch"),
     "unknown camera": (lambda d: [("frames", ("a.dng", d))], {"camera": "IQ9_Z"}, 422, "unknown_camera"),
     "unknown recipe": (lambda d: [("frames", ("a.dng", d))], {"recipe": "jpeg8"}, 422, "invalid_input"),
+    "one unknown of two recipes": (lambda d: [("frames", ("a.dng", d))], {"recipe": ["tiff16", "jpeg8"]}, 422,
+                                   "invalid_input"),
+    "nine recipes": (lambda d: [("frames", ("a.dng", d))], {"recipe": ",".join(["tiff16"] * 1 + [
+        "tiff8", "jpeg-proof", "png16", "tiff16-adobergb", "tiff16-prophoto", "tiff16-linear", "jpeg",
+        "tiff16-uncompressed"])}, 422, "invalid_input"),
+    "naming with a separator": (lambda d: [("frames", ("a.dng", d))], {"naming": "{stem}/x"}, 422, "invalid_naming"),
+    "naming with ..": (lambda d: [("frames", ("a.dng", d))], {"naming": "..{stem}"}, 422, "invalid_naming"),
+    "naming with an unknown token": (lambda d: [("frames", ("a.dng", d))], {"naming": "{user}"}, 422,
+                                     "invalid_naming"),
     "bad priority": (lambda d: [("frames", ("a.dng", d))], {"priority": "urgent"}, 422, "invalid_input"),
     "stack for single-frame camera": (lambda d: [("frames", ("a.dng", d)), ("frames", ("b.dng", d))],
                                       {"camera": "IQ3_S"}, 422, "invalid_input"),
@@ -166,3 +175,36 @@ def test_not_multipart_is_422(client: TestClient, auth: dict[str, str]) -> None:
 def test_unknown_job_and_output_are_404(client: TestClient, auth: dict[str, str]) -> None:
     assert client.get("/v1/jobs/doesnotexist", headers=auth).json()["type"] == "not_found"
     assert client.get("/v1/jobs/doesnotexist/outputs/x.tif", headers=auth).status_code == 404
+
+
+def test_recipes_are_listed(client: TestClient, auth: dict[str, str]) -> None:
+    assert client.get("/v1/recipes").status_code == 401
+    recipes = {r["name"]: r for r in client.get("/v1/recipes", headers=auth).json()["recipes"]}
+    assert {"tiff16", "tiff16-uncompressed", "tiff16-adobergb", "tiff8", "jpeg-proof", "png16"} <= set(recipes)
+    assert {
+        k: recipes["tiff16"][k] for k in ("format", "bits", "space", "compression", "long_edge", "naming")} == {
+        "format": "tiff", "bits": 16, "space": "srgb", "compression": "deflate", "long_edge": None,
+        "naming": "{stem}"}
+    assert recipes["jpeg-proof"]["long_edge"] == 1600 and recipes["jpeg-proof"]["naming"] == "{stem}_{recipe}"
+
+
+def test_studio_recipes_file_is_listed_and_usable(client: TestClient, auth: dict[str, str], synth_dir: Path,
+                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "recipes.toml"
+    path.write_text('[recipes.web]\nbase = "jpeg-proof"\nlong_edge = 1024\n')
+    monkeypatch.setattr(get_settings(), "recipes_file", path)
+    names = [r["name"] for r in client.get("/v1/recipes", headers=auth).json()["recipes"]]
+    assert "web" in names
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))], data={"recipe": "web"})
+    assert r.status_code == 202 and r.json()["recipes"] == ["web"]
+    path.write_text('[recipes.web]\nformat = "gif"\n')
+    bad = client.get("/v1/recipes", headers=auth)
+    assert bad.status_code == 422 and bad.json()["type"] == "invalid_recipe" and str(path) in bad.json()["detail"]
+
+
+def test_the_recipe_field_may_repeat(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))],
+                    data={"recipe": ["jpeg-proof", "tiff16", "jpeg-proof"], "naming": "{station}_{seq}_{recipe}"})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["recipe"] == "jpeg-proof" and job["recipes"] == ["jpeg-proof", "tiff16"] and job["outputs"] == []

@@ -28,8 +28,9 @@ def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600
     return job
 
 
-def _stack_job(paths: list[Path], station_name: str) -> str:
-    """Store ``paths`` as a job's uploads and create the IQ2_XS job, as the API does; returns its id."""
+def _stack_job(paths: list[Path], station_name: str, camera: str = "IQ2_XS", recipes: tuple[str, ...] = ()) -> str:
+    """Store ``paths`` as a job's uploads and create the job (IQ2_XS unless told), as the API does; returns its
+    id."""
     import hashlib
     import uuid
 
@@ -44,12 +45,13 @@ def _stack_job(paths: list[Path], station_name: str) -> str:
         with storage.writer(key) as f:
             f.write(path.read_bytes())
         files.append(ReceivedFile(path.name, key, hashlib.sha256(path.read_bytes()).hexdigest(),
-                                  path.stat().st_size, "IQ2_XS"))
+                                  path.stat().st_size, camera))
     with session_scope() as session:
         station = Station(name=station_name, token_hash=station_name)
         session.add(station)
         session.flush()
-        create_job(session, station, job_id, files, camera="IQ2_XS", recipe=None, priority=None, sha256=[])
+        create_job(session, station, job_id, files, camera=camera, recipe=None, priority=None, sha256=[],
+                   recipes=recipes)
     return job_id
 
 
@@ -219,3 +221,78 @@ def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path
         job = session.get(Job, job_id)
         assert job.status == "failed"
         assert job.error.startswith("decode failed: LibRaw:") and "RAW" in job.error
+
+
+def _run_to_the_end(job_id: str, n_workers: int = 2) -> int:
+    """Ingest, every phase's shards, advance until done; returns how many shards ran."""
+    from services.config import get_settings
+    from services.storage import get_storage
+
+    storage, settings = get_storage(), get_settings()
+    with session_scope() as session:
+        tickets = flow.ingest_job(session, storage, settings, job_id, n_workers=n_workers)
+    ran = 0
+    while tickets:
+        for t in tickets:
+            with session_scope() as session:
+                flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+            ran += 1
+        with session_scope() as session:
+            tickets = flow.advance_job(session, storage, settings, job_id)
+    return ran
+
+
+def test_several_recipes_come_from_one_render(db: str, synth_dir: Path) -> None:
+    """tiff16 + jpeg-proof + tiff16-adobergb: one set of strip shards (as many as a one-recipe job), one output
+    row per recipe; the sRGB TIFF is the single-space render (and the one-recipe job's file, byte for byte), the
+    Adobe RGB one that space's; EXIF carried over."""
+    import io
+
+    import numpy as np
+    import tifffile
+    from PIL import Image
+
+    from services.pipeline.render import render_mosaic
+    from services.pipeline.shot import shot_render_params
+    from services.raw.decode import decode_raw
+    from services.storage import get_storage
+
+    frame = synth_dir / "iq3s" / "frame_00.dng"
+    single = _stack_job([frame], "one-recipe", camera="IQ3_S")
+    multi = _stack_job([frame], "three-recipes", camera="IQ3_S", recipes=("tiff16", "jpeg-proof", "tiff16-adobergb"))
+    assert _run_to_the_end(multi) == _run_to_the_end(single)
+    storage = get_storage()
+    with session_scope() as session:
+        job = session.get(Job, multi)
+        assert job.status == "done", job.error
+        assert job.recipe == "tiff16" and job.recipes == ["tiff16", "jpeg-proof", "tiff16-adobergb"]
+        outs = {o.recipe: (o.name, o.media_type, o.sha256, storage.local_path(o.storage_key).read_bytes())
+                for o in job.outputs}
+        one = session.get(Job, single).outputs[0]
+        assert (one.name, one.recipe) == ("frame_00.tif", "tiff16")
+        assert storage.local_path(one.storage_key).read_bytes() == outs["tiff16"][3]
+    assert {r: o[:2] for r, o in outs.items()} == {
+        "tiff16": ("frame_00.tif", "image/tiff"), "jpeg-proof": ("frame_00_jpeg-proof.jpg", "image/jpeg"),
+        "tiff16-adobergb": ("frame_00_tiff16-adobergb.tif", "image/tiff")}
+    meta = decode_raw(frame, synth_dir / "whole.npy")
+    mosaic = np.load(synth_dir / "whole.npy")
+    for recipe, space in (("tiff16", "srgb"), ("tiff16-adobergb", "adobergb")):
+        whole = render_mosaic(mosaic, shot_render_params(meta, mosaic, space))
+        np.testing.assert_array_equal(tifffile.imread(io.BytesIO(outs[recipe][3])), whole)
+    with Image.open(io.BytesIO(outs["jpeg-proof"][3])) as im:
+        assert max(im.size) == min(1600, max(mosaic.shape)) and im.getexif()[271] == "Phase One"
+
+
+def test_a_stack_renders_several_spaces_in_its_strips(db: str, tmp_path: Path) -> None:
+    from lab.synth.stack_synth import synthesize_stack
+
+    shot = synthesize_stack(tmp_path / "s", frames=2, scale=0.03, seed=5)
+    job_id = _stack_job(shot.files, "stack-spaces", recipes=("tiff16-prophoto", "tiff8", "png16"))
+    _run_to_the_end(job_id)
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert job.status == "done", job.error
+        assert sorted(o.name for o in job.outputs) == ["frame_00_png16.png", "frame_00_tiff16-prophoto.tif",
+                                                       "frame_00_tiff8.tif"]
+        assert job.params["render"]["space"] == "prophoto"
+        assert [s["space"] for s in job.params["render"]["extra_spaces"]] == ["srgb"]

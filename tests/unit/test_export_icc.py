@@ -26,7 +26,7 @@ def test_recipes_name_known_spaces() -> None:
         get_recipe("tiff16-cmyk")
 
 
-@pytest.mark.parametrize("space", ["adobergb", "prophoto", "linear"])
+@pytest.mark.parametrize("space", ["srgb", "adobergb", "prophoto", "linear"])
 def test_built_profile_loads_and_transforms_like_our_matrices(space: str) -> None:
     data = icc_profile(space)
     assert data == build_icc_profile(space) and int.from_bytes(data[:4], "big") == len(data)
@@ -43,10 +43,10 @@ def test_built_profile_loads_and_transforms_like_our_matrices(space: str) -> Non
     assert np.abs(got - expected).max() <= 2  # 8-bit quantisation of lcms' path
 
 
-def test_primaries_sum_to_pcs_white_and_srgb_uses_lcms() -> None:
+def test_primaries_sum_to_pcs_white_and_srgb_is_built_too() -> None:
     for space in OUTPUT_SPACES:
         np.testing.assert_allclose(d50_primaries(space).sum(axis=1), ICC_D50, atol=1e-12)
     srgb = ImageCms.ImageCmsProfile(io.BytesIO(icc_profile("srgb")))
-    assert "sRGB" in ImageCms.getProfileDescription(srgb)
+    assert "sRGB" in ImageCms.getProfileDescription(srgb) and icc_profile("srgb") == build_icc_profile("srgb")
     with pytest.raises(ValueError):
         icc_profile("cmyk")

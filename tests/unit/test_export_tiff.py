@@ -25,7 +25,7 @@ class WriteOnlyStorage(LocalStorage):
             yield f
 
 
-@pytest.mark.parametrize("compression", ["zstd", None])
+@pytest.mark.parametrize("compression", ["deflate", "zstd", None])
 @pytest.mark.parametrize("backend", [LocalStorage, WriteOnlyStorage])
 def test_round_trip_and_digest(tmp_path: Path, compression: str | None, backend: type[LocalStorage]) -> None:
     rgb = np.random.default_rng(3).integers(0, 65535, (300, 520, 3)).astype(np.uint16)
@@ -35,11 +35,13 @@ def test_round_trip_and_digest(tmp_path: Path, compression: str | None, backend:
     assert size == len(data) and sha == hashlib.sha256(data).hexdigest()
     with tifffile.TiffFile(tmp_path / "out" / "a.tif") as tif:
         np.testing.assert_array_equal(tif.asarray(), rgb)
-        assert tif.pages[0].is_tiled and tif.pages[0].compression == (50000 if compression else 1)
+        codes = {"deflate": 8, "zstd": 50000, None: 1}
+        assert tif.pages[0].is_tiled and tif.pages[0].compression == codes[compression]
+        assert tif.pages[0].predictor == (2 if compression == "deflate" else 1)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["a.tif"]  # no temporary left behind
 
 
-@pytest.mark.parametrize("compression", ["zstd", None])
+@pytest.mark.parametrize("compression", ["deflate", "zstd", None])
 def test_bands_write_the_same_file_as_the_stitched_image(tmp_path: Path, compression: str | None) -> None:
     rgb = np.random.default_rng(4).integers(0, 65535, (477, 520, 3)).astype(np.uint16)
     storage = LocalStorage(tmp_path)

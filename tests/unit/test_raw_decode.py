@@ -184,3 +184,40 @@ def test_memory_limit_becomes_error(tmp_path: Path) -> None:
     shot = synthesize_shot("IQ3_S", tmp_path / "shot", scale=0.02)
     with pytest.raises(RawDecodeError, match=r"out of memory \(limit 64 MiB\)"):
         decode_raw(shot.files[0], tmp_path / "x.npy", memory_mb=64)
+
+
+def test_capture_info_is_read_at_decode_and_survives_old_rows(tmp_path: Path) -> None:
+    """The synthetic DNG's capture tags come back from the decoder child (its own TIFF/EXIF tags, checked against
+    exiftool's reading where installed); a stored RawMeta without them still loads."""
+    import json
+    import shutil
+    import subprocess
+
+    from lab.synth.synth import synthetic_capture
+    from services.raw.decode_child import _libraw_capture
+
+    shot = synthesize_shot("IQ3_S", tmp_path / "s", scale=0.03, seed=3)
+    meta = decode_raw(shot.files[0], tmp_path / "raw.npy")
+    expected = synthetic_capture("IQ3_S")
+    assert meta.capture is not None and meta.capture == expected and meta.capture.capture_date == "2026-11-30"
+    assert RawMeta.from_dict(meta.to_dict()) == meta
+    old = {k: v for k, v in meta.to_dict().items() if k != "capture"}
+    assert RawMeta.from_dict(old).capture is None
+    if shutil.which("exiftool"):
+        tags = json.loads(subprocess.run(["exiftool", "-j", "-n", str(shot.files[0])], capture_output=True,
+                                         text=True, check=True).stdout)[0]
+        assert (tags["DateTimeOriginal"], tags["ISO"], tags["FNumber"], tags["FocalLength"]) == (
+            expected.datetime_original, expected.iso, expected.f_number, expected.focal_length)
+
+    class Other:  # rawpy's view, for files without TIFF tags
+        aperture, focal_length, iso_speed, shutter_speed = 5.6, 120.0, 200.0, 0.004
+        timestamp = __import__("datetime").datetime(2026, 3, 4, 5, 6, 7)
+
+    class Lens:
+        model = "LS 120mm"
+
+    class Raw:
+        other, lens = Other(), Lens()
+
+    assert _libraw_capture(Raw()) == {"exposure_time": 0.004, "f_number": 5.6, "focal_length": 120.0, "iso": 200,
+                                      "datetime_original": "2026:03:04 05:06:07", "lens": "LS 120mm"}

@@ -103,3 +103,27 @@ def test_params_round_trip_and_validation() -> None:
         render_strip(_raw(), 3, 9, params)
     with pytest.raises(ValueError, match="inside"):
         render_strip(_raw(), 0, H + 2, params)
+
+
+def test_one_model_pass_renders_every_output_space() -> None:
+    """Extra output spaces come from the same pass: the primary result is bit-identical to a single-space render,
+    each extra one to a render with that space as the primary; the shot's params carry them (and round-trip)."""
+    from dataclasses import replace
+
+    from services.pipeline.render import SpaceColour, render_strip_spaces
+    from services.raw.colour import xyz_d50_to_output_matrix
+
+    raw, params = _raw(), _params()
+    to_adobe = xyz_d50_to_output_matrix("adobergb") @ np.linalg.inv(xyz_d50_to_output_matrix("srgb"))
+    adobe = tuple(tuple(float(v) for v in row) for row in to_adobe @ np.asarray(params.rgb_cam))
+    multi = replace(params, extra_spaces=(SpaceColour("adobergb", adobe, "adobergb"),
+                                          SpaceColour("linear", params.rgb_cam, "linear")))
+    assert multi.spaces == ("srgb", "adobergb", "linear")
+    assert RenderParams.from_dict(multi.to_dict()) == multi
+    old = {k: v for k, v in params.to_dict().items() if k not in ("space", "extra_spaces")}
+    assert RenderParams.from_dict(old) == params  # rows from before several spaces
+    srgb, adobergb, linear = render_strip_spaces(raw, 10, 40, multi)
+    np.testing.assert_array_equal(srgb, render_strip(raw, 10, 40, params))
+    np.testing.assert_array_equal(adobergb, render_strip(raw, 10, 40, replace(params, rgb_cam=adobe,
+                                                                              transfer="adobergb")))
+    np.testing.assert_array_equal(linear, render_strip(raw, 10, 40, replace(params, transfer="linear")))

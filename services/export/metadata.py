@@ -1,0 +1,112 @@
+"""What every output file says about itself: the capture's EXIF fields, resolution, software, the original name.
+
+Carried over from the shot's :class:`~services.raw.meta.CaptureInfo` (read at decode): Make, Model, lens,
+DateTimeOriginal, ExposureTime, FNumber, ISO, FocalLength and Orientation (written as read: pixels are not
+rotated, viewers and DAMs turn them); plus XResolution/YResolution (the recipe's ppi, unit inch), Software
+("Strata <version>") and the first frame's file name (DocumentName and ImageDescription).
+
+TIFF: tifffile writes no EXIF sub-IFD, so the capture fields go into IFD0 as TIFF/EP tags (as a DNG has them;
+exiftool and DAMs read them there). JPEG and PNG: Pillow's :class:`PIL.Image.Exif`, with the capture fields in
+a proper EXIF IFD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata as importlib_metadata
+
+from PIL import Image, TiffImagePlugin
+
+from services.raw.dng import (
+    TAG_DATETIME_ORIGINAL,
+    TAG_EXPOSURE_TIME,
+    TAG_F_NUMBER,
+    TAG_FOCAL_LENGTH,
+    TAG_ISO,
+    TAG_LENS_MODEL,
+    TAG_MAKE,
+    TAG_MODEL,
+    TAG_ORIENTATION,
+    TagTuple,
+    capture_tags,
+    exposure_rational,
+)
+from services.raw.meta import CaptureInfo
+
+TAG_DOCUMENT_NAME = 269
+TAG_IMAGE_DESCRIPTION = 270
+TAG_X_RESOLUTION, TAG_Y_RESOLUTION, TAG_RESOLUTION_UNIT = 282, 283, 296
+TAG_SOFTWARE = 305
+EXIF_IFD = 0x8769
+RESOLUTION_INCH = 2
+
+
+@lru_cache(maxsize=1)
+def software_name() -> str:
+    """``Strata <version>`` of the installed package."""
+    try:
+        return f"Strata {importlib_metadata.version('strata')}"
+    except importlib_metadata.PackageNotFoundError:
+        return "Strata"
+
+
+@dataclass(frozen=True)
+class OutputMetadata:
+    """Everything an output file records about its shot (the same for every recipe but ``ppi``)."""
+
+    capture: CaptureInfo
+    original_name: str
+    ppi: float = 300.0
+    software: str = ""
+
+    @property
+    def software_text(self) -> str:
+        return self.software or software_name()
+
+
+def _ascii(text: str) -> str:
+    return text.encode("ascii", "replace").decode("ascii")
+
+
+def tiff_tags(meta: OutputMetadata) -> list[TagTuple]:
+    """tifffile ``extratags`` of IFD0: Make, Model, DocumentName and the TIFF/EP capture tags. (Resolution,
+    Software and ImageDescription go through tifffile's own arguments.)"""
+    tags: list[TagTuple] = [(TAG_DOCUMENT_NAME, "s", 0, _ascii(meta.original_name), True)]
+    if meta.capture.make:
+        tags.append((TAG_MAKE, "s", 0, _ascii(meta.capture.make), True))
+    if meta.capture.model:
+        tags.append((TAG_MODEL, "s", 0, _ascii(meta.capture.model), True))
+    return tags + capture_tags(meta.capture)
+
+
+def _rational(value: float) -> TiffImagePlugin.IFDRational:
+    return TiffImagePlugin.IFDRational(round(value * 10000), 10000)
+
+
+def pillow_exif(meta: OutputMetadata) -> Image.Exif:
+    """The EXIF block of a JPEG or PNG: IFD0 (make, model, orientation, resolution, software, names) and the
+    EXIF IFD (capture date, exposure, aperture, ISO, focal length, lens)."""
+    c = meta.capture
+    exif = Image.Exif()
+    for tag, text in ((TAG_MAKE, c.make), (TAG_MODEL, c.model), (TAG_DOCUMENT_NAME, meta.original_name),
+                      (TAG_IMAGE_DESCRIPTION, meta.original_name), (TAG_SOFTWARE, meta.software_text)):
+        if text:
+            exif[tag] = _ascii(text)
+    exif[TAG_ORIENTATION] = int(c.orientation)
+    exif[TAG_X_RESOLUTION] = exif[TAG_Y_RESOLUTION] = _rational(meta.ppi)
+    exif[TAG_RESOLUTION_UNIT] = RESOLUTION_INCH
+    ifd = exif.get_ifd(EXIF_IFD)
+    if c.datetime_original:
+        ifd[TAG_DATETIME_ORIGINAL] = _ascii(c.datetime_original)
+    if c.exposure_time is not None:
+        ifd[TAG_EXPOSURE_TIME] = TiffImagePlugin.IFDRational(*exposure_rational(c.exposure_time))
+    if c.f_number is not None:
+        ifd[TAG_F_NUMBER] = _rational(c.f_number)
+    if c.iso is not None:
+        ifd[TAG_ISO] = min(int(c.iso), 65535)
+    if c.focal_length is not None:
+        ifd[TAG_FOCAL_LENGTH] = _rational(c.focal_length)
+    if c.lens:
+        ifd[TAG_LENS_MODEL] = _ascii(c.lens)
+    return exif

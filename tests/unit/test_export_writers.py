@@ -1,0 +1,134 @@
+"""Output writers: TIFF 16/8 (deflate + predictor), JPEG, PNG 16, read back with tifffile, Pillow and exiftool
+(an independent reader); resizing in linear light; byte-identical files (ICC included) across processes."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+from PIL import Image
+
+from lab.synth.synth import synthetic_capture
+from services.export.derive import fit_long_edge, resize_linear, to_8bit
+from services.export.icc import icc_profile
+from services.export.metadata import OutputMetadata
+from services.export.naming import NameTokens
+from services.export.output import write_outputs
+from services.export.recipes import get_recipe, resolve_recipes
+from services.pipeline.ops.colour import decode_transfer
+from services.storage.local import LocalStorage
+
+TOKENS = NameTokens("st", "IQ3_S", "2026-11-30", "frame_00", 1, "job1")
+META = OutputMetadata(synthetic_capture("IQ3_S"), "frame_00.dng")
+RECIPES = ["tiff16", "tiff8", "jpeg-proof", "png16", "tiff16-adobergb"]
+
+
+def _image(h: int = 300, w: int = 440) -> np.ndarray:
+    return np.random.default_rng(5).integers(0, 65535, (h, w, 3)).astype(np.uint16)
+
+
+def _write(root: Path, rgb: np.ndarray, names: list[str] = RECIPES) -> dict[str, Path]:
+    storage = LocalStorage(root)
+    bands = [(0, rgb[:128]), (128, rgb[128:])]
+    outs = write_outputs(storage, "job1", {"srgb": bands, "adobergb": bands}, resolve_recipes(names), TOKENS, META,
+                         threads=2)
+    return {o.recipe: storage.local_path(o.storage_key) for o in outs}
+
+
+def test_tiffs_are_deflate_with_predictor_in_16_and_8_bits(tmp_path: Path) -> None:
+    rgb = _image()
+    files = _write(tmp_path, rgb)
+    for recipe, dtype, expected in (("tiff16", np.uint16, rgb), ("tiff8", np.uint8, to_8bit(rgb))):
+        with tifffile.TiffFile(files[recipe]) as tif:
+            page = tif.pages[0]
+            assert page.compression == 8 and page.predictor == 2 and page.is_tiled  # Adobe deflate, horizontal
+            assert page.dtype == dtype and bytes(page.tags[34675].value) == icc_profile("srgb")
+            assert page.tags["XResolution"].value == (300, 1) and page.tags["ResolutionUnit"].value == 2
+            np.testing.assert_array_equal(page.asarray(), expected)
+    with Image.open(files["tiff8"]) as im:  # a reader without zstd (Pillow's libtiff) opens the deflate TIFF
+        np.testing.assert_array_equal(np.asarray(im), to_8bit(rgb))
+    with tifffile.TiffFile(files["tiff16-adobergb"]) as tif:
+        assert bytes(tif.pages[0].tags[34675].value) == icc_profile("adobergb")
+
+
+def test_jpeg_proof_and_png16(tmp_path: Path) -> None:
+    rgb = _image(900, 2000)
+    files = _write(tmp_path, rgb)
+    with Image.open(files["jpeg-proof"]) as im:
+        assert im.format == "JPEG" and im.size == (1600, 720)  # long edge 1600, aspect kept
+        assert im.info["icc_profile"] == icc_profile("srgb") and im.info["dpi"] == (300, 300)
+        exif = im.getexif()
+        assert exif[271] == "Phase One" and exif[272] == "IQ3_S"
+        assert exif.get_ifd(0x8769)[36867] == "2026:11:30 14:05:09"
+    with Image.open(files["png16"]) as im:
+        assert im.format == "PNG" and im.info["icc_profile"] == icc_profile("srgb")
+        assert im.getexif()[271] == "Phase One"
+    import png
+
+    width, height, rows, info = png.Reader(filename=str(files["png16"])).read()
+    assert (width, height, info["bitdepth"], info["planes"]) == (2000, 900, 16, 3)
+    np.testing.assert_array_equal(np.vstack(list(rows)).reshape(900, 2000, 3), rgb)
+
+
+def test_resize_fits_the_long_edge_in_linear_light() -> None:
+    assert fit_long_edge(900, 1200, 600) == (450, 600) and fit_long_edge(100, 50, 600) == (100, 50)
+    # Alternating black and white columns: the linear-light mean is 0.5, which sRGB encodes as ~0.735; a
+    # gamma-space average would give 0.5 (much too dark).
+    rgb = np.zeros((64, 256, 3), np.uint16)
+    rgb[:, ::2] = 65535
+    out = resize_linear(rgb, 64, "srgb")
+    assert tuple(out.shape) == (1, 3, 16, 64)
+    centre = out[..., 4:-4, 4:-4]
+    linear = decode_transfer(centre, "srgb")
+    assert torch.allclose(linear, torch.full_like(linear, 0.5), atol=0.01)
+    sharp = resize_linear(rgb, 64, "srgb", sharpen_amount=1.0)
+    assert sharp.shape == out.shape and float(sharp.min()) >= 0.0 and float(sharp.max()) <= 1.0
+
+
+@pytest.mark.skipif(shutil.which("exiftool") is None, reason="exiftool (libimage-exiftool-perl) not installed")
+def test_metadata_reads_back_in_exiftool(tmp_path: Path) -> None:
+    files = _write(tmp_path, _image(400, 300))
+    report = json.loads(subprocess.run(["exiftool", "-j", "-n", *map(str, files.values())], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert len(report) == len(RECIPES)
+    for tags in report:
+        assert tags["Make"] == "Phase One" and tags["Model"] == "IQ3_S", tags["SourceFile"]
+        assert tags["DateTimeOriginal"] == "2026:11:30 14:05:09"
+        assert tags["ExposureTime"] == pytest.approx(1 / 125) and tags["FNumber"] == 8 and tags["ISO"] == 100
+        assert tags["FocalLength"] == 80 and tags["LensModel"].startswith("Schneider")
+        assert tags["Orientation"] == 1 and tags["XResolution"] == 300 and tags["ResolutionUnit"] == 2
+        assert tags["Software"].startswith("Strata") and tags["DocumentName"] == "frame_00.dng"
+
+
+_CHILD = """
+import hashlib, sys
+from pathlib import Path
+from tests.unit.test_export_writers import _image, _write
+for recipe, path in sorted(_write(Path(sys.argv[1]), _image(200, 260)).items()):
+    print(recipe, hashlib.sha256(path.read_bytes()).hexdigest())
+"""
+
+
+def test_two_processes_write_the_same_bytes(tmp_path: Path) -> None:
+    """Every file, ICC profile and tags included, is byte-identical from one process to the next."""
+    runs = [subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / f"run{i}")], capture_output=True,
+                           text=True, check=True, cwd=Path(__file__).resolve().parents[2]).stdout for i in range(2)]
+    assert runs[0] == runs[1] and len(runs[0].splitlines()) == len(RECIPES)
+
+
+def test_recipe_ppi_is_written(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    recipe = get_recipe("tiff8").model_copy(update={"ppi": 360.0, "naming": "{stem}_{seq}"})
+    rgb = _image(64, 64)
+    (out,) = write_outputs(storage, "j", {"srgb": [(0, rgb)]}, [recipe], TOKENS, META)
+    assert out.name == "frame_00_0001.tif" and out.media_type == "image/tiff" and out.recipe == "tiff8"
+    with tifffile.TiffFile(io.BytesIO(storage.local_path(out.storage_key).read_bytes())) as tif:
+        assert tif.pages[0].tags["XResolution"].value == (360, 1)
