@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -259,30 +260,127 @@ def _synth_stack_scene(camera: str, out: Path, *, frames: int | None, noise: str
     return shot.files, shot.ground_truth
 
 
+class Camera(StrEnum):
+    IQ3_S = "IQ3_S"
+    IQ2_XS = "IQ2_XS"
+
+
+class Priority(StrEnum):
+    interactive = "interactive"
+    batch = "batch"
+
+
+CameraOpt = Annotated[Camera | None, typer.Option(help="Camera (default: detect from the files).",
+                                                  case_sensitive=False)]
+PriorityOpt = Annotated[Priority | None, typer.Option(help="Queue lane (default: interactive).")]
+RecipeOpt = Annotated[list[str] | None, typer.Option(
+    "--recipe", help="Output recipe, repeatable (checked against GET /v1/recipes; default: the service's).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON on stdout instead of a table.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"strata {version('strata')}")
+        except PackageNotFoundError:
+            print("strata (not installed)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    retry_for: Annotated[float, typer.Option("--retry-for", envvar="STRATA_RETRY_FOR", min=0,
+                                             help="Seconds to keep retrying an API that does not answer.")] = 30.0,
+) -> None:
+    """Strata: asynchronous RAW render service. Exit codes: 0 ok, 1 a job failed, 2 bad usage, 3 service
+    unreachable, 4 token refused."""
+    import cli.client
+
+    cli.client.RETRY_FOR_S = retry_for
+
+
+def _exit_for(exc: Exception) -> typer.Exit:
+    """A clean exit with the error's code (1 failed, 2 usage, 3 unreachable, 4 token refused)."""
+    from rich.markup import escape
+
+    return _fail(escape(str(exc)), getattr(exc, "exit_code", 1))
+
+
+def _shots_or_exit(inputs: list[Path], stack: bool, stacks_by_name: bool) -> list[Any]:
+    from cli.discovery import MAX_STACK, plan_shots
+
+    if stack and stacks_by_name:
+        raise _fail("--stack and --stacks-by-name exclude each other", 2)
+    shots = plan_shots(inputs, stack=stack, stacks_by_name=stacks_by_name)
+    if not shots:
+        raise _fail(f"no RAW files in {', '.join(map(str, inputs))}", 2)
+    if stack and len(shots[0].files) > MAX_STACK:
+        raise _fail(f"a stack has at most {MAX_STACK} frames, not {len(shots[0].files)}", 2)
+    return shots
+
+
+def _print_results(results: list[Any], as_json: bool) -> None:
+    import json
+
+    if as_json:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+        return
+    for r in results:
+        for p in r.paths:
+            print(p)
+        if not r.paths:
+            job = r.job or {}
+            print(f"{r.shot.name}\t{job.get('id', '-')}\t{r.status}\t{r.error or job.get('error') or ''}")
+
+
+InputsArg = Annotated[list[Path], typer.Argument(help="RAW files and/or folders (searched recursively).",
+                                                 exists=True)]
+StackOpt = Annotated[bool, typer.Option("--stack", help="All the given files are the frames of one stack.")]
+ByNameOpt = Annotated[bool, typer.Option("--stacks-by-name", help="Group <base>_<NN>.<ext> / <base>-<NN>.<ext> "
+                                         "files of one folder with 2-16 consecutive numbers into stacks.")]
+
+
 @app.command()
 def submit(
-    files: Annotated[list[Path], typer.Argument(help="RAW file(s) of one shot.", exists=True, dir_okay=False)],
-    camera: Annotated[str | None, typer.Option(help="IQ3_S or IQ2_XS (default: detect).")] = None,
-    recipe: Annotated[str, typer.Option(help="Output recipe.")] = "tiff16",
-    priority: Annotated[str, typer.Option(help="interactive or batch.")] = "interactive",
-    wait: Annotated[bool, typer.Option(help="Wait for the job and download its outputs.")] = True,
-    out: Annotated[Path, typer.Option("--out", help="Where to save outputs.")] = Path("."),
+    inputs: InputsArg,
+    camera: CameraOpt = None,
+    recipe: RecipeOpt = None,
+    priority: PriorityOpt = None,
+    stack: StackOpt = False,
+    stacks_by_name: ByNameOpt = False,
+    wait: Annotated[bool, typer.Option(help="Wait for the jobs and download their outputs.")] = True,
+    out: Annotated[Path, typer.Option("--out", help="Where to save outputs (mirroring the folders given).")]
+    = Path("."),
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per shot on stdout.")] = False,
     api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
     token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
     data_dir: DataDir = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the job.")] = 3600,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = 3600,
 ) -> None:
-    """Upload a shot with a progress bar, wait for it, download the TIFF(s)."""
-    from cli.client import SubmitError, submit_shot
+    """Upload shots (files, folders; stacks with --stack or --stacks-by-name) with progress bars, wait for them,
+    download the outputs. Exit 1 if any shot failed."""
+    from cli.client import SubmitError, connect
+    from cli.station import check_recipes, download_results, exit_code, upload_shots, wait_for_shots
 
+    shots = _shots_or_exit(inputs, stack, stacks_by_name)
     url, tok = _api_token(api, token, data_dir)
+    fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
+              "priority": priority.value if priority else None}
     try:
-        paths = submit_shot(url, tok, files, camera=camera, recipe=recipe,
-                            priority=priority, wait=wait, out_dir=out, timeout=timeout, console=console)
+        with connect(url, tok) as client:
+            check_recipes(client, recipe or [], console)
+            results = upload_shots(client, shots, fields, console)
+            if wait:
+                wait_for_shots(client, results, timeout, console)
+                download_results(client, results, out, console)
     except SubmitError as exc:
-        raise _fail(str(exc)) from exc
-    for p in paths:
-        print(p)
+        raise _exit_for(exc) from exc
+    _print_results(results, as_json)
+    raise typer.Exit(exit_code(results))
 
 
 def _api_token(api: str | None, token: str | None, data_dir: Path | None) -> tuple[str, str]:
@@ -327,27 +425,37 @@ def _duration(job: dict[str, Any]) -> str:
 def _api_call(api: str | None, token: str | None, data_dir: Path | None, method: str, path: str,
               **kwargs: Any) -> Any:
     """One call to the station's API (URL and token resolved as for `strata submit`); a clean exit on error."""
-    from cli.client import SubmitError, call, connect
+    from cli.client import SubmitError, call, connect, with_retry
 
     url, tok = _api_token(api, token, data_dir)
     try:
         with connect(url, tok) as client:
-            return call(client, method, path, **kwargs)
+            return with_retry(lambda: call(client, method, path, **kwargs), console)
     except SubmitError as exc:
-        raise _fail(str(exc)) from exc
+        raise _exit_for(exc) from exc
+
+
+def _print_json(body: Any) -> None:
+    import json
+
+    print(json.dumps(body, indent=2))
 
 
 @jobs_app.command("list")
 def jobs_list(
     status: Annotated[str | None, typer.Option(help="queued, running, done, failed or cancelled.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=200, help="How many, newest first.")] = 20,
+    as_json: JsonOpt = False,
     api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
 ) -> None:
     """This station's jobs, newest first."""
     from rich.table import Table
 
     params: dict[str, str | int] = {"limit": limit} | ({"status": status} if status else {})
-    jobs = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params)["jobs"]
+    body = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params)
+    if as_json:
+        return _print_json(body)
+    jobs = body["jobs"]
     table = Table("job", "status", "stage", "progress", "camera", "frames", "created (UTC)", "time", "output")
     for j in jobs:
         table.add_row(j["id"], j["status"], j["stage"], f"{j['progress']:.0%}", j["camera"], str(len(j["frames"])),
@@ -357,11 +465,14 @@ def jobs_list(
 
 
 @jobs_app.command("show")
-def jobs_show(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
+def jobs_show(job_id: str, as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+              data_dir: DataDir = None) -> None:
     """One job: status, frames, shards (worker, GPU, seconds), outputs, error."""
     from rich.table import Table
 
     j = _api_call(api, token, data_dir, "GET", f"/v1/jobs/{job_id}")
+    if as_json:
+        return _print_json(j)
     out = _stdout()
     out.print(f"job {j['id']}: {j['status']} ({j['stage']}, {j['progress']:.0%}), {j['camera']}, "
               f"recipe {j['recipe']}, priority {j['priority']}, time {_duration(j)}")
@@ -402,7 +513,7 @@ def jobs_download(
             job = wait_for_job(client, call(client, "GET", f"/v1/jobs/{job_id}"), timeout, console)
             paths = download_outputs(client, job, out, console)
     except SubmitError as exc:
-        raise _fail(str(exc)) from exc
+        raise _exit_for(exc) from exc
     for p in paths:
         print(p)
 
