@@ -157,15 +157,21 @@ def with_retry(fn: Callable[[], T], console: Console, retry_for: float | None = 
             delay = min(delay * 2, 8.0)
 
 
-def call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
-    """One API call; its JSON body, or a SubmitError with the API's error type and detail."""
+def request(client: httpx.Client, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """One API call; its response, or a SubmitError with the API's error type and detail (:class:`Unreachable`
+    for no answer or a 5xx, :class:`AuthRefused` for a 401)."""
     try:
         resp = client.request(method, url, **kwargs)
     except httpx.TransportError as exc:
         raise unreachable(client, exc) from exc
     if resp.status_code >= 400:
         raise _error(resp)
-    return resp.json()
+    return resp
+
+
+def call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
+    """One API call; its JSON body (errors as for :func:`request`)."""
+    return request(client, method, url, **kwargs).json()
 
 
 def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, console: Console) -> dict[str, Any]:

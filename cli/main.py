@@ -21,9 +21,11 @@ app = typer.Typer(help="Strata: asynchronous RAW render service.", no_args_is_he
 token_app = typer.Typer(help="Station tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download.", no_args_is_help=True)
+batch_app = typer.Typer(help="Overnight batches: create, status, report, list, cancel.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(batch_app, name="batch")
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]
@@ -383,6 +385,70 @@ def submit(
     raise typer.Exit(exit_code(results))
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _check_recipes_if_up(client: Any, recipes: list[str], once: bool) -> None:
+    """The recipe check; a hot folder that runs on does not wait for an API that is down to do it."""
+    from cli.client import Unreachable
+    from cli.station import check_recipes
+
+    try:
+        check_recipes(client, recipes, console, None if once else 0)
+    except Unreachable as exc:
+        if once:
+            raise
+        console.print(f"[yellow]{exc}: recipes not checked; files stay pending until it answers[/yellow]")
+
+
+@app.command()
+def watch(
+    folder: Annotated[Path, typer.Argument(help="The hot folder (searched recursively).", exists=True,
+                                           file_okay=False)],
+    out: Annotated[Path | None, typer.Option("--out", help="Where to save outputs (default: beside each file).")]
+    = None,
+    camera: CameraOpt = None,
+    recipe: RecipeOpt = None,
+    priority: PriorityOpt = None,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between polls.")] = 2.0,
+    settle: Annotated[float, typer.Option(min=0, help="A file is complete once its size and mtime stayed the "
+                                                      "same for this many seconds.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="One pass: send what is complete, wait for those jobs, "
+                                                      "save their outputs, exit.")] = False,
+    timeout: Annotated[float, typer.Option(help="--once: seconds to wait for the jobs.")] = 3600,
+    api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
+    token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Hot folder: upload every new RAW file once completely written, save its outputs beside it (or to --out);
+    remembers what it sent in FOLDER/.strata-watch.json (docs/STATION.md)."""
+    import signal
+
+    import cli.client
+    from cli.client import SubmitError, connect
+    from cli.watch import Watcher, watch_forever, watch_once
+
+    signal.signal(signal.SIGTERM, _interrupt)
+
+    url, tok = _api_token(api, token, data_dir)
+    fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
+              "priority": priority.value if priority else None}
+    try:
+        with connect(url, tok) as client:
+            _check_recipes_if_up(client, recipe or [], once)
+            watcher = Watcher(folder, client, console, fields=fields, out=out, settle=settle)
+            console.print(f"watching {folder} every {interval:g} s (settle {settle:g} s); state in "
+                          f"{watcher.state.path}")
+            if once:
+                raise typer.Exit(watch_once(watcher, timeout=timeout, retry_for=cli.client.RETRY_FOR_S))
+            watch_forever(watcher, interval)
+    except SubmitError as exc:
+        raise _exit_for(exc) from exc
+    except KeyboardInterrupt:
+        console.print("stopped; state saved")
+
+
 def _api_token(api: str | None, token: str | None, data_dir: Path | None) -> tuple[str, str]:
     """The API URL and station token: the options, else STRATA_API_URL / STRATA_TOKEN / the token file, else the
     local `strata serve`'s."""
@@ -516,6 +582,149 @@ def jobs_download(
         raise _exit_for(exc) from exc
     for p in paths:
         print(p)
+
+
+def _when(value: str | None, option: str) -> str | None:
+    """An ISO 8601 time given to --not-before / --not-after, checked here so a typo is a usage error."""
+    import datetime as dt
+
+    if value is None:
+        return None
+    try:
+        dt.datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise _fail(f"{option}: not an ISO 8601 time: {value!r} (e.g. 2026-12-01T22:00 or 2026-12-01T22:00+01:00)",
+                    2) from exc
+    return value
+
+
+def _batch_body(name: str, recipe: list[str] | None, priority: Priority | None, not_before: str | None,
+                not_after: str | None, webhook: str | None, paths: list[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "recipes": recipe or [], "paths": paths or [],
+                            "priority": priority.value if priority else None,
+                            "not_before": _when(not_before, "--not-before"),
+                            "not_after": _when(not_after, "--not-after"), "webhook_url": webhook}
+    if webhook and not webhook.startswith(("http://", "https://")):
+        raise _fail(f"--webhook must be an http(s) URL, not {webhook!r}", 2)
+    return {k: v for k, v in body.items() if v not in (None, [])}
+
+
+@batch_app.command("create")
+def batch_create(
+    name: Annotated[str, typer.Argument(help="The batch's name.")],
+    inputs: Annotated[list[Path] | None, typer.Argument(help="RAW files and/or folders to upload into it.",
+                                                        exists=True)] = None,
+    recipe: RecipeOpt = None,
+    priority: PriorityOpt = None,
+    not_before: Annotated[str | None, typer.Option(help="Start no job before this time (ISO 8601).")] = None,
+    not_after: Annotated[str | None, typer.Option(help="Start no job after this time (ISO 8601).")] = None,
+    webhook: Annotated[str | None, typer.Option(help="http(s) URL notified when the batch ends.")] = None,
+    path: Annotated[list[str] | None, typer.Option("--path", help="A server-side path under the import root, "
+                                                   "repeatable.")] = None,
+    camera: CameraOpt = None, stack: StackOpt = False, stacks_by_name: ByNameOpt = False, as_json: JsonOpt = False,
+    api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
+) -> None:
+    """Create a batch (POST /v1/batches), then upload its shots into it one at a time."""
+    from cli.client import SubmitError, call, connect, with_retry
+    from cli.station import check_recipes, exit_code, upload_shots
+
+    shots = _shots_or_exit(inputs, stack, stacks_by_name) if inputs else []
+    if not shots and not path:
+        raise _fail("a batch needs shots: give files or folders, or --path", 2)
+    body = _batch_body(name, recipe, priority, not_before, not_after, webhook, path)
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            check_recipes(client, recipe or [], console)
+            batch = with_retry(lambda: call(client, "POST", "/v1/batches", json=body), console)
+            console.print(f"batch {batch['id']} created ({batch.get('status')})")
+            fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
+                      "priority": priority.value if priority else None}
+            results = upload_shots(client, shots, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
+    except SubmitError as exc:
+        raise _exit_for(exc) from exc
+    if as_json:
+        _print_json({"batch": batch, "shots": [r.to_json() for r in results]})
+    else:
+        _stdout().print(f"batch {batch['id']}: {sum(r.job is not None for r in results)} of {len(results)} "
+                        f"shot(s) uploaded")
+    raise typer.Exit(exit_code(results))
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "-"
+
+
+@batch_app.command("status")
+def batch_status(batch_id: str, as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+                 data_dir: DataDir = None) -> None:
+    """One batch: status, counts of its jobs by status, ETA."""
+    b = _api_call(api, token, data_dir, "GET", f"/v1/batches/{batch_id}")
+    if as_json:
+        return _print_json(b)
+    out = _stdout()
+    out.print(f"batch {b['id']} {b.get('name', '')!r}: {b['status']}; {_counts(b.get('counts') or {})}; "
+              f"eta {b.get('eta') or '-'}")
+    for key in ("priority", "recipes", "not_before", "not_after"):
+        if b.get(key):
+            out.print(f"{key}: {b[key]}")
+
+
+@batch_app.command("list")
+def batch_list(as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+               data_dir: DataDir = None) -> None:
+    """This station's batches."""
+    from rich.table import Table
+
+    body = _api_call(api, token, data_dir, "GET", "/v1/batches")
+    if as_json:
+        return _print_json(body)
+    table = Table("batch", "name", "status", "jobs", "eta", "created (UTC)")
+    for b in body.get("batches", []):
+        table.add_row(b["id"], b.get("name", ""), b["status"], _counts(b.get("counts") or {}), str(b.get("eta") or "-"),
+                      str(b.get("created_at") or "")[:19].replace("T", " "))
+    _stdout().print(table)
+
+
+class ReportFormat(StrEnum):
+    json = "json"
+    csv = "csv"
+
+
+@batch_app.command("report")
+def batch_report(
+    batch_id: str,
+    fmt: Annotated[ReportFormat, typer.Option("--format", help="json or csv.")] = ReportFormat.json,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the report to this file (default stdout).")]
+    = None,
+    api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
+) -> None:
+    """Per-shot report of a batch (status, timings, outputs with sha256, error), as the API gives it."""
+    import json
+
+    from cli.client import SubmitError, connect, request, with_retry
+
+    url, tok = _api_token(api, token, data_dir)
+    params = {"format": "csv"} if fmt is ReportFormat.csv else {}
+    try:
+        with connect(url, tok) as client:
+            resp = with_retry(lambda: request(client, "GET", f"/v1/batches/{batch_id}/report", params=params),
+                              console)
+    except SubmitError as exc:
+        raise _exit_for(exc) from exc
+    text = resp.text if fmt is ReportFormat.csv else json.dumps(resp.json(), indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        console.print(f"report written to {out}")
+
+
+@batch_app.command("cancel")
+def batch_cancel(batch_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
+    """Cancel a batch: its jobs not yet ended are cancelled."""
+    b = _api_call(api, token, data_dir, "POST", f"/v1/batches/{batch_id}/cancel")
+    _stdout().print(f"batch {b['id']}: {b['status']}")
 
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}

@@ -61,10 +61,10 @@ class ShotResult:
                 "error": self.error or job.get("error")}
 
 
-def offered_recipes(client: httpx.Client, console: Console) -> list[str] | None:
+def offered_recipes(client: httpx.Client, console: Console, retry_for: float | None = None) -> list[str] | None:
     """The recipe names of ``GET /v1/recipes``, or None where the service has no such endpoint (404)."""
     try:
-        body = with_retry(lambda: call(client, "GET", "/v1/recipes"), console)
+        body = with_retry(lambda: call(client, "GET", "/v1/recipes"), console, retry_for)
     except SubmitError as exc:
         if str(exc).startswith("404"):
             return None
@@ -72,11 +72,12 @@ def offered_recipes(client: httpx.Client, console: Console) -> list[str] | None:
     return [r["name"] for r in body.get("recipes", [])]
 
 
-def check_recipes(client: httpx.Client, recipes: list[str], console: Console) -> None:
+def check_recipes(client: httpx.Client, recipes: list[str], console: Console, retry_for: float | None = None
+                  ) -> None:
     """Refuse (exit code 2) a recipe the service does not list; no check where it lists none."""
     if not recipes:
         return
-    offered = offered_recipes(client, console)
+    offered = offered_recipes(client, console, retry_for)
     unknown = [r for r in recipes if offered is not None and r not in offered]
     if unknown:
         raise BadUsage(f"unknown recipe {', '.join(unknown)}: choose from {', '.join(offered or [])}")
