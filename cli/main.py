@@ -712,11 +712,12 @@ def batch_report(
                               console)
     except SubmitError as exc:
         raise _exit_for(exc) from exc
-    text = resp.text if fmt is ReportFormat.csv else json.dumps(resp.json(), indent=2) + "\n"
+    data = resp.content if fmt is ReportFormat.csv else (json.dumps(resp.json(), indent=2) + "\n").encode()
     if out is None:
-        sys.stdout.write(text)
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
     else:
-        out.write_text(text)
+        out.write_bytes(data)
         console.print(f"report written to {out}")
 
 
