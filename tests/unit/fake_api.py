@@ -35,7 +35,11 @@ class FakeApi:
     seen: list[Seen] = field(default_factory=list)
 
     def route(self, method: str, path: str, answer: Route | Answer) -> None:
-        self.routes[(method, path)] = answer if callable(answer) else (lambda _s, a=answer: a)
+        if callable(answer):
+            self.routes[(method, path)] = answer
+        else:
+            fixed: Answer = answer
+            self.routes[(method, path)] = lambda _seen: fixed
 
     def calls(self, method: str, path: str) -> list[Seen]:
         return [s for s in self.seen if s.method == method and s.path == path]

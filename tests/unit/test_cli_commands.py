@@ -98,14 +98,15 @@ def test_a_5xx_is_retried_like_an_outage(api: FakeApi) -> None:
 
 
 def test_jobs_list_and_show_print_the_api_json(api: FakeApi) -> None:
-    body = {"jobs": [job("j1", "done", outputs=[OUTPUT])], "next_cursor": None}
+    one = job("j1", "done", outputs=[OUTPUT])
+    body = {"jobs": [one], "next_cursor": None}
     api.route("GET", "/v1/jobs", (200, body))
-    api.route("GET", "/v1/jobs/j1", (200, body["jobs"][0]))
+    api.route("GET", "/v1/jobs/j1", (200, one))
     listed = runner.invoke(app, ["jobs", "list", "--json", "--status", "done", *_auth(api)])
     assert listed.exit_code == 0 and json.loads(listed.stdout) == body
     assert api.calls("GET", "/v1/jobs")[0].query == "limit=20&status=done"
     shown = runner.invoke(app, ["jobs", "show", "j1", "--json", *_auth(api)])
-    assert shown.exit_code == 0 and json.loads(shown.stdout) == body["jobs"][0]
+    assert shown.exit_code == 0 and json.loads(shown.stdout) == one
 
 
 def _serve_jobs(api: FakeApi, final: dict[str, str]) -> None:
