@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from cli.client import SubmitError, Unreachable, _sha256, call, download_outputs
+from cli.client import BadUsage, SubmitError, Unreachable, _sha256, call, download_outputs
 from cli.discovery import Shot, find_raw_files
 from cli.station import ENDED, post_shot, shot_fields
 
@@ -46,8 +46,12 @@ class WatchState:
 
     def load(self) -> WatchState:
         if self.path.exists():
-            body = json.loads(self.path.read_text())
-            self.files = dict(body.get("files", {}))
+            try:
+                body = json.loads(self.path.read_text())
+                self.files = dict(body["files"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise BadUsage(f"{self.path} is not a watch state file ({exc}); move it away to start afresh "
+                               "(every file in the folder is then sent again)") from exc
         return self
 
     def save(self) -> None:

@@ -309,3 +309,9 @@ def test_watch_once_exits_3_when_the_api_never_answers(tmp_path: Path) -> None:
                                "--api", url, "--token", "t"])
     assert done.exit_code == 3 and "cannot reach the Strata API" in done.output and "retrying" in done.output
     assert not (tmp_path / STATE_NAME).exists()
+
+
+def test_watch_refuses_a_corrupt_state_file_rather_than_resending_everything(api: FakeApi, tmp_path: Path) -> None:
+    (tmp_path / STATE_NAME).write_text("{not json")
+    done = runner.invoke(app, ["watch", str(tmp_path), "--once", *_auth(api)])
+    assert done.exit_code == 2 and "not a watch state file" in done.output and api.calls("POST", "/v1/jobs") == []
