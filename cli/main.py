@@ -16,7 +16,8 @@ from rich.console import Console
 from services.config import get_settings
 from services.local_service import local_service, remember_local_service
 
-app = typer.Typer(help="Strata: asynchronous RAW render service.", no_args_is_help=True,
+app = typer.Typer(help="Strata: asynchronous RAW render service. Exit codes: 0 ok, 1 a job failed, 2 bad usage, "
+                  "3 service unreachable, 4 token refused.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 token_app = typer.Typer(help="Station tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
@@ -298,8 +299,7 @@ def _root(
     retry_for: Annotated[float, typer.Option("--retry-for", envvar="STRATA_RETRY_FOR", min=0,
                                              help="Seconds to keep retrying an API that does not answer.")] = 30.0,
 ) -> None:
-    """Strata: asynchronous RAW render service. Exit codes: 0 ok, 1 a job failed, 2 bad usage, 3 service
-    unreachable, 4 token refused."""
+    """Strata: asynchronous RAW render service."""
     import cli.client
 
     cli.client.RETRY_FOR_S = retry_for
@@ -363,23 +363,24 @@ def submit(
     data_dir: DataDir = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = 3600,
 ) -> None:
-    """Upload shots (files, folders; stacks with --stack or --stacks-by-name) with progress bars, wait for them,
-    download the outputs. Exit 1 if any shot failed."""
+    """Upload shots from files and folders (stacks: --stack, --stacks-by-name), wait, download the outputs."""
     from cli.client import SubmitError, connect
-    from cli.station import check_recipes, download_results, exit_code, upload_shots, wait_for_shots
+    from cli.station import ShotResult, check_recipes, download_results, exit_code, upload_shots, wait_for_shots
 
-    shots = _shots_or_exit(inputs, stack, stacks_by_name)
+    results = [ShotResult(s) for s in _shots_or_exit(inputs, stack, stacks_by_name)]
     url, tok = _api_token(api, token, data_dir)
     fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
               "priority": priority.value if priority else None}
     try:
         with connect(url, tok) as client:
             check_recipes(client, recipe or [], console)
-            results = upload_shots(client, shots, fields, console)
+            upload_shots(client, results, fields, console)
             if wait:
                 wait_for_shots(client, results, timeout, console)
                 download_results(client, results, out, console)
     except SubmitError as exc:
+        if any(r.job for r in results):  # what was sent before the service went away, for scripts
+            _print_results(results, as_json)
         raise _exit_for(exc) from exc
     _print_results(results, as_json)
     raise typer.Exit(exit_code(results))
@@ -421,8 +422,7 @@ def watch(
     token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Hot folder: upload every new RAW file once completely written, save its outputs beside it (or to --out);
-    remembers what it sent in FOLDER/.strata-watch.json (docs/STATION.md)."""
+    """Hot folder: send each new RAW file once completely written, save its outputs beside it or to --out."""
     import signal
 
     import cli.client
@@ -626,9 +626,10 @@ def batch_create(
 ) -> None:
     """Create a batch (POST /v1/batches), then upload its shots into it one at a time."""
     from cli.client import SubmitError, call, connect, with_retry
-    from cli.station import check_recipes, exit_code, upload_shots
+    from cli.station import ShotResult, check_recipes, exit_code, upload_shots
 
     shots = _shots_or_exit(inputs, stack, stacks_by_name) if inputs else []
+    results = [ShotResult(s) for s in shots]
     if not shots and not path:
         raise _fail("a batch needs shots: give files or folders, or --path", 2)
     body = _batch_body(name, recipe, priority, not_before, not_after, webhook, path)
@@ -640,7 +641,7 @@ def batch_create(
             console.print(f"batch {batch['id']} created ({batch.get('status')})")
             fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
                       "priority": priority.value if priority else None}
-            results = upload_shots(client, shots, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
+            upload_shots(client, results, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
     except SubmitError as exc:
         raise _exit_for(exc) from exc
     if as_json:

@@ -123,15 +123,15 @@ def post_shot(client: httpx.Client, endpoint: str, shot: Shot, data: dict[str, A
     raise error
 
 
-def upload_shots(client: httpx.Client, shots: list[Shot], fields: dict[str, Any], console: Console, *,
-                 endpoint: str = "/v1/jobs", retry_for: float | None = None) -> list[ShotResult]:
-    """Upload every shot, one at a time: a bar per shot and one overall. A shot the API refuses (4xx) is recorded
-    and the rest go on; an unreachable API is retried for ``retry_for``, then raises :class:`Unreachable`."""
-    results = [ShotResult(s) for s in shots]
-    total = sum(p.stat().st_size for s in shots for p in s.files)
+def upload_shots(client: httpx.Client, results: list[ShotResult], fields: dict[str, Any], console: Console, *,
+                 endpoint: str = "/v1/jobs", retry_for: float | None = None) -> None:
+    """Upload every shot, one at a time, filling in ``results``: a bar per shot and one overall. A shot the API
+    refuses (4xx) is recorded and the rest go on; an unreachable API is retried for ``retry_for``, then raises
+    :class:`Unreachable` (``results`` then tell which were sent)."""
+    total = sum(p.stat().st_size for r in results for p in r.shot.files)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=console) as progress:
-        overall = progress.add_task(f"upload {len(shots)} shot(s)", total=total)
+        overall = progress.add_task(f"upload {len(results)} shot(s)", total=total)
         for result in results:
             data = shot_fields(result.shot, **fields)
             send = functools.partial(post_shot, client, endpoint, result.shot, data, progress, overall)
@@ -145,7 +145,6 @@ def upload_shots(client: httpx.Client, shots: list[Shot], fields: dict[str, Any]
                 continue
             console.print(f"{result.shot.name}: job {result.job['id']} queued ({result.job['camera']}, "
                           f"{len(result.job['frames'])} frame(s))")
-    return results
 
 
 def _poll(client: httpx.Client, results: list[ShotResult], rendering: Progress, bars: dict[str, TaskID]

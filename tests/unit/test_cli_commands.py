@@ -315,3 +315,13 @@ def test_watch_refuses_a_corrupt_state_file_rather_than_resending_everything(api
     (tmp_path / STATE_NAME).write_text("{not json")
     done = runner.invoke(app, ["watch", str(tmp_path), "--once", *_auth(api)])
     assert done.exit_code == 2 and "not a watch state file" in done.output and api.calls("POST", "/v1/jobs") == []
+
+
+def test_submit_prints_what_was_sent_when_the_service_goes_away_midway(api: FakeApi, tmp_path: Path) -> None:
+    _raw(tmp_path / "a.dng")
+    _raw(tmp_path / "b.dng")
+    answers = iter([(202, job("j1"))])
+    api.route("POST", "/v1/jobs", lambda s: next(answers, (503, {"type": "unavailable", "detail": "down"})))
+    done = runner.invoke(app, ["--retry-for", "1", "submit", str(tmp_path), "--no-wait", "--json", *_auth(api)])
+    assert done.exit_code == 3
+    assert [(s["job"], s["status"]) for s in json.loads(done.stdout)] == [("j1", "queued"), (None, "not_sent")]
