@@ -57,6 +57,20 @@ def test_submit_a_folder_of_two_shots_with_json(stack: Stack, tmp_path: Path) ->
     assert "upload 2 shot(s)" in done.stderr
 
 
+def test_submit_stacks_by_name_sends_a_named_run_as_one_stack(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    from lab.synth.synth import synthesize_shot
+
+    frames = synthesize_shot("IQ2_XS", tmp_path / "in", scale=0.05, frames=3, seed=23, noise=0.0005).files
+    assert [Path(f).name for f in frames] == ["frame_00.dng", "frame_01.dng", "frame_02.dng"]
+    done = subprocess.run(_cli(stack, "submit", str(tmp_path / "in"), "--stacks-by-name", "--json", "--out",
+                               str(tmp_path / "out"), "--timeout", "180"), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    [shot] = json.loads(done.stdout)
+    assert shot["camera"] == "IQ2_XS" and len(shot["files"]) == 3 and shot["status"] == "done"
+    assert Path(shot["paths"][0]).name == "frame_00.tif"
+
+
 def _copy_slowly(src: Path, dest: Path, chunks: int, pause: float, finished: list[float]) -> None:
     data = src.read_bytes()
     step = len(data) // chunks + 1
