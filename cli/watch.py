@@ -213,7 +213,7 @@ def watch_forever(watcher: Watcher, interval: float, sleep: Callable[[float], No
         except Unreachable as exc:
             backoff = min(max(interval, backoff * 2), 30.0)
             watcher.log(f"{exc}; {len(watcher.pending())} job(s) to collect, files stay pending; "
-                        f"retrying in {backoff:.0f} s", "yellow")
+                        f"retrying in {backoff:.1f} s", "yellow")
             sleep(backoff)
             continue
         if backoff:

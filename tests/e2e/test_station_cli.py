@@ -189,3 +189,28 @@ def test_a_service_down_at_start_is_waited_for_then_used(stack: Stack, tmp_path:
     assert proc.returncode == 0, err
     assert "cannot reach the Strata API" in err and "retrying" in err
     assert (tmp_path / "out" / "frame_00.tif").exists() and out.strip() == str(tmp_path / "out" / "frame_00.tif")
+
+
+def test_watch_rides_out_a_service_that_is_down_then_comes_up(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    hot, log = tmp_path / "hot", tmp_path / "watch.log"
+    hot.mkdir()
+    shutil.copy(_shot(tmp_path / "src", seed=43), hot / "c.dng")
+    port = _closed_port()
+    cmd = _cli(stack, "watch", str(hot), "--interval", "0.3", "--settle", "0.5")
+    cmd[cmd.index("--api") + 1] = f"http://127.0.0.1:{port}"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while "retrying" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "cannot reach the Strata API" in log.read_text() and not (hot / ".strata-watch.json").exists()
+    stop = threading.Event()
+    threading.Thread(target=_proxy, args=(port, int(stack.url.rsplit(":", 1)[1]), stop), daemon=True).start()
+    try:
+        _wait_for(hot / "c.tif", proc, log)
+        _stop(proc)
+    finally:
+        stop.set()
+    text = log.read_text()
+    assert "files stay pending" in text and "the API answers again" in text
+    assert json.loads((hot / ".strata-watch.json").read_text())["files"]["c.dng"]["status"] == "done"
