@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -20,9 +21,35 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+T = TypeVar("T")
+
 
 class SubmitError(Exception):
-    pass
+    """A request or a job that did not succeed (exit code 1)."""
+
+    exit_code = 1
+
+
+class Unreachable(SubmitError):
+    """The API did not answer, or answered 5xx: worth trying again (exit code 3 once the retries are spent)."""
+
+    exit_code = 3
+
+
+class AuthRefused(SubmitError):
+    """The API refused the station's token (401; exit code 4)."""
+
+    exit_code = 4
+
+
+class BadUsage(SubmitError):
+    """A value the service does not offer, e.g. an unknown recipe (exit code 2, as for typer's usage errors)."""
+
+    exit_code = 2
+
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH = 0, 1, 2, 3, 4
+RETRY_FOR_S = 30.0  # how long a command keeps retrying an API that does not answer (`strata --retry-for`)
 
 
 def _sha256(path: Path) -> str:
@@ -36,13 +63,16 @@ def _sha256(path: Path) -> str:
 class _ProgressReader:
     """A file wrapper that reports bytes read to a progress bar (httpx streams it in chunks)."""
 
-    def __init__(self, path: Path, progress: Progress, task: int) -> None:
+    def __init__(self, path: Path, progress: Progress, *tasks: Any) -> None:
         self.f = open(path, "rb")  # noqa: SIM115 - closed by the caller
-        self.progress, self.task = progress, task
+        self.progress, self.tasks = progress, tasks
+        self.sent = 0
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(n if n and n > 0 else 1 << 20)
-        self.progress.advance(self.task, len(data))  # type: ignore[arg-type]
+        self.sent += len(data)
+        for task in self.tasks:
+            self.progress.advance(task, len(data))
         return data
 
     def __iter__(self) -> Iterator[bytes]:
@@ -54,11 +84,20 @@ class _ProgressReader:
 
 
 def _error(resp: httpx.Response) -> SubmitError:
+    kind: type[SubmitError] = SubmitError
+    if resp.status_code == 401:
+        kind = AuthRefused
+    elif resp.status_code >= 500:
+        kind = Unreachable
     try:
         body = resp.json()
-        return SubmitError(f"{resp.status_code} {body.get('type')}: {body.get('detail')}")
+        return kind(f"{resp.status_code} {body.get('type')}: {body.get('detail')}")
     except ValueError:
-        return SubmitError(f"{resp.status_code}: {resp.text[:200]}")
+        return kind(f"{resp.status_code}: {resp.text[:200]}")
+
+
+def unreachable(client: httpx.Client, exc: Exception) -> Unreachable:
+    return Unreachable(f"cannot reach the Strata API at {client.base_url}: {exc}")
 
 
 def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, recipe: str, priority: str,
@@ -94,27 +133,45 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
         return download_outputs(client, job, out_dir, console)
 
 
-class Unreachable(SubmitError):
-    """The API did not answer, or answered 5xx: worth trying again."""
-
-
-def connect(api: str, token: str) -> httpx.Client:
-    """An HTTP client for the API with the station's token."""
+def connect(api: str, token: str, transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    """An HTTP client for the API with the station's token (a refused or silent connection fails within 5 s)."""
     return httpx.Client(base_url=api, headers={"Authorization": f"Bearer {token}"},
-                        timeout=httpx.Timeout(60, read=600))
+                        timeout=httpx.Timeout(60, connect=5, read=600), transport=transport)
+
+
+def with_retry(fn: Callable[[], T], console: Console, retry_for: float | None = None) -> T:
+    """``fn()``, tried again with back-off (0.5 s doubling to 8 s) while the API is unreachable, for up to
+    ``retry_for`` seconds (default :data:`RETRY_FOR_S`); every failed try is reported on ``console``."""
+    deadline = time.monotonic() + (RETRY_FOR_S if retry_for is None else retry_for)
+    delay = 0.5
+    while True:
+        try:
+            return fn()
+        except Unreachable as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            wait = min(delay, left)
+            console.print(f"[yellow]{escape(str(exc))}; retrying in {wait:.1f} s[/yellow]")
+            time.sleep(wait)
+            delay = min(delay * 2, 8.0)
+
+
+def request(client: httpx.Client, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """One API call; its response, or a SubmitError with the API's error type and detail (:class:`Unreachable`
+    for no answer or a 5xx, :class:`AuthRefused` for a 401)."""
+    try:
+        resp = client.request(method, url, **kwargs)
+    except httpx.TransportError as exc:
+        raise unreachable(client, exc) from exc
+    if resp.status_code >= 400:
+        raise _error(resp)
+    return resp
 
 
 def call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
-    """One API call; its JSON body, or a SubmitError with the API's error type and detail."""
-    try:
-        resp = client.request(method, url, **kwargs)
-    except httpx.HTTPError as exc:
-        raise Unreachable(f"cannot reach {client.base_url}: {exc}") from exc
-    if resp.status_code >= 500:
-        raise Unreachable(str(_error(resp)))
-    if resp.status_code >= 400:
-        raise _error(resp)
-    return resp.json()
+    """One API call; its JSON body (errors as for :func:`request`)."""
+    return request(client, method, url, **kwargs).json()
 
 
 def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, console: Console) -> dict[str, Any]:
@@ -126,13 +183,16 @@ def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, cons
                   console=console) as rendering:
         bar = rendering.add_task(f"render: {job['stage']}", total=100, completed=100 * job["progress"])
         deadline = time.monotonic() + timeout
+        lost: Unreachable | None = None
         while job["status"] in ("queued", "running"):
             if time.monotonic() > deadline:
-                raise SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
+                raise lost or SubmitError(f"job {job['id']} still {job['status']} after {timeout:.0f}s")
             time.sleep(0.5)
             try:
                 job = call(client, "GET", f"/v1/jobs/{job['id']}")
+                lost = None
             except Unreachable as exc:
+                lost = exc
                 rendering.update(bar, description=f"render: waiting for the API ({exc})"[:70])
                 time.sleep(2.0)
                 continue

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,14 +16,17 @@ from rich.console import Console
 from services.config import get_settings
 from services.local_service import local_service, remember_local_service
 
-app = typer.Typer(help="Strata: asynchronous RAW render service.", no_args_is_help=True,
+app = typer.Typer(help="Strata: asynchronous RAW render service. Exit codes: 0 ok, 1 a job failed, 2 bad usage, "
+                  "3 service unreachable, 4 token refused.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 token_app = typer.Typer(help="Station tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download.", no_args_is_help=True)
+batch_app = typer.Typer(help="Overnight batches: create, status, report, list, cancel.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(batch_app, name="batch")
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]
@@ -259,30 +263,190 @@ def _synth_stack_scene(camera: str, out: Path, *, frames: int | None, noise: str
     return shot.files, shot.ground_truth
 
 
+class Camera(StrEnum):
+    IQ3_S = "IQ3_S"
+    IQ2_XS = "IQ2_XS"
+
+
+class Priority(StrEnum):
+    interactive = "interactive"
+    batch = "batch"
+
+
+CameraOpt = Annotated[Camera | None, typer.Option(help="Camera (default: detect from the files).",
+                                                  case_sensitive=False)]
+PriorityOpt = Annotated[Priority | None, typer.Option(help="Queue lane (default: interactive).")]
+RecipeOpt = Annotated[list[str] | None, typer.Option(
+    "--recipe", help="Output recipe, repeatable (checked against GET /v1/recipes; default: the service's).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON on stdout instead of a table.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"strata {version('strata')}")
+        except PackageNotFoundError:
+            print("strata (not installed)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    retry_for: Annotated[float, typer.Option("--retry-for", envvar="STRATA_RETRY_FOR", min=0,
+                                             help="Seconds to keep retrying an API that does not answer.")] = 30.0,
+) -> None:
+    """Strata: asynchronous RAW render service."""
+    import cli.client
+
+    cli.client.RETRY_FOR_S = retry_for
+
+
+def _exit_for(exc: Exception) -> typer.Exit:
+    """A clean exit with the error's code (1 failed, 2 usage, 3 unreachable, 4 token refused)."""
+    from rich.markup import escape
+
+    return _fail(escape(str(exc)), getattr(exc, "exit_code", 1))
+
+
+def _shots_or_exit(inputs: list[Path], stack: bool, stacks_by_name: bool) -> list[Any]:
+    from cli.discovery import MAX_STACK, plan_shots
+
+    if stack and stacks_by_name:
+        raise _fail("--stack and --stacks-by-name exclude each other", 2)
+    shots = plan_shots(inputs, stack=stack, stacks_by_name=stacks_by_name)
+    if not shots:
+        raise _fail(f"no RAW files in {', '.join(map(str, inputs))}", 2)
+    if stack and len(shots[0].files) > MAX_STACK:
+        raise _fail(f"a stack has at most {MAX_STACK} frames, not {len(shots[0].files)}", 2)
+    return shots
+
+
+def _print_results(results: list[Any], as_json: bool) -> None:
+    import json
+
+    if as_json:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+        return
+    for r in results:
+        for p in r.paths:
+            print(p)
+        if not r.paths:
+            job = r.job or {}
+            print(f"{r.shot.name}\t{job.get('id', '-')}\t{r.status}\t{r.error or job.get('error') or ''}")
+
+
+InputsArg = Annotated[list[Path], typer.Argument(help="RAW files and/or folders (searched recursively).",
+                                                 exists=True)]
+StackOpt = Annotated[bool, typer.Option("--stack", help="All the given files are the frames of one stack.")]
+ByNameOpt = Annotated[bool, typer.Option("--stacks-by-name", help="Group <base>_<NN>.<ext> / <base>-<NN>.<ext> "
+                                         "files of one folder with 2-16 consecutive numbers into stacks.")]
+
+
 @app.command()
 def submit(
-    files: Annotated[list[Path], typer.Argument(help="RAW file(s) of one shot.", exists=True, dir_okay=False)],
-    camera: Annotated[str | None, typer.Option(help="IQ3_S or IQ2_XS (default: detect).")] = None,
-    recipe: Annotated[str, typer.Option(help="Output recipe.")] = "tiff16",
-    priority: Annotated[str, typer.Option(help="interactive or batch.")] = "interactive",
-    wait: Annotated[bool, typer.Option(help="Wait for the job and download its outputs.")] = True,
-    out: Annotated[Path, typer.Option("--out", help="Where to save outputs.")] = Path("."),
+    inputs: InputsArg,
+    camera: CameraOpt = None,
+    recipe: RecipeOpt = None,
+    priority: PriorityOpt = None,
+    stack: StackOpt = False,
+    stacks_by_name: ByNameOpt = False,
+    wait: Annotated[bool, typer.Option(help="Wait for the jobs and download their outputs.")] = True,
+    out: Annotated[Path, typer.Option("--out", help="Where to save outputs (mirroring the folders given).")]
+    = Path("."),
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per shot on stdout.")] = False,
     api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
     token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
     data_dir: DataDir = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the job.")] = 3600,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = 3600,
 ) -> None:
-    """Upload a shot with a progress bar, wait for it, download the TIFF(s)."""
-    from cli.client import SubmitError, submit_shot
+    """Upload shots from files and folders (stacks: --stack, --stacks-by-name), wait, download the outputs."""
+    from cli.client import SubmitError, connect
+    from cli.station import ShotResult, check_recipes, download_results, exit_code, upload_shots, wait_for_shots
+
+    results = [ShotResult(s) for s in _shots_or_exit(inputs, stack, stacks_by_name)]
+    url, tok = _api_token(api, token, data_dir)
+    fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
+              "priority": priority.value if priority else None}
+    try:
+        with connect(url, tok) as client:
+            check_recipes(client, recipe or [], console)
+            upload_shots(client, results, fields, console)
+            if wait:
+                wait_for_shots(client, results, timeout, console)
+                download_results(client, results, out, console)
+    except SubmitError as exc:
+        if any(r.job for r in results):  # what was sent before the service went away, for scripts
+            _print_results(results, as_json)
+        raise _exit_for(exc) from exc
+    _print_results(results, as_json)
+    raise typer.Exit(exit_code(results))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _check_recipes_if_up(client: Any, recipes: list[str], once: bool) -> None:
+    """The recipe check; a hot folder that runs on does not wait for an API that is down to do it."""
+    from cli.client import Unreachable
+    from cli.station import check_recipes
+
+    try:
+        check_recipes(client, recipes, console, None if once else 0)
+    except Unreachable as exc:
+        if once:
+            raise
+        console.print(f"[yellow]{exc}: recipes not checked; files stay pending until it answers[/yellow]")
+
+
+@app.command()
+def watch(
+    folder: Annotated[Path, typer.Argument(help="The hot folder (searched recursively).", exists=True,
+                                           file_okay=False)],
+    out: Annotated[Path | None, typer.Option("--out", help="Where to save outputs (default: beside each file).")]
+    = None,
+    camera: CameraOpt = None,
+    recipe: RecipeOpt = None,
+    priority: PriorityOpt = None,
+    interval: Annotated[float, typer.Option(min=0.05, help="Seconds between polls.")] = 2.0,
+    settle: Annotated[float, typer.Option(min=0, help="A file is complete once its size and mtime stayed the "
+                                                      "same for this many seconds.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="One pass: send what is complete, wait for those jobs, "
+                                                      "save their outputs, exit.")] = False,
+    timeout: Annotated[float, typer.Option(help="--once: seconds to wait for the jobs.")] = 3600,
+    api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
+    token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Hot folder: send each new RAW file once completely written, save its outputs beside it or to --out."""
+    import signal
+
+    import cli.client
+    from cli.client import SubmitError, connect
+    from cli.watch import Watcher, watch_forever, watch_once
+
+    signal.signal(signal.SIGTERM, _interrupt)
 
     url, tok = _api_token(api, token, data_dir)
+    fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
+              "priority": priority.value if priority else None}
     try:
-        paths = submit_shot(url, tok, files, camera=camera, recipe=recipe,
-                            priority=priority, wait=wait, out_dir=out, timeout=timeout, console=console)
+        with connect(url, tok) as client:
+            _check_recipes_if_up(client, recipe or [], once)
+            watcher = Watcher(folder, client, console, fields=fields, out=out, settle=settle)
+            console.print(f"watching {folder} every {interval:g} s (settle {settle:g} s); state in "
+                          f"{watcher.state.path}")
+            if once:
+                raise typer.Exit(watch_once(watcher, timeout=timeout, retry_for=cli.client.RETRY_FOR_S))
+            watch_forever(watcher, interval)
     except SubmitError as exc:
-        raise _fail(str(exc)) from exc
-    for p in paths:
-        print(p)
+        raise _exit_for(exc) from exc
+    except KeyboardInterrupt:
+        console.print("stopped; state saved")
 
 
 def _api_token(api: str | None, token: str | None, data_dir: Path | None) -> tuple[str, str]:
@@ -327,27 +491,37 @@ def _duration(job: dict[str, Any]) -> str:
 def _api_call(api: str | None, token: str | None, data_dir: Path | None, method: str, path: str,
               **kwargs: Any) -> Any:
     """One call to the station's API (URL and token resolved as for `strata submit`); a clean exit on error."""
-    from cli.client import SubmitError, call, connect
+    from cli.client import SubmitError, call, connect, with_retry
 
     url, tok = _api_token(api, token, data_dir)
     try:
         with connect(url, tok) as client:
-            return call(client, method, path, **kwargs)
+            return with_retry(lambda: call(client, method, path, **kwargs), console)
     except SubmitError as exc:
-        raise _fail(str(exc)) from exc
+        raise _exit_for(exc) from exc
+
+
+def _print_json(body: Any) -> None:
+    import json
+
+    print(json.dumps(body, indent=2))
 
 
 @jobs_app.command("list")
 def jobs_list(
     status: Annotated[str | None, typer.Option(help="queued, running, done, failed or cancelled.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=200, help="How many, newest first.")] = 20,
+    as_json: JsonOpt = False,
     api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
 ) -> None:
     """This station's jobs, newest first."""
     from rich.table import Table
 
     params: dict[str, str | int] = {"limit": limit} | ({"status": status} if status else {})
-    jobs = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params)["jobs"]
+    body = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params)
+    if as_json:
+        return _print_json(body)
+    jobs = body["jobs"]
     table = Table("job", "status", "stage", "progress", "camera", "frames", "created (UTC)", "time", "output")
     for j in jobs:
         table.add_row(j["id"], j["status"], j["stage"], f"{j['progress']:.0%}", j["camera"], str(len(j["frames"])),
@@ -357,11 +531,14 @@ def jobs_list(
 
 
 @jobs_app.command("show")
-def jobs_show(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
+def jobs_show(job_id: str, as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+              data_dir: DataDir = None) -> None:
     """One job: status, frames, shards (worker, GPU, seconds), outputs, error."""
     from rich.table import Table
 
     j = _api_call(api, token, data_dir, "GET", f"/v1/jobs/{job_id}")
+    if as_json:
+        return _print_json(j)
     out = _stdout()
     out.print(f"job {j['id']}: {j['status']} ({j['stage']}, {j['progress']:.0%}), {j['camera']}, "
               f"recipe {j['recipe']}, priority {j['priority']}, time {_duration(j)}")
@@ -402,9 +579,154 @@ def jobs_download(
             job = wait_for_job(client, call(client, "GET", f"/v1/jobs/{job_id}"), timeout, console)
             paths = download_outputs(client, job, out, console)
     except SubmitError as exc:
-        raise _fail(str(exc)) from exc
+        raise _exit_for(exc) from exc
     for p in paths:
         print(p)
+
+
+def _when(value: str | None, option: str) -> str | None:
+    """An ISO 8601 time given to --not-before / --not-after, checked here so a typo is a usage error."""
+    import datetime as dt
+
+    if value is None:
+        return None
+    try:
+        dt.datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise _fail(f"{option}: not an ISO 8601 time: {value!r} (e.g. 2026-12-01T22:00 or 2026-12-01T22:00+01:00)",
+                    2) from exc
+    return value
+
+
+def _batch_body(name: str, recipe: list[str] | None, priority: Priority | None, not_before: str | None,
+                not_after: str | None, webhook: str | None, paths: list[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "recipes": recipe or [], "paths": paths or [],
+                            "priority": priority.value if priority else None,
+                            "not_before": _when(not_before, "--not-before"),
+                            "not_after": _when(not_after, "--not-after"), "webhook_url": webhook}
+    if webhook and not webhook.startswith(("http://", "https://")):
+        raise _fail(f"--webhook must be an http(s) URL, not {webhook!r}", 2)
+    return {k: v for k, v in body.items() if v not in (None, [])}
+
+
+@batch_app.command("create")
+def batch_create(
+    name: Annotated[str, typer.Argument(help="The batch's name.")],
+    inputs: Annotated[list[Path] | None, typer.Argument(help="RAW files and/or folders to upload into it.",
+                                                        exists=True)] = None,
+    recipe: RecipeOpt = None,
+    priority: PriorityOpt = None,
+    not_before: Annotated[str | None, typer.Option(help="Start no job before this time (ISO 8601).")] = None,
+    not_after: Annotated[str | None, typer.Option(help="Start no job after this time (ISO 8601).")] = None,
+    webhook: Annotated[str | None, typer.Option(help="http(s) URL notified when the batch ends.")] = None,
+    path: Annotated[list[str] | None, typer.Option("--path", help="A server-side path under the import root, "
+                                                   "repeatable.")] = None,
+    camera: CameraOpt = None, stack: StackOpt = False, stacks_by_name: ByNameOpt = False, as_json: JsonOpt = False,
+    api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
+) -> None:
+    """Create a batch (POST /v1/batches), then upload its shots into it one at a time."""
+    from cli.client import SubmitError, call, connect, with_retry
+    from cli.station import ShotResult, check_recipes, exit_code, upload_shots
+
+    shots = _shots_or_exit(inputs, stack, stacks_by_name) if inputs else []
+    results = [ShotResult(s) for s in shots]
+    if not shots and not path:
+        raise _fail("a batch needs shots: give files or folders, or --path", 2)
+    body = _batch_body(name, recipe, priority, not_before, not_after, webhook, path)
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            check_recipes(client, recipe or [], console)
+            batch = with_retry(lambda: call(client, "POST", "/v1/batches", json=body), console)
+            console.print(f"batch {batch['id']} created ({batch.get('status')})")
+            fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
+                      "priority": priority.value if priority else None}
+            upload_shots(client, results, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
+    except SubmitError as exc:
+        raise _exit_for(exc) from exc
+    if as_json:
+        _print_json({"batch": batch, "shots": [r.to_json() for r in results]})
+    else:
+        _stdout().print(f"batch {batch['id']}: {sum(r.job is not None for r in results)} of {len(results)} "
+                        f"shot(s) uploaded")
+    raise typer.Exit(exit_code(results))
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "-"
+
+
+@batch_app.command("status")
+def batch_status(batch_id: str, as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+                 data_dir: DataDir = None) -> None:
+    """One batch: status, counts of its jobs by status, ETA."""
+    b = _api_call(api, token, data_dir, "GET", f"/v1/batches/{batch_id}")
+    if as_json:
+        return _print_json(b)
+    out = _stdout()
+    out.print(f"batch {b['id']} {b.get('name', '')!r}: {b['status']}; {_counts(b.get('counts') or {})}; "
+              f"eta {b.get('eta') or '-'}")
+    for key in ("priority", "recipes", "not_before", "not_after"):
+        if b.get(key):
+            out.print(f"{key}: {b[key]}")
+
+
+@batch_app.command("list")
+def batch_list(as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+               data_dir: DataDir = None) -> None:
+    """This station's batches."""
+    from rich.table import Table
+
+    body = _api_call(api, token, data_dir, "GET", "/v1/batches")
+    if as_json:
+        return _print_json(body)
+    table = Table("batch", "name", "status", "jobs", "eta", "created (UTC)")
+    for b in body.get("batches", []):
+        table.add_row(b["id"], b.get("name", ""), b["status"], _counts(b.get("counts") or {}), str(b.get("eta") or "-"),
+                      str(b.get("created_at") or "")[:19].replace("T", " "))
+    _stdout().print(table)
+
+
+class ReportFormat(StrEnum):
+    json = "json"
+    csv = "csv"
+
+
+@batch_app.command("report")
+def batch_report(
+    batch_id: str,
+    fmt: Annotated[ReportFormat, typer.Option("--format", help="json or csv.")] = ReportFormat.json,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the report to this file (default stdout).")]
+    = None,
+    api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
+) -> None:
+    """Per-shot report of a batch (status, timings, outputs with sha256, error), as the API gives it."""
+    import json
+
+    from cli.client import SubmitError, connect, request, with_retry
+
+    url, tok = _api_token(api, token, data_dir)
+    params = {"format": "csv"} if fmt is ReportFormat.csv else {}
+    try:
+        with connect(url, tok) as client:
+            resp = with_retry(lambda: request(client, "GET", f"/v1/batches/{batch_id}/report", params=params),
+                              console)
+    except SubmitError as exc:
+        raise _exit_for(exc) from exc
+    data = resp.content if fmt is ReportFormat.csv else (json.dumps(resp.json(), indent=2) + "\n").encode()
+    if out is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        out.write_bytes(data)
+        console.print(f"report written to {out}")
+
+
+@batch_app.command("cancel")
+def batch_cancel(batch_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
+    """Cancel a batch: its jobs not yet ended are cancelled."""
+    b = _api_call(api, token, data_dir, "POST", f"/v1/batches/{batch_id}/cancel")
+    _stdout().print(f"batch {b['id']}: {b['status']}")
 
 
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}

@@ -1,0 +1,327 @@
+"""The `strata` commands against a fake API over real HTTP: exit codes, choice validation, --version, --json,
+the batch commands, and the hot folder's sending, remembering and collecting. (The real service: tests/e2e.)"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from cli.main import app
+from cli.watch import STATE_NAME, Watcher
+from tests.unit.fake_api import FakeApi, Seen, fake_api, job
+
+runner = CliRunner()
+TIFF = b"II*\x00" + b"t" * 100
+OUTPUT = {"name": "a.tif", "url": "/v1/jobs/j1/outputs/a.tif", "sha256": hashlib.sha256(TIFF).hexdigest(),
+          "bytes": len(TIFF)}
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApi]:
+    with fake_api() as fake:
+        yield fake
+
+
+def _auth(api: FakeApi) -> list[str]:
+    return ["--api", api.url, "--token", "tok"]
+
+
+def _raw(path: Path, data: bytes = b"II*\x00raw") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_version_prints_the_package_version_and_exits_0() -> None:
+    from importlib.metadata import version
+
+    done = runner.invoke(app, ["--version"])
+    assert done.exit_code == 0 and done.stdout.strip() == f"strata {version('strata')}"
+
+
+def test_static_choices_are_listed_in_help_and_refused_with_exit_2(tmp_path: Path) -> None:
+    f = _raw(tmp_path / "a.dng")
+    helped = runner.invoke(app, ["submit", "--help"], terminal_width=200)
+    assert helped.exit_code == 0 and "interactive|batch" in helped.output and "iq3_s|iq2_xs" in helped.output
+    bad = runner.invoke(app, ["submit", str(f), "--priority", "urgent", "--token", "t"])
+    assert bad.exit_code == 2 and "interactive" in bad.output and "batch" in bad.output
+    bad_camera = runner.invoke(app, ["submit", str(f), "--camera", "IQ4", "--token", "t"])
+    assert bad_camera.exit_code == 2 and "iq3_s" in bad_camera.output.lower()
+    empty = runner.invoke(app, ["submit", str(tmp_path / "nothing"), "--token", "t"])
+    assert empty.exit_code == 2
+
+
+def test_no_raw_file_in_the_folders_is_bad_usage(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    done = runner.invoke(app, ["submit", str(tmp_path), "--token", "t"])
+    assert done.exit_code == 2 and "no RAW files" in done.output
+
+
+def test_unreachable_api_says_so_retries_and_exits_3() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    start = time.monotonic()
+    done = runner.invoke(app, ["--retry-for", "1.5", "jobs", "list", "--api", url, "--token", "t"])
+    assert done.exit_code == 3, done.output
+    assert time.monotonic() - start < 10
+    assert done.output.count(f"cannot reach the Strata API at {url}") >= 2 and "retrying" in done.output
+
+
+def test_a_refused_token_exits_4(api: FakeApi) -> None:
+    api.route("GET", "/v1/jobs", (401, {"type": "unauthorized", "detail": "unknown token"}))
+    done = runner.invoke(app, ["jobs", "list", *_auth(api)])
+    assert done.exit_code == 4 and "unauthorized" in done.output
+
+
+def test_a_5xx_is_retried_like_an_outage(api: FakeApi) -> None:
+    answers = iter([(503, {"type": "unavailable", "detail": "restarting"}), (200, {"jobs": [], "next_cursor": None})])
+    api.route("GET", "/v1/jobs", lambda s: next(answers))
+    done = runner.invoke(app, ["jobs", "list", "--json", *_auth(api)])
+    assert done.exit_code == 0 and json.loads(done.stdout) == {"jobs": [], "next_cursor": None}
+
+
+def test_jobs_list_and_show_print_the_api_json(api: FakeApi) -> None:
+    one = job("j1", "done", outputs=[OUTPUT])
+    body = {"jobs": [one], "next_cursor": None}
+    api.route("GET", "/v1/jobs", (200, body))
+    api.route("GET", "/v1/jobs/j1", (200, one))
+    listed = runner.invoke(app, ["jobs", "list", "--json", "--status", "done", *_auth(api)])
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == body
+    assert api.calls("GET", "/v1/jobs")[0].query == "limit=20&status=done"
+    shown = runner.invoke(app, ["jobs", "show", "j1", "--json", *_auth(api)])
+    assert shown.exit_code == 0 and json.loads(shown.stdout) == one
+
+
+def _serve_jobs(api: FakeApi, final: dict[str, str]) -> None:
+    """POST /v1/jobs answers jobs j1, j2, ...; each GET answers its ``final`` status (done with an output)."""
+    count = iter(range(1, 100))
+
+    def post(seen: Seen) -> tuple[int, Any]:
+        return 202, job(f"j{next(count)}")
+
+    api.route("POST", "/v1/jobs", post)
+    for job_id, status in final.items():
+        out = [{**OUTPUT, "url": f"/v1/jobs/{job_id}/outputs/a.tif"}] if status == "done" else []
+        api.route("GET", f"/v1/jobs/{job_id}", (200, job(job_id, status, outputs=out,
+                                                             error="boom" if status == "failed" else None)))
+        api.route("GET", f"/v1/jobs/{job_id}/outputs/a.tif", (200, TIFF))
+
+
+def test_submit_a_folder_json_one_object_per_shot_and_outputs_mirror_the_folders(api: FakeApi, tmp_path: Path
+                                                                                ) -> None:
+    _raw(tmp_path / "in" / "x" / "a.dng")
+    _raw(tmp_path / "in" / "y" / "a.dng")
+    _serve_jobs(api, {"j1": "done", "j2": "done"})
+    done = runner.invoke(app, ["submit", str(tmp_path / "in"), "--json", "--out", str(tmp_path / "out"),
+                               "--priority", "batch", *_auth(api)])
+    assert done.exit_code == 0, done.output
+    shots = json.loads(done.stdout)
+    assert [(s["job"], s["status"]) for s in shots] == [("j1", "done"), ("j2", "done")]
+    assert shots[0]["paths"] == [str(tmp_path / "out" / "x" / "a.tif")]
+    assert (tmp_path / "out" / "y" / "a.tif").read_bytes() == TIFF
+    posted = api.calls("POST", "/v1/jobs")[0].body
+    assert b'name="priority"\r\n\r\nbatch' in posted and b'name="recipe"' not in posted
+    assert hashlib.sha256(b"II*\x00raw").hexdigest().encode() in posted
+
+
+def test_submit_exits_1_when_a_job_fails_and_reports_it(api: FakeApi, tmp_path: Path) -> None:
+    _raw(tmp_path / "a.dng")
+    _raw(tmp_path / "b.dng")
+    _serve_jobs(api, {"j1": "done", "j2": "failed"})
+    done = runner.invoke(app, ["submit", str(tmp_path), "--json", "--out", str(tmp_path / "out"), *_auth(api)])
+    assert done.exit_code == 1
+    shots = json.loads(done.stdout)
+    assert [s["status"] for s in shots] == ["done", "failed"] and shots[1]["error"] == "boom"
+
+
+def test_submit_no_wait_prints_queued_jobs(api: FakeApi, tmp_path: Path) -> None:
+    _raw(tmp_path / "a.dng")
+    _serve_jobs(api, {})
+    done = runner.invoke(app, ["submit", str(tmp_path), "--no-wait", "--json", *_auth(api)])
+    assert done.exit_code == 0 and json.loads(done.stdout)[0]["status"] == "queued"
+
+
+def test_recipes_are_checked_against_the_service_when_it_lists_them(api: FakeApi, tmp_path: Path) -> None:
+    f = _raw(tmp_path / "a.dng")
+    _serve_jobs(api, {})
+    unlisted = runner.invoke(app, ["submit", str(f), "--recipe", "tiff16", "--recipe", "jpeg-proof", "--no-wait",
+                                   *_auth(api)])  # no GET /v1/recipes (404): no check, both sent
+    assert unlisted.exit_code == 0, unlisted.output
+    assert api.calls("POST", "/v1/jobs")[0].body.count(b'name="recipe"') == 2
+    api.route("GET", "/v1/recipes", (200, {"recipes": [{"name": "tiff16"}, {"name": "jpeg-proof"}]}))
+    bad = runner.invoke(app, ["submit", str(f), "--recipe", "tiff8", "--no-wait", *_auth(api)])
+    assert bad.exit_code == 2 and "unknown recipe tiff8" in bad.output and "tiff16, jpeg-proof" in bad.output
+    assert len(api.calls("POST", "/v1/jobs")) == 1
+
+
+def test_batch_create_posts_the_batch_then_uploads_each_shot(api: FakeApi, tmp_path: Path) -> None:
+    for i in range(3):
+        _raw(tmp_path / f"s_{i:02d}.dng")
+    api.route("POST", "/v1/batches", (201, {"id": "b1", "status": "waiting", "counts": {}}))
+    api.route("POST", "/v1/batches/b1/shots", lambda s: (202, job(f"j{len(api.seen)}")))
+    done = runner.invoke(app, ["batch", "create", "night", str(tmp_path), "--recipe", "tiff16", "--priority",
+                               "batch", "--not-before", "2026-12-01T22:00+01:00", "--webhook",
+                               "https://dam.example/hook", "--json", *_auth(api)])
+    assert done.exit_code == 0, done.output
+    assert api.calls("POST", "/v1/batches")[0].json() == {
+        "name": "night", "recipes": ["tiff16"], "priority": "batch", "not_before": "2026-12-01T22:00+01:00",
+        "webhook_url": "https://dam.example/hook"}
+    assert len(api.calls("POST", "/v1/batches/b1/shots")) == 3
+    body = json.loads(done.stdout)
+    assert body["batch"]["id"] == "b1" and [s["status"] for s in body["shots"]] == ["queued"] * 3
+
+
+def test_batch_create_refuses_bad_times_and_webhooks_before_calling(api: FakeApi, tmp_path: Path) -> None:
+    f = _raw(tmp_path / "a.dng")
+    late = runner.invoke(app, ["batch", "create", "n", str(f), "--not-after", "tonight", *_auth(api)])
+    assert late.exit_code == 2 and "ISO 8601" in late.output
+    hook = runner.invoke(app, ["batch", "create", "n", str(f), "--webhook", "ftp://x", *_auth(api)])
+    assert hook.exit_code == 2 and "http(s)" in hook.output
+    empty = runner.invoke(app, ["batch", "create", "n", *_auth(api)])
+    assert empty.exit_code == 2 and api.seen == []
+
+
+def test_batch_status_list_report_cancel(api: FakeApi, tmp_path: Path) -> None:
+    batch = {"id": "b1", "name": "night", "status": "running", "counts": {"done": 3, "queued": 2}, "eta": "07:00"}
+    api.route("GET", "/v1/batches/b1", (200, batch))
+    api.route("GET", "/v1/batches", (200, {"batches": [batch]}))
+    report = {"batch": batch, "shots": [{"job": "j1", "status": "done", "outputs": [], "error": None}]}
+    api.route("GET", "/v1/batches/b1/report",
+              lambda s: (200, "job,status\r\nj1,done\r\n") if s.query == "format=csv" else (200, report))
+    api.route("POST", "/v1/batches/b1/cancel", (200, {**batch, "status": "cancelled"}))
+    status = runner.invoke(app, ["batch", "status", "b1", *_auth(api)], terminal_width=200)
+    assert status.exit_code == 0 and "done 3, queued 2" in status.stdout and "07:00" in status.stdout
+    assert json.loads(runner.invoke(app, ["batch", "status", "b1", "--json", *_auth(api)]).stdout) == batch
+    listed = runner.invoke(app, ["batch", "list", "--json", *_auth(api)])
+    assert json.loads(listed.stdout) == {"batches": [batch]}
+    table = runner.invoke(app, ["batch", "list", *_auth(api)], terminal_width=200)
+    assert "night" in table.stdout and "running" in table.stdout
+    assert json.loads(runner.invoke(app, ["batch", "report", "b1", *_auth(api)]).stdout) == report
+    csv_out = tmp_path / "r.csv"
+    got = runner.invoke(app, ["batch", "report", "b1", "--format", "csv", "--out", str(csv_out), *_auth(api)])
+    assert got.exit_code == 0 and csv_out.read_bytes() == b"job,status\r\nj1,done\r\n"
+    cancelled = runner.invoke(app, ["batch", "cancel", "b1", *_auth(api)])
+    assert cancelled.exit_code == 0 and "cancelled" in cancelled.stdout
+    missing = runner.invoke(app, ["batch", "status", "nope", *_auth(api)])
+    assert missing.exit_code == 1 and "404" in missing.output
+
+
+def _watcher(api: FakeApi, root: Path, clock: list[float], **kwargs: Any) -> Watcher:
+    client = httpx.Client(base_url=api.url, headers={"Authorization": "Bearer tok"})
+    return Watcher(root, client, Console(file=io.StringIO()), fields={"camera": None, "recipes": [],
+                                                                      "priority": None},
+                   settle=2.0, clock=lambda: clock[0], **kwargs)
+
+
+def _settle(watcher: Watcher, clock: list[float]) -> int:
+    watcher.poll()
+    clock[0] += 2.5
+    return watcher.poll()
+
+
+def test_watch_sends_a_file_once_and_a_restart_resends_nothing(api: FakeApi, tmp_path: Path) -> None:
+    _serve_jobs(api, {"j1": "done", "j2": "running"})
+    a = _raw(tmp_path / "a.dng")
+    clock = [1000.0]
+    w = _watcher(api, tmp_path, clock)
+    assert w.poll() == 0 and api.calls("POST", "/v1/jobs") == []  # seen once: not yet known complete
+    clock[0] += 2.5
+    assert w.poll() == 1 and _settle(w, clock) == 0  # sent once, not again
+    w.collect()
+    assert (tmp_path / "a.tif").read_bytes() == TIFF  # beside the file
+    entry = json.loads((tmp_path / STATE_NAME).read_text())["files"]["a.dng"]
+    assert entry["job"] == "j1" and entry["status"] == "done" and entry["saved"] == [str(tmp_path / "a.tif")]
+    assert entry["sha256"] == hashlib.sha256(a.read_bytes()).hexdigest() and entry["size"] == a.stat().st_size
+    restarted = _watcher(api, tmp_path, clock)
+    os.utime(a, (a.stat().st_atime, a.stat().st_mtime + 5))  # touched, same bytes: not a new shot
+    _raw(tmp_path / "b.dng", b"II*\x00other")
+    assert _settle(restarted, clock) == 1 and len(api.calls("POST", "/v1/jobs")) == 2
+    assert restarted.pending() == ["b.dng"]
+
+
+def test_watch_resends_a_changed_file_and_skips_partial_copies(api: FakeApi, tmp_path: Path) -> None:
+    _serve_jobs(api, {"j1": "done", "j2": "done"})
+    a = _raw(tmp_path / "a.dng")
+    _raw(tmp_path / "b.dng.part")
+    _raw(tmp_path / ".c.dng")
+    clock = [1000.0]
+    w = _watcher(api, tmp_path, clock)
+    assert _settle(w, clock) == 1
+    a.write_bytes(b"II*\x00new content")
+    assert _settle(_watcher(api, tmp_path, clock), clock) == 1
+    assert json.loads((tmp_path / STATE_NAME).read_text())["files"]["a.dng"]["job"] == "j2"
+    assert len(api.calls("POST", "/v1/jobs")) == 2
+
+
+def test_watch_keeps_files_pending_while_the_api_is_down_and_collects_later(api: FakeApi, tmp_path: Path) -> None:
+    from cli.client import Unreachable
+
+    _raw(tmp_path / "a.dng")
+    clock = [1000.0]
+    api.route("POST", "/v1/jobs", (503, {"type": "unavailable", "detail": "restarting"}))
+    w = _watcher(api, tmp_path, clock, out=tmp_path / "out")
+    w.poll()
+    clock[0] += 2.5
+    with pytest.raises(Unreachable):
+        w.poll()
+    assert not (tmp_path / STATE_NAME).exists()  # nothing recorded as sent
+    _serve_jobs(api, {"j1": "done"})
+    clock[0] += 2.5
+    assert w.poll() == 1
+    w.collect()
+    assert (tmp_path / "out" / "a.tif").read_bytes() == TIFF
+
+
+def test_watch_records_a_refused_file_and_does_not_retry_it(api: FakeApi, tmp_path: Path) -> None:
+    _raw(tmp_path / "a.dng")
+    clock = [1000.0]
+    api.route("POST", "/v1/jobs", (422, {"type": "not_a_raw_file", "detail": "frame 0 is not RAW"}))
+    w = _watcher(api, tmp_path, clock)
+    assert _settle(w, clock) == 0
+    clock[0] += 5
+    w.poll()
+    assert len(api.calls("POST", "/v1/jobs")) == 1
+    entry = json.loads((tmp_path / STATE_NAME).read_text())["files"]["a.dng"]
+    assert entry["status"] == "refused" and "not_a_raw_file" in entry["error"]
+
+
+def test_watch_once_exits_3_when_the_api_never_answers(tmp_path: Path) -> None:
+    _raw(tmp_path / "a.dng")
+    url = f"http://127.0.0.1:{_closed_port()}"
+    done = runner.invoke(app, ["--retry-for", "1", "watch", str(tmp_path), "--once", "--settle", "0.1",
+                               "--api", url, "--token", "t"])
+    assert done.exit_code == 3 and "cannot reach the Strata API" in done.output and "retrying" in done.output
+    assert not (tmp_path / STATE_NAME).exists()
+
+
+def test_watch_refuses_a_corrupt_state_file_rather_than_resending_everything(api: FakeApi, tmp_path: Path) -> None:
+    (tmp_path / STATE_NAME).write_text("{not json")
+    done = runner.invoke(app, ["watch", str(tmp_path), "--once", *_auth(api)])
+    assert done.exit_code == 2 and "not a watch state file" in done.output and api.calls("POST", "/v1/jobs") == []
+
+
+def test_submit_prints_what_was_sent_when_the_service_goes_away_midway(api: FakeApi, tmp_path: Path) -> None:
+    _raw(tmp_path / "a.dng")
+    _raw(tmp_path / "b.dng")
+    answers = iter([(202, job("j1"))])
+    api.route("POST", "/v1/jobs", lambda s: next(answers, (503, {"type": "unavailable", "detail": "down"})))
+    done = runner.invoke(app, ["--retry-for", "1", "submit", str(tmp_path), "--no-wait", "--json", *_auth(api)])
+    assert done.exit_code == 3
+    assert [(s["job"], s["status"]) for s in json.loads(done.stdout)] == [("j1", "queued"), (None, "not_sent")]
