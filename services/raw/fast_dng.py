@@ -11,6 +11,7 @@ visible area is the DNG ActiveArea, as LibRaw crops it; tests/unit/test_raw_fast
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ import numpy as np
 import tifffile
 
 from services.raw.colour import CameraProfile
-from services.raw.dng import PHOTOMETRIC_CFA, TAG_DNG_VERSION, read_dng_tags
-from services.raw.meta import CFA_PATTERNS, NoiseProfile, RawMeta
+from services.raw.dng import PHOTOMETRIC_CFA, TAG_DNG_VERSION, read_capture_info, read_dng_tags
+from services.raw.meta import CFA_PATTERNS, CaptureInfo, NoiseProfile, RawMeta
 
 TAG_CFA_REPEAT_PATTERN_DIM = 33421
 TAG_CFA_PATTERN = 33422
@@ -91,7 +92,7 @@ def _matrix9(values: list[float] | None) -> tuple[tuple[float, float, float], ..
 
 
 def _meta(tags: dict[str, Any], cfa: str, blacks: tuple[float, float, float, float], height: int,
-          width: int) -> RawMeta | None:
+          width: int, capture: CaptureInfo) -> RawMeta | None:
     """RawMeta from the DNG's tags, as the LibRaw child would report it; None if a tag the render needs (or
     that the child would take from LibRaw instead) is missing."""
     cm = _matrix9(tags["color_matrix"])
@@ -116,7 +117,15 @@ def _meta(tags: dict[str, Any], cfa: str, blacks: tuple[float, float, float, flo
         noise_profile=None if noise is None or len(noise) < 2 else NoiseProfile(shot=noise[0], read=noise[1]),
         as_shot_white_xy=None if white_xy is None or len(white_xy) < 2 else (white_xy[0], white_xy[1]),
         baseline_exposure=float(tags["baseline_exposure"]),
+        capture=capture,
     )
+
+
+def _capture(path: Path, tags: dict[str, Any]) -> CaptureInfo:
+    """The capture tags of the file (the LibRaw child also fills fields a file lacks from maker notes LibRaw
+    reads; a capture back's DNG states them as tags)."""
+    info = read_capture_info(path) or CaptureInfo()
+    return replace(info, make=info.make or tags["make"], model=info.model or tags["model"])
 
 
 def decode_fast(path: Path, out_npy: Path) -> RawMeta | None:
@@ -144,8 +153,8 @@ def decode_fast(path: Path, out_npy: Path) -> RawMeta | None:
         return None
     tags = read_dng_tags(path)
     blacks = None if tags is None or cfa is None else _site_blacks(tags, top, left)
-    meta = None if tags is None or cfa is None or blacks is None else _meta(tags, cfa, blacks, bottom - top,
-                                                                           right - left)
+    meta = None if tags is None or cfa is None or blacks is None else _meta(
+        tags, cfa, blacks, bottom - top, right - left, _capture(path, tags))
     if meta is None:
         return None
     raw = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(rows, cols))
