@@ -89,7 +89,7 @@ def write_tiff(
         data, shape = _tiles(rgb, height, width), (height, width, 3)
     icc = icc_profile(colour_space)
     with ThreadPoolExecutor(1) as pool:
-        with storage.writer(key) as f:
+        with storage.file_writer(key) as f:  # tifffile seeks back; hashed from a map of the file
             tifffile.imwrite(
                 f,
                 data,

@@ -88,7 +88,8 @@ def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedF
     files = []
     for u in uploads:
         try:
-            probe = probe_raw(storage.local_path(u.storage_key))
+            with storage.open(u.storage_key) as f:  # ranged reads of the TIFF structure on object storage
+                probe = probe_raw(f)
         except BadRawFile as exc:
             raise BadRawFile(f"{u.name}: {exc.reason}") from exc
         files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip()))
