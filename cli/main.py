@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from cli.storage import storage_app
 from services.config import get_settings
 from services.local_service import local_service, remember_local_service
 
@@ -23,6 +24,7 @@ jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download."
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(storage_app, name="storage")
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]

@@ -99,9 +99,11 @@ def _warm_up_stacks(device: str) -> None:
     render_stack_strip([group], 0, 64, params, device, pixel_shift=False)
 
 
-def start(name: str, reconcile: Callable[[], object] | None = None) -> None:
+def start(name: str, reconcile: Callable[[], object] | None = None,
+          retention: Callable[[], object] | None = None) -> None:
     """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat; a coordinator
-    also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S."""
+    also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S and ``retention`` every
+    STRATA_RETENTION_INTERVAL_S."""
     global _ctx, _heartbeat
     settings = get_settings()
     kind = settings.worker_kind
@@ -122,17 +124,20 @@ def start(name: str, reconcile: Callable[[], object] | None = None) -> None:
         from services.raw.decode import prestart
 
         prestart(settings.decode_workers or min(8, os.cpu_count() or 1), settings.decode_memory_mb)
-    if kind == "coordinator" and reconcile is not None and settings.reconcile_interval_s > 0:
-        threading.Thread(target=_reconcile_loop, args=(reconcile, settings.reconcile_interval_s),
-                         name="strata-reconcile", daemon=True).start()
+    if kind == "coordinator":
+        for what, task, interval in (("reconcile", reconcile, settings.reconcile_interval_s),
+                                     ("retention", retention, settings.retention_interval_s)):
+            if task is not None and interval > 0:
+                threading.Thread(target=_periodic, args=(what, task, interval), name=f"strata-{what}",
+                                 daemon=True).start()
 
 
-def _reconcile_loop(reconcile: Callable[[], object], interval: float) -> None:
+def _periodic(what: str, task: Callable[[], object], interval: float) -> None:
     while not _stopping.wait(interval):
         try:
-            reconcile()
+            task()
         except Exception:  # noqa: BLE001 - the next pass tries again
-            log.exception("reconcile pass failed")
+            log.exception("%s pass failed", what)
 
 
 def stop() -> None:

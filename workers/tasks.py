@@ -19,6 +19,7 @@ from services.db.session import reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
 from services.jobs.reconcile import reconcile
+from services.jobs.retention import PruneReport, retention_pass
 from services.jobs.tickets import Repairs, ShardTicket
 from services.storage import get_storage
 from workers import runtime
@@ -27,6 +28,7 @@ from workers.registry import live_workers, queue_depths, redis_client
 
 log = logging.getLogger(__name__)
 RECONCILE_LOCK = "strata:reconcile-lock"
+RETENTION_LOCK = "strata:retention-lock"
 
 
 def dispatch_shards(tickets: list[ShardTicket]) -> None:
@@ -162,6 +164,25 @@ def reconcile_once() -> Repairs | None:
             lock.release()
 
 
+def retention_once() -> PruneReport | None:
+    """One retention pass (one coordinator at a time, through a Redis lock): left-behind intermediates, then
+    uploads and outputs older than STRATA_RETENTION_DAYS."""
+    settings = get_settings()
+    lock = redis_client(broker_url(settings)).lock(RETENTION_LOCK, timeout=600, blocking=False)
+    if not lock.acquire(token=runtime.context().name.encode() + b"-" + uuid.uuid4().hex.encode()):
+        return None
+    try:
+        with session_scope() as session:
+            report = retention_pass(session, get_storage(), settings.retention_days)
+        if report.jobs or report.intermediates_swept:
+            log.info("retention: pruned %d job(s), %d bytes; swept intermediates of %d", len(report.jobs),
+                     report.bytes, len(report.intermediates_swept))
+        return report
+    finally:
+        with contextlib.suppress(LockError):
+            lock.release()
+
+
 @worker_process_init.connect
 def _fresh_engine(**_: object) -> None:
     reset_engine()  # never share database connections across a fork
@@ -169,7 +190,7 @@ def _fresh_engine(**_: object) -> None:
 
 @worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
-    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once)
+    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, retention=retention_once)
 
 
 @worker_shutdown.connect

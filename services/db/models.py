@@ -55,6 +55,8 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    # When retention removed its uploads and outputs (services/jobs/retention.py); None while they are kept.
+    pruned_at: Mapped[dt.datetime | None] = mapped_column(default=None)
 
     frames: Mapped[list[Frame]] = relationship(
         back_populates="job", order_by="Frame.index", cascade="all, delete-orphan"
@@ -112,4 +114,5 @@ class Output(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger)
     media_type: Mapped[str] = mapped_column(String(100), default="image/tiff")
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(default=None)  # pruned by retention: 410 Gone
     job: Mapped[Job] = relationship(back_populates="outputs")

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
 from services.db.session import execute_update
-from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, NotFound
+from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Gone, NotFound
 from services.export.recipes import get_recipe
 from services.jobs.cameras import resolve_camera
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, parse_enum
@@ -206,5 +206,8 @@ def cancel_job(session: Session, storage: Storage, station: Station, job_id: str
 def output_of(job: Job, name: str) -> Output:
     for out in job.outputs:
         if out.name == name:
+            if out.deleted_at is not None:
+                raise Gone(f"output {name!r} of job {job.id} was removed by retention on "
+                           f"{as_utc(out.deleted_at).isoformat(timespec='seconds')}")
             return out
     raise NotFound(f"job {job.id} has no output {name!r}")
