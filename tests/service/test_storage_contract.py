@@ -125,6 +125,10 @@ def test_path_writer_publishes_the_file(storage: Storage) -> None:
         np.save(tmp, np.ones((4, 4), np.uint16))
         assert not storage.exists("jobs/f/raw/00.npy")
     assert storage.load_array("jobs/f/raw/00.npy").sum() == 16
+    big = np.arange(PART // 2 + 1000, dtype=np.uint32)  # over one part: boto3's multipart transfer on S3
+    with storage.path_writer("jobs/f/raw/01.npy") as tmp:
+        np.save(tmp, big)
+    assert np.array_equal(storage.load_array("jobs/f/raw/01.npy"), big)
 
 
 def test_delete_prefix_and_listing(storage: Storage) -> None:
