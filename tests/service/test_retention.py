@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,22 @@ def _jobs(storage: Storage) -> dict[str, str]:
     return ids
 
 
-def test_retention_pass_sweeps_and_prunes(db: str) -> None:
+@pytest.fixture(params=["local", "s3"])
+def backend(request: pytest.FixtureRequest, db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The configured storage: local files, or a bucket on the moto server."""
+    from services.config import get_settings
+
+    if request.param == "s3":
+        request.getfixturevalue("s3_server")
+        monkeypatch.setenv("STRATA_STORAGE_URL", f"s3://retention-{uuid.uuid4().hex[:8]}/studio")
+    get_settings.cache_clear()
+    get_storage.cache_clear()
+    yield request.param
+    get_settings.cache_clear()
+    get_storage.cache_clear()
+
+
+def test_retention_pass_sweeps_and_prunes(backend: str) -> None:
     storage = get_storage()
     ids = _jobs(storage)
     assert retention.usage(storage) == {"uploads": 20, "intermediates": 12, "outputs": 12, "other": 0, "scratch": 0}
@@ -83,7 +99,7 @@ def test_retention_pass_sweeps_and_prunes(db: str) -> None:
         assert retention.retention_pass(session, storage, retention_days=0).jobs == []  # 0 = keep forever
 
 
-def test_storage_cli_usage_and_prune(db: str, tmp_path: Path) -> None:
+def test_storage_cli_usage_and_prune(backend: str, tmp_path: Path) -> None:
     from cli.main import app
 
     ids = _jobs(get_storage())
