@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from cli.storage import storage_app
 from services.config import get_settings
 from services.local_service import local_service, remember_local_service
 
@@ -27,6 +28,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(batch_app, name="batch")
+app.add_typer(storage_app, name="storage")
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]

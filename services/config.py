@@ -18,6 +18,24 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
     redis_url: str | None = Field(default=None, description="Broker URL; unset = `strata serve` starts one.")
     storage_dir: Path | None = Field(default=None, description="Local storage root; default data_dir/storage.")
+    storage_url: str | None = Field(
+        default=None,
+        description="s3://bucket/prefix = S3-compatible object storage (endpoint, region and credentials from "
+        "boto3's AWS_* variables and ~/.aws); file:///path or unset = local files (storage_dir).",
+    )
+    scratch_dir: Path | None = Field(default=None, description="Object storage's local scratch cache; default "
+                                     "data_dir/scratch.")
+    scratch_mb: int = Field(default=20480, description="Scratch cache size cap in MiB (LRU eviction).")
+    s3_part_mb: int = Field(default=16, description="Multipart upload part size in MiB.")
+    s3_downloads: str = Field(default="stream", description="Output downloads with S3: stream | redirect (307 to "
+                              "a pre-signed URL).")
+    s3_presign_s: int = Field(default=900, description="Lifetime of a pre-signed download URL.")
+    node_name: str | None = Field(default=None, description="This host's name in worker names; default hostname.")
+
+    # Retention
+    retention_days: float = Field(default=30, description="Uploads and outputs kept this long after their job "
+                                  "ended; 0 = forever.")
+    retention_interval_s: float = Field(default=3600, description="Coordinator's retention pass; 0 = off.")
 
     # Uploads
     max_upload_mb: int = Field(default=2048, description="Per-file upload limit in MiB.")
@@ -105,6 +123,16 @@ class Settings(BaseSettings):
     @property
     def resolved_storage_dir(self) -> Path:
         return (self.storage_dir or self.data_dir / "storage").resolve()
+
+    @property
+    def resolved_scratch_dir(self) -> Path:
+        return (self.scratch_dir or self.data_dir / "scratch").resolve()
+
+    @property
+    def host_name(self) -> str:
+        import socket
+
+        return self.node_name or socket.gethostname()
 
     @property
     def max_upload_bytes(self) -> int:

@@ -47,6 +47,13 @@ class NotFound(StrataError):
     type = "not_found"
 
 
+class Gone(StrataError):
+    """The resource existed but retention removed it (STRATA_RETENTION_DAYS)."""
+
+    status_code = 410
+    type = "gone"
+
+
 class Conflict(StrataError):
     status_code = 409
     type = "conflict"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,49 @@ def psnr(a, b) -> float:  # type: ignore[no-untyped-def]
 
     mse = float(np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2))
     return 10 * float(np.log10(1.0 / max(mse, 1e-20)))
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A real S3 HTTP endpoint on loopback (moto in server mode, a child process) and the AWS_* variables that
+    point boto3 at it with dummy credentials."""
+
+    endpoint: str
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from workers.launcher import free_port
+
+    port = free_port()
+    moto = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(endpoint + "/moto-api/", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield S3Server(endpoint, env)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

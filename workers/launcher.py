@@ -49,7 +49,7 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
     """The processes to run: a coordinator and one GPU-queue worker per GPU (CPU workers without GPUs)."""
     from workers.runtime import SHARED_GPU_QUEUE, own_queue
 
-    host = socket.gethostname()
+    host = settings.host_name  # STRATA_NODE_NAME, else the hostname
     specs: list[ProcSpec] = []
     if coordinator:
         name = f"coordinator@{host}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
 import threading
 from dataclasses import asdict, dataclass, fields
 
@@ -76,7 +75,10 @@ class Heartbeat:
 
 
 def this_host() -> str:
-    return socket.gethostname()
+    """This host's name: STRATA_NODE_NAME, else the hostname."""
+    from services.config import get_settings
+
+    return get_settings().host_name
 
 
 def queue_depths(client: redis.Redis, queues: list[str]) -> dict[str, int]:

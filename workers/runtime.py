@@ -99,10 +99,11 @@ def _warm_up_stacks(device: str) -> None:
     render_stack_strip([group], 0, 64, params, device, pixel_shift=False)
 
 
-def start(name: str, reconcile: Callable[[], object] | None = None, admit: Callable[[], object] | None = None
-          ) -> None:
+def start(name: str, reconcile: Callable[[], object] | None = None, admit: Callable[[], object] | None = None,
+          retention: Callable[[], object] | None = None) -> None:
     """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat; a coordinator
-    also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S and ``admit`` every STRATA_ADMISSION_INTERVAL_S."""
+    also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S, ``admit`` every STRATA_ADMISSION_INTERVAL_S and
+    ``retention`` every STRATA_RETENTION_INTERVAL_S."""
     global _ctx, _heartbeat
     settings = get_settings()
     kind = settings.worker_kind
@@ -125,7 +126,8 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
         prestart(settings.decode_workers or min(8, os.cpu_count() or 1), settings.decode_memory_mb)
     if kind == "coordinator":
         for what, fn, interval in (("reconcile", reconcile, settings.reconcile_interval_s),
-                                   ("admission", admit, settings.admission_interval_s)):
+                                   ("admission", admit, settings.admission_interval_s),
+                                   ("retention", retention, settings.retention_interval_s)):
             if fn is not None and interval > 0:
                 threading.Thread(target=_periodic, args=(what, fn, interval), name=f"strata-{what}",
                                  daemon=True).start()

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
 import redis
@@ -23,6 +24,7 @@ from services.db.session import reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
 from services.jobs.reconcile import reconcile
+from services.jobs.retention import PruneReport, retention_pass
 from services.jobs.tickets import Repairs, ShardTicket
 from services.storage import get_storage
 from workers import runtime
@@ -30,8 +32,10 @@ from workers.app import COORDINATOR_QUEUE, PRIORITIES, broker_url, celery_app
 from workers.registry import live_workers, queue_depths, redis_client
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 RECONCILE_LOCK = "strata:reconcile-lock"
 ADMISSION_LOCK = "strata:admission-lock"
+RETENTION_LOCK = "strata:retention-lock"
 
 
 def dispatch_shards(tickets: list[ShardTicket]) -> None:
@@ -144,16 +148,12 @@ def advance(job_id: str) -> None:
 
 
 def reconcile_once() -> Repairs | None:
-    """One reconciliation pass (one coordinator at a time, through a Redis lock): re-dispatch lost work."""
-    settings = get_settings()
-    client = redis_client(broker_url(settings))
-    lock = client.lock(RECONCILE_LOCK, timeout=30, blocking=False)
-    if not lock.acquire(token=runtime.context().name.encode() + b"-" + uuid.uuid4().hex.encode()):
-        return None
-    try:
+    """One reconciliation pass (one coordinator at a time): re-dispatch lost work."""
+
+    def work(client: redis.Redis) -> Repairs:
         alive = {w.name for w in live_workers(client, "gpu")}
         backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
-        stale_after_s = max(settings.visibility_timeout_s, 30)
+        stale_after_s = max(get_settings().visibility_timeout_s, 30)
         with session_scope() as session:
             repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog, stale_after_s=stale_after_s)
             unsent = unsent_notifications(session, stale_after_s)
@@ -170,9 +170,8 @@ def reconcile_once() -> Repairs | None:
             log.warning("reconcile: re-sending the lost webhook of batch %s", batch_id)
             notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)
         return repairs
-    finally:
-        with contextlib.suppress(LockError):  # expired and perhaps taken by another coordinator: not ours to free
-            lock.release()
+
+    return _exclusive(RECONCILE_LOCK, 30, work)
 
 
 def batch_capacity(client: redis.Redis) -> int:
@@ -182,14 +181,24 @@ def batch_capacity(client: redis.Redis) -> int:
     return settings.batch_in_flight or len(live_workers(client, "gpu")) + 1
 
 
-def admit_once() -> Admission | None:
-    """One admission pass (one coordinator at a time, through a Redis lock): send the ingests of the batch-lane
-    jobs admitted now, notify the webhooks of batches that ended."""
+def _exclusive(lock_name: str, timeout: int, work: Callable[[redis.Redis], T]) -> T | None:
+    """Run ``work`` while holding a redis-py Lock (one coordinator at a time); None when another holds it."""
     client = redis_client(broker_url(get_settings()))
-    lock = client.lock(ADMISSION_LOCK, timeout=30, blocking=False)
+    lock = client.lock(lock_name, timeout=timeout, blocking=False)
     if not lock.acquire(token=runtime.context().name.encode() + b"-" + uuid.uuid4().hex.encode()):
         return None
     try:
+        return work(client)
+    finally:
+        with contextlib.suppress(LockError):  # expired and perhaps taken by another coordinator: not ours to free
+            lock.release()
+
+
+def admit_once() -> Admission | None:
+    """One admission pass (one coordinator at a time): send the ingests of the batch-lane jobs admitted now,
+    notify the webhooks of batches that ended."""
+
+    def work(client: redis.Redis) -> Admission:
         with session_scope() as session:
             result = admission_pass(session, get_settings(), batch_capacity(client))
         for job_id, priority in result.ingest:
@@ -198,9 +207,23 @@ def admit_once() -> Admission | None:
             log.info("batch %s finished", batch_id)
             notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)
         return result
-    finally:
-        with contextlib.suppress(LockError):
-            lock.release()
+
+    return _exclusive(ADMISSION_LOCK, 30, work)
+
+
+def retention_once() -> PruneReport | None:
+    """One retention pass (one coordinator at a time): left-behind intermediates, then uploads and outputs older
+    than STRATA_RETENTION_DAYS."""
+
+    def work(_: redis.Redis) -> PruneReport:
+        with session_scope() as session:
+            report = retention_pass(session, get_storage(), get_settings().retention_days)
+        if report.jobs or report.intermediates_swept:
+            log.info("retention: pruned %d job(s), %d bytes; swept intermediates of %d", len(report.jobs),
+                     report.bytes, len(report.intermediates_swept))
+        return report
+
+    return _exclusive(RETENTION_LOCK, 600, work)
 
 
 def admit_soon() -> None:
@@ -241,7 +264,8 @@ def _fresh_engine(**_: object) -> None:
 
 @worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
-    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, admit=admit_once)
+    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, admit=admit_once,
+                  retention=retention_once)
 
 
 @worker_shutdown.connect

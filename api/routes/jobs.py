@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import SessionDep, StationDep
@@ -22,7 +22,7 @@ from workers.tasks import enqueue_ingest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 416, 422)
+    code: {"model": ErrorOut} for code in (401, 404, 409, 410, 413, 416, 422)
 }
 
 UPLOAD_BODY = {
@@ -136,6 +136,10 @@ def download_output(
 ) -> Response:
     out = service.output_of(service.get_job(session, station, job_id), name)
     storage = get_storage()
+    if get_settings().s3_downloads == "redirect":  # STRATA_S3_DOWNLOADS: the client fetches from the bucket
+        url = storage.presigned_url(out.storage_key, get_settings().s3_presign_s, filename=out.name)
+        if url is not None:
+            return RedirectResponse(url, status_code=307, headers={"ETag": f'"{out.sha256}"'})
     size = storage.size(out.storage_key)
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{out.sha256}"',
                "Content-Disposition": f'attachment; filename="{out.name}"'}

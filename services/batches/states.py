@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from services.jobs.states import BATCH_UNFINISHED, BatchStatus
 
-class BatchStatus(StrEnum):
-    OPEN = "open"  # no window, or its window is open; shots waiting for admission
-    SCHEDULED = "scheduled"  # its window opens later
-    RUNNING = "running"  # a shot was admitted
-    DONE = "done"  # every shot ended, at least one rendered
-    FAILED = "failed"  # every shot ended, none rendered
-    CANCELLED = "cancelled"
-
-
-UNFINISHED: tuple[BatchStatus, ...] = (BatchStatus.OPEN, BatchStatus.SCHEDULED, BatchStatus.RUNNING)
+UNFINISHED = BATCH_UNFINISHED  # the states live with the job states (services/jobs/states.py)
 
 
 class WindowMissed(StrEnum):
@@ -25,3 +17,6 @@ class WindowMissed(StrEnum):
 # A shot a window missed (``skip``) ends cancelled with this reason; the report calls it "not_run".
 NOT_RUN_PREFIX = "not run:"
 NOT_RUN = "not_run"
+
+
+__all__ = ["NOT_RUN", "NOT_RUN_PREFIX", "UNFINISHED", "BatchStatus", "WindowMissed"]

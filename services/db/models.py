@@ -60,6 +60,8 @@ class Job(Base):
     # The batch lane (a batch's shots, priority=batch) waits for admission; interactive jobs are admitted at once.
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"), index=True, default=None)
     admitted_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    # When retention removed its uploads and outputs (services/jobs/retention.py); None while they are kept.
+    pruned_at: Mapped[dt.datetime | None] = mapped_column(default=None)
 
     frames: Mapped[list[Frame]] = relationship(
         back_populates="job", order_by="Frame.index", cascade="all, delete-orphan"
@@ -146,4 +148,5 @@ class Output(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     media_type: Mapped[str] = mapped_column(String(100), default="image/tiff")
     recipe: Mapped[str | None] = mapped_column(String(64), default=None)  # NULL on rows from before 0002
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(default=None)  # pruned by retention: 410 Gone
     job: Mapped[Job] = relationship(back_populates="outputs")

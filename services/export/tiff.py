@@ -120,7 +120,7 @@ def write_hashed(storage: Storage, key: str, encode: Callable[[BinaryIO], object
     """Run ``encode`` into a new storage object ``key`` (atomic, durable); returns (sha256, bytes). The file is
     hashed from the page cache on a second thread while the writer makes it durable (fsync)."""
     with ThreadPoolExecutor(1) as pool:
-        with storage.writer(key) as f:
+        with storage.file_writer(key) as f:  # tifffile seeks back; hashed from a map of the file
             encode(f)
             size = f.seek(0, os.SEEK_END)
             f.flush()

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
 from services.db.session import execute_update
-from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, NotFound
+from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Gone, NotFound
 from services.export.naming import validate_template
 from services.export.recipes import resolve_recipes
 from services.jobs.cameras import resolve_camera
@@ -99,7 +99,8 @@ def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedF
     files = []
     for u in uploads:
         try:
-            probe = probe_raw(storage.local_path(u.storage_key))
+            with storage.open(u.storage_key) as f:  # ranged reads of the TIFF structure on object storage
+                probe = probe_raw(f)
         except BadRawFile as exc:
             raise BadRawFile(f"{u.name}: {exc.reason}") from exc
         files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip()))
@@ -242,5 +243,8 @@ def cancel_job(session: Session, storage: Storage, station: Station, job_id: str
 def output_of(job: Job, name: str) -> Output:
     for out in job.outputs:
         if out.name == name:
+            if out.deleted_at is not None:
+                raise Gone(f"output {name!r} of job {job.id} was removed by retention on "
+                           f"{as_utc(out.deleted_at).isoformat(timespec='seconds')}")
             return out
     raise NotFound(f"job {job.id} has no output {name!r}")

@@ -37,6 +37,19 @@ class ShardStatus(StrEnum):
     FAILED = "failed"
 
 
+class BatchStatus(StrEnum):
+    OPEN = "open"  # no window, or its window is open; shots waiting for admission
+    SCHEDULED = "scheduled"  # its window opens later
+    RUNNING = "running"  # a shot was admitted
+    DONE = "done"  # every shot ended, at least one rendered
+    FAILED = "failed"  # every shot ended, none rendered
+    CANCELLED = "cancelled"
+
+
+# A batch that may still take or render shots: its jobs' files are still referenced (retention keeps them).
+BATCH_UNFINISHED: tuple[BatchStatus, ...] = (BatchStatus.OPEN, BatchStatus.SCHEDULED, BatchStatus.RUNNING)
+
+
 class Priority(StrEnum):
     INTERACTIVE = "interactive"
     BATCH = "batch"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import tifffile
 
@@ -48,20 +49,32 @@ class RawProbe:
     format: str
 
 
-def probe_raw(path: Path) -> RawProbe:
+def probe_raw(source: Path | BinaryIO) -> RawProbe:
     """Recognise a RAW file by its signature and, for TIFF-based RAWs, check its structure.
 
+    ``source``: a path, or a seekable binary reader (``Storage.open``: on object storage only the bytes of the
+    TIFF structure are fetched, by ranged reads, never the whole upload).
     Raises ``BadRawFile`` ("not a RAW file: ..." or "truncated: ...") and nothing else for bad input.
     """
-    path = Path(path)
+    if not isinstance(source, Path | str):
+        return _probe_stream(source)
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(64)
+        with Path(source).open("rb") as f:
+            return _probe_stream(f)
+    except OSError as exc:
+        raise BadRawFile(f"cannot read upload: {exc.strerror or exc}") from exc
+
+
+def _probe_stream(f: BinaryIO) -> RawProbe:
+    try:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        head = f.read(64)
     except OSError as exc:
         raise BadRawFile(f"cannot read upload: {exc.strerror or exc}") from exc
     if head[:4] in (b"II*\x00", b"MM\x00*"):
-        return _probe_tiff(path, size, head)
+        f.seek(0)
+        return _probe_tiff(f, size, head)
     other = _probe_by_magic(head)
     if other is None:
         raise BadRawFile(f"not a RAW file: unrecognised signature {head[:8]!r}")
@@ -109,13 +122,13 @@ def _ascii_tag(page: tifffile.TiffPage, code: int) -> str:
     return value.strip("\x00 ").strip()
 
 
-def _probe_tiff(path: Path, size: int, head: bytes) -> RawProbe:
+def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
     order: Literal["little", "big"] = "little" if head[:2] == b"II" else "big"
     first_ifd = int.from_bytes(head[4:8], order)
     if len(head) < 8 or first_ifd + 2 > size:
         raise BadRawFile(f"truncated: first IFD at byte {first_ifd} but the file has {size} bytes")
     try:
-        with tifffile.TiffFile(path) as tif:
+        with tifffile.TiffFile(f) as tif:
             ifds = []
             for page in _walk(tif.pages):
                 ifds.append(page)

@@ -1,7 +1,8 @@
 """The storage interface: named blobs under keys like ``jobs/<id>/frames/0.dng``.
 
 Big arrays travel through storage, never through Redis. Writes are atomic: a reader sees either nothing or
-the whole object. An object store can implement the same interface later.
+the whole object. Backends: local files (``local.py``) and S3-compatible object storage (``s3.py``, which says
+which methods stream and which go through its local scratch cache).
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ class Storage(ABC):
 
         ``durable``: on disk (fsync) before the block exits; False for intermediates a job can recompute (a host
         crash may then lose them: readers raise and the job starts over, see ``flow.IntermediateLost``).
-        Seekable; readable too where the backend allows it (local files: a writer may map what it wrote)."""
+        Seekable and readable on local files (a writer may map what it wrote); on object storage a sequential
+        stream (multipart upload): use :meth:`file_writer` for writers that seek or read back."""
+
+    def file_writer(self, key: str, durable: bool = True) -> AbstractContextManager[BinaryIO]:
+        """Like :meth:`writer` but always a real local file (seekable, readable, mappable): object stores write
+        it in their scratch cache and upload it on exit."""
+        return self.writer(key, durable)
 
     @abstractmethod
     def path_writer(self, key: str) -> AbstractContextManager[Path]:
@@ -49,6 +56,23 @@ class Storage(ABC):
     @abstractmethod
     def iter_chunks(self, key: str, start: int = 0, end: int | None = None, chunk: int = 1 << 20) -> Iterator[bytes]:
         """Bytes ``[start, end)`` of the object, in chunks."""
+
+    def read_rows(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (first axis) of a stored ``.npy``; object stores read only those bytes."""
+        return self.load_array(key)[start:stop]
+
+    @abstractmethod
+    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(key, bytes) of every object under ``prefix`` (a folder or a key; "" = everything)."""
+
+    def presigned_url(self, key: str, expires_s: int, filename: str | None = None) -> str | None:
+        """A URL a client can GET the object from without the API for ``expires_s`` seconds; None when the
+        backend has none (local files)."""
+        return None
+
+    def scratch_bytes(self) -> int:
+        """Bytes in this host's local scratch cache (0 for backends without one)."""
+        return 0
 
     def save_array(self, key: str, array: np.ndarray, durable: bool = True) -> None:
         """Store an array as ``.npy`` (memory-mappable by readers); ``durable`` as for :meth:`writer`."""

@@ -71,6 +71,13 @@ class LocalStorage(Storage):
         elif path.is_file():
             path.unlink(missing_ok=True)
 
+    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        base = self._path(prefix) if prefix else self.root
+        files = [base] if base.is_file() else base.rglob("*") if base.is_dir() else []
+        for path in files:
+            if path.is_file() and not path.name.startswith(".part-"):
+                yield path.relative_to(self.root).as_posix(), path.stat().st_size
+
     def iter_chunks(self, key: str, start: int = 0, end: int | None = None, chunk: int = 1 << 20) -> Iterator[bytes]:
         with self.open(key) as f:
             f.seek(start)

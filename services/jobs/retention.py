@@ -1,0 +1,115 @@
+"""Retention, in one place: what storage holds for each job, and when it goes.
+
+- Intermediates (decoded frames, shard results) go when a job ends: every end (done, failed, cancelled, started
+  over) calls :func:`services.storage.intermediates.remove_intermediates`; :func:`sweep_intermediates` removes
+  those an ended job left behind (a crash between the status update and the deletion).
+- Uploads and outputs are kept ``STRATA_RETENTION_DAYS`` after the job finished (0 = forever), then
+  :func:`prune` removes the job's whole storage prefix and marks it in the database (``jobs.pruned_at``,
+  ``outputs.deleted_at``: a download then answers 410 Gone). Never while :func:`still_referenced` holds.
+
+The coordinator runs :func:`retention_pass` every ``STRATA_RETENTION_INTERVAL_S`` (one coordinator at a time);
+``strata storage prune`` and ``strata storage usage`` call the same functions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from services.db.models import Batch, Job, utcnow
+from services.jobs.states import ACTIVE, BATCH_UNFINISHED
+from services.storage.base import Storage
+from services.storage.intermediates import remove_intermediates
+from services.storage.keys import INTERMEDIATE_FOLDERS, job_prefix
+
+KINDS = ("uploads", "intermediates", "outputs", "other", "scratch")
+_FOLDER_KIND = {"frames": "uploads", "out": "outputs", **{f: "intermediates" for f in INTERMEDIATE_FOLDERS}}
+
+
+def still_referenced(job: Job, open_batches: set[str]) -> bool:
+    """Whether anything may still read the job's stored files: the one rule retention obeys. An active job, or
+    a shot of a batch that is still open (its report links every output until the batch ends)."""
+    return job.status in ACTIVE or (job.batch_id is not None and job.batch_id in open_batches)
+
+
+@dataclass
+class PruneReport:
+    jobs: list[str] = field(default_factory=list)
+    bytes: int = 0
+    kept_referenced: list[str] = field(default_factory=list)
+    intermediates_swept: list[str] = field(default_factory=list)
+
+
+def _kind(key: str) -> tuple[str, str]:
+    """(job id, kind) of a storage key ("" job id outside jobs/)."""
+    parts = key.split("/")
+    if len(parts) >= 3 and parts[0] == "jobs":
+        return parts[1], _FOLDER_KIND.get(parts[2], "other")
+    return "", "other"
+
+
+def usage(storage: Storage) -> dict[str, int]:
+    """Bytes stored by kind (uploads, intermediates, outputs, other) from the storage listing, and this host's
+    scratch cache."""
+    totals = dict.fromkeys(KINDS, 0)
+    for key, size in storage.list_sizes():
+        totals[_kind(key)[1]] += size
+    totals["scratch"] = storage.scratch_bytes()
+    return totals
+
+
+def sweep_intermediates(session: Session, storage: Storage) -> list[str]:
+    """Remove intermediates left behind by jobs that ended (or no longer exist); returns their ids."""
+    holders = {job for job, kind in (_kind(k) for k, _ in storage.list_sizes("jobs")) if kind == "intermediates"}
+    if not holders:
+        return []
+    active = set(session.scalars(select(Job.id).where(Job.id.in_(holders), Job.status.in_(ACTIVE))))
+    swept = sorted(holders - active)
+    for job_id in swept:
+        remove_intermediates(storage, job_id)
+    return swept
+
+
+def _due(session: Session, before: dt.datetime) -> list[Job]:
+    query = (select(Job).where(Job.finished_at.is_not(None), Job.finished_at < before, Job.pruned_at.is_(None))
+             .options(selectinload(Job.outputs)).order_by(Job.finished_at))
+    return list(session.scalars(query))
+
+
+def prune(session: Session, storage: Storage, *, older_than_days: float, dry_run: bool = False,
+          now: dt.datetime | None = None) -> PruneReport:
+    """Remove uploads and outputs of jobs that finished more than ``older_than_days`` ago (and still hold them),
+    unless still referenced; ``dry_run`` only reports what would go."""
+    now = now or utcnow()
+    report = PruneReport()
+    sizes: dict[str, int] = defaultdict(int)
+    for key, size in storage.list_sizes("jobs"):
+        sizes[_kind(key)[0]] += size
+    open_batches = set(session.scalars(select(Batch.id).where(Batch.status.in_(BATCH_UNFINISHED))))
+    for job in _due(session, now - dt.timedelta(days=older_than_days)):
+        if still_referenced(job, open_batches):
+            report.kept_referenced.append(job.id)
+            continue
+        report.jobs.append(job.id)
+        report.bytes += sizes.get(job.id, 0)
+        if dry_run:
+            continue
+        job.pruned_at = now
+        for out in job.outputs:
+            out.deleted_at = now
+        session.commit()  # marked first: a download answers 410 rather than a storage error
+        storage.delete_prefix(job_prefix(job.id))
+    return report
+
+
+def retention_pass(session: Session, storage: Storage, retention_days: float) -> PruneReport:
+    """The periodic pass: sweep left-behind intermediates, then prune expired jobs (none when days is 0)."""
+    swept = sweep_intermediates(session, storage)
+    report = prune(session, storage, older_than_days=retention_days) if retention_days > 0 else PruneReport()
+    report.intermediates_swept = swept
+    return report
+

@@ -1,0 +1,140 @@
+"""Retention: left-behind intermediates swept, expired uploads and outputs pruned (a referenced job's never), the
+pruned output answers 410, and `strata storage usage / prune` report the same."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from services.db.models import Job, Output, Station, utcnow
+from services.db.session import session_scope
+from services.errors import Gone
+from services.jobs import retention
+from services.jobs.service import output_of
+from services.storage import get_storage
+from services.storage.base import Storage
+
+
+def _job(session, station: Station, status: str, finished_days_ago: float | None) -> Job:  # type: ignore[no-untyped-def]
+    finished = None if finished_days_ago is None else utcnow() - dt.timedelta(days=finished_days_ago)
+    job = Job(id=uuid.uuid4().hex, station_id=station.id, status=status, camera="IQ3_S", recipe="tiff16",
+              priority="batch", finished_at=finished, params={})
+    job.outputs = [Output(name="frame_00.tif", storage_key=f"jobs/{job.id}/out/frame_00.tif", sha256="0" * 64,
+                          bytes=4)]
+    session.add(job)
+    return job
+
+
+def _store(storage: Storage, job_id: str, *folders: str) -> None:
+    names = {"frames": "00_a.dng", "out": "frame_00.tif", "raw": "00.npy", "p1": "strip_000.npy"}
+    for folder in folders:
+        with storage.writer(f"jobs/{job_id}/{folder}/{names[folder]}") as f:
+            f.write(b"1234")
+
+
+def _keys(storage: Storage, job_id: str) -> list[str]:
+    return sorted(k.split("/", 2)[2] for k, _ in storage.list_sizes(f"jobs/{job_id}"))
+
+
+def _jobs(storage: Storage) -> dict[str, str]:
+    with session_scope() as session:
+        station = Station(name="s", token_hash="s")
+        session.add(station)
+        session.flush()
+        ids = {name: _job(session, station, status, days).id for name, status, days in [
+            ("expired", "done", 40), ("recent", "done", 1), ("referenced", "running", 40),
+            ("crashed", "failed", 2), ("active", "running", None)]}
+    for name in ("expired", "recent", "referenced"):
+        _store(storage, ids[name], "frames", "out")
+    _store(storage, ids["crashed"], "frames", "raw", "p1")
+    _store(storage, ids["active"], "frames", "raw")
+    return ids
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request: pytest.FixtureRequest, db: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The configured storage: local files, or a bucket on the moto server."""
+    from services.config import get_settings
+
+    if request.param == "s3":
+        request.getfixturevalue("s3_server")
+        monkeypatch.setenv("STRATA_STORAGE_URL", f"s3://retention-{uuid.uuid4().hex[:8]}/studio")
+    get_settings.cache_clear()
+    get_storage.cache_clear()
+    yield request.param
+    get_settings.cache_clear()
+    get_storage.cache_clear()
+
+
+def test_retention_pass_sweeps_and_prunes(backend: str) -> None:
+    storage = get_storage()
+    ids = _jobs(storage)
+    assert retention.usage(storage) == {"uploads": 20, "intermediates": 12, "outputs": 12, "other": 0, "scratch": 0}
+    with session_scope() as session:
+        dry = retention.prune(session, storage, older_than_days=30, dry_run=True)
+    assert dry.jobs == [ids["expired"]] and dry.bytes == 8 and dry.kept_referenced == [ids["referenced"]]
+    assert _keys(storage, ids["expired"]) == ["frames/00_a.dng", "out/frame_00.tif"]  # a dry run removes nothing
+    with session_scope() as session:
+        report = retention.retention_pass(session, storage, retention_days=30)
+    assert report.jobs == [ids["expired"]] and report.intermediates_swept == [ids["crashed"]]
+    assert _keys(storage, ids["expired"]) == []
+    assert _keys(storage, ids["crashed"]) == ["frames/00_a.dng"]
+    assert _keys(storage, ids["active"]) == ["frames/00_a.dng", "raw/00.npy"]  # still running: untouched
+    assert _keys(storage, ids["referenced"]) == ["frames/00_a.dng", "out/frame_00.tif"]
+    assert _keys(storage, ids["recent"]) == ["frames/00_a.dng", "out/frame_00.tif"]
+    with session_scope() as session:
+        expired = session.get(Job, ids["expired"])
+        assert expired is not None and expired.pruned_at is not None
+        with pytest.raises(Gone):
+            output_of(expired, "frame_00.tif")
+        recent = session.get(Job, ids["recent"])
+        assert recent is not None and output_of(recent, "frame_00.tif").deleted_at is None
+    with session_scope() as session:
+        assert retention.retention_pass(session, storage, retention_days=30).jobs == []  # once only
+        assert retention.retention_pass(session, storage, retention_days=0).jobs == []  # 0 = keep forever
+
+
+def test_storage_cli_usage_and_prune(backend: str, tmp_path: Path) -> None:
+    from cli.main import app
+
+    ids = _jobs(get_storage())
+    runner = CliRunner()
+    shown = runner.invoke(app, ["storage", "usage"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "uploads" in shown.output and "intermediates" in shown.output and "scratch" in shown.output
+    dry = runner.invoke(app, ["storage", "prune", "--dry-run", "--older-than", "30"], terminal_width=200)
+    assert dry.exit_code == 0, dry.output
+    assert f"would remove job {ids['expired']}" in dry.output and ids["recent"] not in dry.output
+    assert _keys(get_storage(), ids["expired"]) != []
+    done = runner.invoke(app, ["storage", "prune", "--older-than", "0.5"], terminal_width=200)
+    assert done.exit_code == 0, done.output
+    assert _keys(get_storage(), ids["recent"]) == [] and _keys(get_storage(), ids["referenced"]) != []
+
+
+def test_a_shot_of_an_open_batch_is_kept_until_the_batch_ends(db: str) -> None:
+    from services.db.models import Batch
+
+    storage = get_storage()
+    with session_scope() as session:
+        station = Station(name="b", token_hash="b")
+        session.add(station)
+        session.flush()
+        batch = Batch(station_id=station.id, name="night", status="running", recipes=["tiff16"])
+        session.add(batch)
+        session.flush()
+        job = _job(session, station, "done", 40)
+        job.batch_id = batch.id
+        job_id, batch_id = job.id, batch.id
+    _store(storage, job_id, "frames", "out")
+    with session_scope() as session:
+        report = retention.prune(session, storage, older_than_days=30)
+        assert report.kept_referenced == [job_id] and report.jobs == []
+        session.get(Batch, batch_id).status = "done"
+    with session_scope() as session:
+        assert retention.prune(session, storage, older_than_days=30).jobs == [job_id]
+    assert _keys(storage, job_id) == []
