@@ -116,7 +116,8 @@ def start(name: str, reconcile: Callable[[], object] | None = None) -> None:
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
                       pid=os.getpid())
-    _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s)
+    _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s,
+                           memory_mb=lambda: memory_mb(device))
     _heartbeat.start()
     if kind == "coordinator":  # decoder children waiting for the first stack's frames
         from services.raw.decode import prestart
@@ -133,6 +134,25 @@ def _reconcile_loop(reconcile: Callable[[], object], interval: float) -> None:
             reconcile()
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("reconcile pass failed")
+
+
+def memory_mb(device: str) -> float:
+    """Memory in use: the torch CUDA allocator's on a GPU worker, the process's resident set on the CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.memory_allocated() / 2**20
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def set_current_shard(shard_id: int | None) -> None:
+    """The shard this worker computes now (None: idle), for its heartbeat."""
+    if _heartbeat is not None:
+        _heartbeat.set_shard(shard_id)
 
 
 def stop() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable
 
 import redis
 from celery import Task
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import after_setup_logger, worker_process_init, worker_ready, worker_shutdown
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -20,6 +21,7 @@ from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
 from services.jobs.reconcile import reconcile
 from services.jobs.tickets import Repairs, ShardTicket
+from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
 from workers import runtime
 from workers.app import COORDINATOR_QUEUE, PRIORITIES, broker_url, celery_app
@@ -94,13 +96,16 @@ def ingest(job_id: str) -> None:
         with session_scope() as session:
             return flow.ingest_job(session, get_storage(), get_settings(), job_id, runtime.gpu_worker_count())
 
-    _coordinator_step("ingest", job_id, work)
+    with STAGE_SECONDS.labels(stage="ingest").time():
+        _coordinator_step("ingest", job_id, work)
 
 
 @celery_app.task(name="strata.run_shard", bind=True, max_retries=get_settings().shard_max_retries)
 def run_shard(self: Task, shard_id: int) -> None:
     settings = get_settings()
     ctx = runtime.context()
+    t0 = time.perf_counter()
+    runtime.set_current_shard(shard_id)
     try:
         with session_scope() as session:
             outcome = flow.run_shard(session, get_storage(), shard_id, worker=ctx.name, gpu=ctx.gpu,
@@ -111,6 +116,7 @@ def run_shard(self: Task, shard_id: int) -> None:
         _start_over(exc)
         return
     except TRANSIENT as exc:
+        RETRIES.labels(task="run_shard").inc()
         raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 60), max_retries=20) from exc
     except Exception as exc:  # noqa: BLE001 - retried a bounded number of times, then the job fails
         final = self.request.retries >= settings.shard_max_retries
@@ -119,8 +125,14 @@ def run_shard(self: Task, shard_id: int) -> None:
             flow.record_shard_failure(session, shard_id, f"{type(exc).__name__}: {exc}", final=final,
                                       storage=get_storage())
         if not final:
+            RETRIES.labels(task="run_shard").inc()
             raise self.retry(exc=exc, countdown=1) from exc
         return
+    finally:
+        runtime.set_current_shard(None)
+        seconds = time.perf_counter() - t0
+        SHARD_SECONDS.labels(kind="shard").observe(seconds)
+        GPU_BUSY_SECONDS.labels(gpu=ctx.gpu).inc(seconds)
     if outcome.phase_complete:
         dispatch_advance(outcome.job_id, outcome.priority)
 
@@ -131,7 +143,8 @@ def advance(job_id: str) -> None:
         with session_scope() as session:
             return flow.advance_job(session, get_storage(), get_settings(), job_id)
 
-    _coordinator_step("advance", job_id, work)
+    with STAGE_SECONDS.labels(stage="advance").time():
+        _coordinator_step("advance", job_id, work)
 
 
 def reconcile_once() -> Repairs | None:
@@ -160,6 +173,16 @@ def reconcile_once() -> Repairs | None:
     finally:
         with contextlib.suppress(LockError):  # expired and perhaps taken by another coordinator: not ours to free
             lock.release()
+
+
+@after_setup_logger.connect
+def _json_logs(logger: logging.Logger | None = None, **_: object) -> None:
+    """STRATA_LOG_FORMAT=json: the worker's log lines become JSON objects too (with job and shard ids)."""
+    if get_settings().log_format == "json" and logger is not None:
+        from services.logs import JsonFormatter
+
+        for handler in logger.handlers:
+            handler.setFormatter(JsonFormatter())
 
 
 @worker_process_init.connect

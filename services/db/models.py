@@ -35,6 +35,13 @@ class Station(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # "station" (sees its own jobs) or "admin" (sees and acts on every station's work).
+    role: Mapped[str] = mapped_column(String(16), default="station", server_default="station")
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
 
 
 class Job(Base):
@@ -55,7 +62,13 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     finished_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    # Bumped by every UPDATE of the row (ORM or Core): the dashboard's change feed reads it.
+    updated_at: Mapped[dt.datetime | None] = mapped_column(default=utcnow, onupdate=utcnow, index=True)
+    # The JPEG preview (storage key from services.storage.keys.preview_key): its ETag and "fast" | "final".
+    preview_etag: Mapped[str | None] = mapped_column(String(64), default=None)
+    preview_kind: Mapped[str | None] = mapped_column(String(16), default=None)
 
+    station: Mapped[Station] = relationship(lazy="joined")
     frames: Mapped[list[Frame]] = relationship(
         back_populates="job", order_by="Frame.index", cascade="all, delete-orphan"
     )

@@ -35,6 +35,7 @@ from services.jobs.plan import (
     stack_phases,
 )
 from services.jobs.planner import parse_split_ratio, plan_phase_shards
+from services.jobs.previews import fast_preview, final_preview
 from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
@@ -135,6 +136,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         fail_job(session, job_id, f"decode failed: {exc.detail}" if isinstance(exc, RawError) else exc.detail,
                  storage)
         return []
+    fast_preview(session, storage, job_id, shot)
     ratios = parse_split_ratio(settings.split_ratio)
     plan = JobPlan(frames=shot.frames, render=shot.render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
@@ -254,6 +256,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
         status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow()))
     session.commit()
+    final_preview(session, storage, job_id, bands)
     remove_intermediates(storage, job_id)
     log.info("job %s done: %s (%d bytes, output written and recorded in %.2fs)", job_id, out.name, out.bytes,
              time.perf_counter() - t0)

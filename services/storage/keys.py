@@ -5,6 +5,7 @@ jobs/<id>/frames/NN_<name>          uploads (durable)
 jobs/<id>/raw/NN.npy                decoded mosaics (intermediate)
 jobs/<id>/p<phase>/<kind>_NNN.npy   shard results: strips, frame-group accumulators (intermediate)
 jobs/<id>/out/<name>                outputs (durable)
+jobs/<id>/preview.jpg               the JPEG preview (durable; fast at ingest, replaced at finalize)
 ```
 """
 
@@ -39,3 +40,8 @@ def output_key(job_id: str, name: str) -> str:
 
 def intermediate_prefixes(job_id: str) -> list[str]:
     return [f"jobs/{job_id}/{folder}" for folder in INTERMEDIATE_FOLDERS]
+
+
+def preview_key(job_id: str) -> str:
+    """The job's small sRGB JPEG preview."""
+    return f"jobs/{job_id}/preview.jpg"
