@@ -11,6 +11,7 @@ from services.db.models import Job, as_utc
 
 class FrameOut(BaseModel):
     name: str
+    original_name: str | None = Field(default=None, description="The file name as uploaded (display only).")
     sha256: str
     bytes: int
 
@@ -67,7 +68,8 @@ class JobOut(BaseModel):
             priority=job.priority,
             progress=round(min(max(job.progress, 0.0), 1.0), 4), stage=job.stage,
             created_at=as_utc(job.created_at), started_at=_utc(job.started_at), finished_at=_utc(job.finished_at),
-            frames=[FrameOut(name=f.name, sha256=f.sha256, bytes=f.bytes) for f in job.frames],
+            frames=[FrameOut(name=f.name, original_name=f.original_name, sha256=f.sha256, bytes=f.bytes)
+                    for f in job.frames],
             shards=[ShardOut(index=s.index, phase=s.phase, kind=s.kind, worker=s.worker, gpu=s.gpu, status=s.status,
                              attempts=s.attempts, seconds=s.seconds, started_at=_utc(s.started_at),
                              finished_at=_utc(s.finished_at)) for s in job.shards],

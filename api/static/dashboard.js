@@ -67,14 +67,15 @@
     const e = elapsed(job); return e === null ? null : e * (1 - job.progress) / job.progress;
   }
   function gpus(job) { return [...new Set(job.shards.map((s) => s.gpu).filter(Boolean))].join(", ") || "–"; }
-  function shotName(job) { return job.frames.length ? job.frames[0].name + (job.frames.length > 1 ? " (+" + (job.frames.length - 1) + ")" : "") : job.id; }
+  function frameName(f) { return f.original_name || f.name; }
+  function shotName(job) { return job.frames.length ? frameName(job.frames[0]) + (job.frames.length > 1 ? " (+" + (job.frames.length - 1) + ")" : "") : job.id; }
 
   async function loadPreview(job, img, caption) {
     if (!job.preview_url) return;
     const tag = job.preview_kind + ":" + job.updated_at;
     const known = state.previews.get(job.id);
     if (known && known.tag === tag) { if (img.src !== known.url) img.src = known.url; img.hidden = false; return; }
-    const r = await api(job.preview_url);
+    const r = await api(job.preview_url, { cache: "no-cache" });  // revalidate (ETag): the preview is replaced
     if (!r.ok) return;
     const url = URL.createObjectURL(await r.blob());
     if (known) URL.revokeObjectURL(known.url);
@@ -211,7 +212,7 @@
         const li = el("li"); const b = el("button", "Download " + o.name); b.type = "button";
         b.addEventListener("click", () => download(o)); li.append(b, el("span", " " + (o.bytes / 1048576).toFixed(1) + " MB", "muted")); return li;
       }) : [el("li", "None yet.", "muted")]));
-      $("frames").replaceChildren(...job.frames.map((f) => el("li", f.name + " (" + (f.bytes / 1048576).toFixed(1) + " MB)")));
+      $("frames").replaceChildren(...job.frames.map((f) => el("li", frameName(f) + " (" + (f.bytes / 1048576).toFixed(1) + " MB)")));
       $("cancel").disabled = !["queued", "running"].includes(job.status);
       timeline(job);
       await loadPreview(job, $("job-preview"), $("preview-caption"));

@@ -1,4 +1,4 @@
-"""roles and previews: stations.role / revoked_at, jobs.updated_at and preview columns
+"""roles and previews: stations.role / revoked_at, jobs.updated_at and preview columns, frames.original_name
 
 Revision ID: 0004_roles_previews
 Revises: 0001
@@ -21,9 +21,13 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('preview_etag', sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column('preview_kind', sa.String(length=16), nullable=True))
         batch_op.create_index(batch_op.f('ix_jobs_updated_at'), ['updated_at'], unique=False)
+    with op.batch_alter_table('frames', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('original_name', sa.String(length=255), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('frames', schema=None) as batch_op:
+        batch_op.drop_column('original_name')
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_jobs_updated_at'))
         batch_op.drop_column('preview_kind')

@@ -86,10 +86,12 @@ class Frame(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     index: Mapped[int] = mapped_column(Integer)
-    name: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(255))  # the safe form used in storage keys and downloads
     sha256: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger)
     storage_key: Mapped[str] = mapped_column(String(500))
+    # The file name exactly as uploaded (any characters: shown as text, never used as a path).
+    original_name: Mapped[str | None] = mapped_column(String(255), default=None)
     job: Mapped[Job] = relationship(back_populates="frames")
 
 

@@ -37,6 +37,7 @@ class Upload:
     storage_key: str
     sha256: str
     bytes: int
+    original_name: str = ""  # the file name as sent (shown to people; ``name`` is its safe form)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ReceivedFile:
     sha256: str
     bytes: int
     model: str
+    original_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedF
             probe = probe_raw(storage.local_path(u.storage_key))
         except BadRawFile as exc:
             raise BadRawFile(f"{u.name}: {exc.reason}") from exc
-        files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip()))
+        files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip(),
+                                  u.original_name))
     return files
 
 
@@ -137,8 +140,8 @@ def create_job(
     profile = resolve_camera(camera, [f.model for f in files], len(files))
     job = Job(id=job_id, station_id=station.id, status=JobStatus.QUEUED, camera=profile.name,
               recipe=recipe_obj.name, priority=priority, stage=Stage.QUEUED, params={})
-    job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key)
-                  for i, f in enumerate(files)]
+    job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key,
+                        original_name=f.original_name or None) for i, f in enumerate(files)]
     session.add(job)
     session.commit()
     return job
@@ -189,7 +192,8 @@ def _filtered(session: Session, principal: Station, where: JobFilter) -> Select[
         stmt = stmt.where(Job.status == where.status)
     if where.search and where.search.strip():
         pattern = "%" + where.search.strip().lower().replace("%", r"\%").replace("_", r"\_") + "%"
-        stmt = stmt.where(Job.frames.any(func.lower(Frame.name).like(pattern, escape="\\")))
+        stmt = stmt.where(Job.frames.any(or_(func.lower(Frame.name).like(pattern, escape="\\"),
+                                             func.lower(Frame.original_name).like(pattern, escape="\\"))))
     return stmt
 
 
