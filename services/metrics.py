@@ -9,6 +9,7 @@ read at scrape time from the database and Redis (jobs by status, queue depths): 
 from __future__ import annotations
 
 import os
+import socket
 
 from services.config import get_settings
 
@@ -24,7 +25,15 @@ def _multiproc_dir() -> str:
 
 MULTIPROC_DIR = _multiproc_dir()
 
-from prometheus_client import Counter, Histogram  # noqa: E402 - after the folder is chosen
+from prometheus_client import Counter, Histogram, values  # noqa: E402 - after the folder is chosen
+
+
+def _process_id() -> str:
+    """Value files are named by host and pid: containers sharing the folder (one data volume) have clashing pids."""
+    return f"{socket.gethostname().replace('_', '-')}-{os.getpid()}"
+
+
+values.ValueClass = values.MultiProcessValue(_process_id)
 
 _STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 STAGE_SECONDS = Histogram("strata_stage_seconds", "Seconds of a coordinator step (ingest, advance/finalize).",
@@ -47,7 +56,3 @@ def reset_multiproc_dir() -> None:
             os.unlink(os.path.join(MULTIPROC_DIR, name))
 
 
-def mark_process_dead(pid: int) -> None:
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(pid, MULTIPROC_DIR)

@@ -60,11 +60,18 @@ def sites_to_rgb(sites: np.ndarray, cfa: str, black: Sequence[float], white: flo
     return np.clip(rgb, 0.0, 1.0)
 
 
+def _srgb_curve(x: np.ndarray) -> np.ndarray:
+    return np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(x, 1 / 2.4) - 0.055)
+
+
+_LUT_SIZE = 8192  # linear steps of the encode table: finer than 8-bit sRGB needs anywhere on the curve
+_SRGB_LUT = np.round(_srgb_curve(np.linspace(0.0, 1.0, _LUT_SIZE)) * 255.0).astype(np.uint8)
+
+
 def srgb_encode(linear: np.ndarray) -> np.ndarray:
-    """Linear [0, 1] -> sRGB-encoded uint8 (IEC 61966-2-1)."""
-    x = np.clip(linear, 0.0, 1.0)
-    encoded = np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(x, 1 / 2.4) - 0.055)
-    return np.round(encoded * 255.0).astype(np.uint8)
+    """Linear [0, 1] -> sRGB-encoded uint8 (IEC 61966-2-1), through a table (no per-pixel power)."""
+    index = (np.clip(linear, 0.0, 1.0) * np.float32(_LUT_SIZE - 1) + np.float32(0.5)).astype(np.int32)
+    return _SRGB_LUT[index]
 
 
 def colour_rgb(cam: np.ndarray, gains: Sequence[float], srgb_from_wb_cam: np.ndarray) -> np.ndarray:
