@@ -469,6 +469,7 @@ BENCH_KINDS: dict[str, tuple[str, str]] = {
     "enhance": ("lab.bench.enhance", "enhance-stage speed per package and precision; strip exactness on the device"),
     "stack": ("lab.quality.stack_bench", "stack quality: merged stack vs single frame vs truth (PSNR, CIEDE2000)"),
     "service": ("lab.bench.service", "shots through a running `strata serve` (REST, queue, workers, storage)"),
+    "preview": ("lab.bench.preview", "the fast preview at ingest: binned mosaic -> sRGB JPEG (CPU), per step"),
 }
 
 
