@@ -95,10 +95,8 @@ def token_list(data_dir: DataDir = None) -> None:
     upgrade()
     with session_scope() as session:
         tokens = list_tokens(session)
-    out = _stdout()
-    for t in tokens:
-        out.print(f"{t.name}\t{t.role}\t{t.created_at}\t{'revoked' if t.revoked else 'live'}", markup=False,
-                  highlight=False)
+    for t in tokens:  # tab-separated: name, role, created, live|revoked
+        print(f"{t.name}\t{t.role}\t{t.created_at}\t{'revoked' if t.revoked else 'live'}")
 
 
 @token_app.command("revoke")

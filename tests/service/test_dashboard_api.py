@@ -187,3 +187,41 @@ def test_metrics_after_a_job(client: TestClient, synth_dir: Path) -> None:
         before, "strata_preview_seconds_count", kind="fast")
     assert _metric(text, "strata_preview_seconds_count", kind="final") >= 1
     assert "strata_queue_depth" in text and "strata_decode_failed_jobs" in text
+
+
+def test_workers_show_heartbeats_with_the_current_shard(client: TestClient, redis_url: str) -> None:
+    from workers.registry import Heartbeat, WorkerInfo
+
+    info = WorkerInfo(name="gpu7@test-host", kind="gpu", gpu="7", device="cuda:0", queue="gpu.gpu7@test-host",
+                      host="test-host", pid=1)
+    beat = Heartbeat(redis_url, info, 5, memory_mb=lambda: 1234.5)
+    beat.start()
+    try:
+        beat.set_shard(42)
+        body = client.get("/v1/workers", headers=_token("station-a")).json()
+        mine = next(w for w in body["workers"] if w["name"] == "gpu7@test-host")
+        assert mine["busy"] and mine["current_shard"] == 42 and mine["memory_mb"] == 1234.5
+        assert mine["last_heartbeat"] and {"coordinator", "gpu"} <= set(body["queues"])
+        assert set(body["queues"]["gpu"]) == {"interactive", "batch"}
+    finally:
+        beat.stop()
+
+
+def test_token_commands(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def strata(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "token", *args, "--data-dir", str(tmp_path)],
+                              capture_output=True, text=True, env={**__import__("os").environ,
+                                                                   "STRATA_DATABASE_URL": ""})
+
+    made = strata("create", "--admin", "--name", "boss")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip().splitlines()[-1].startswith("strata_")
+    assert strata("create", "--station", "studio-a").returncode == 0
+    listed = strata("list").stdout
+    assert "boss\tadmin" in listed and "studio-a\tstation" in listed
+    assert strata("revoke", "studio-a").returncode == 0
+    assert "studio-a\tstation" in strata("list").stdout and "revoked" in strata("list").stdout
+    assert strata("revoke", "nobody").returncode != 0
