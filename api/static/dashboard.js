@@ -106,14 +106,17 @@
 
   function renderJobs() {
     const body = document.querySelector("#jobs tbody");
-    const jobs = [...state.jobs.values()].sort((a, b) => (a.created_at < b.created_at ? 1 : -1));
+    // The status filter is applied here: the change feed brings every status, so a job that leaves the filtered
+    // status (running -> done) drops out instead of staying with a stale status.
+    const want = $("f-status").value;
+    const jobs = [...state.jobs.values()].filter((j) => !want || j.status === want)
+      .sort((a, b) => (a.created_at < b.created_at ? 1 : -1));
     body.replaceChildren(...jobs.map(jobRow));
     $("jobs-status").textContent = jobs.length + " job(s); updated " + new Date().toLocaleTimeString();
   }
 
   function filterQuery() {
     const p = new URLSearchParams();
-    if ($("f-status").value) p.set("status", $("f-status").value);
     if ($("f-station").value.trim()) p.set("station", $("f-station").value.trim());
     if ($("f-search").value.trim()) p.set("q", $("f-search").value.trim());
     return p;
@@ -235,7 +238,8 @@
     $("f-station-wrap").hidden = state.me.role !== "admin";
     let debounce = null;
     const refilter = () => { clearTimeout(debounce); debounce = setTimeout(() => pollJobs(true), 250); };
-    for (const id of ["f-status", "f-station", "f-search"]) $(id).addEventListener("input", refilter);
+    $("f-status").addEventListener("change", renderJobs);
+    for (const id of ["f-station", "f-search"]) $(id).addEventListener("input", refilter);
     $("filters").addEventListener("submit", (e) => { e.preventDefault(); refilter(); });
     jobsLoop();
   }
