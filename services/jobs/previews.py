@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from services.db.models import Job, Output
 from services.export.preview import write_preview
+from services.export.recipes import get_recipe
 from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
 from services.pipeline.prepare import PreparedShot
 from services.pipeline.preview import mosaic_preview, strips_preview
@@ -49,13 +50,17 @@ def fast_preview(session: Session, storage: Storage, job_id: str, shot: Prepared
 
 def final_preview(session: Session, storage: Storage, job_id: str, bands: Sequence[tuple[int, np.ndarray]]
                   ) -> None:
-    """At finalize: the preview becomes a downscale of the final render's strips."""
+    """At finalize: the preview becomes a downscale of the final render's strips, when they are sRGB-encoded (a
+    job rendering to another space keeps its fast preview, which is sRGB)."""
     t0 = time.perf_counter()
+    BYTES_WRITTEN.inc(sum(session.scalars(select(Output.bytes).where(Output.job_id == job_id))))
     try:
+        recipe = session.scalar(select(Job.recipe).where(Job.id == job_id))
+        if recipe is None or get_recipe(recipe).colour_space != "srgb":
+            return
         etag = write_preview(storage, job_id, strips_preview(bands))
     except Exception:  # noqa: BLE001 - as above
         log.exception("job %s: final preview failed", job_id)
         return
     _record(session, job_id, etag, "final")
-    BYTES_WRITTEN.inc(sum(session.scalars(select(Output.bytes).where(Output.job_id == job_id))))
     PREVIEW_SECONDS.labels(kind="final").observe(time.perf_counter() - t0)

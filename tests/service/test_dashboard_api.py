@@ -225,3 +225,13 @@ def test_token_commands(tmp_path: Path) -> None:
     assert strata("revoke", "studio-a").returncode == 0
     assert "studio-a\tstation" in strata("list").stdout and "revoked" in strata("list").stdout
     assert strata("revoke", "nobody").returncode != 0
+
+
+def test_a_non_srgb_render_keeps_its_srgb_fast_preview(client: TestClient, synth_dir: Path) -> None:
+    a = _token("station-a")
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    r = client.post("/v1/jobs", headers=a, files=[("frames", ("wide.dng", data))], data={"recipe": "tiff16-prophoto"})
+    assert r.status_code == 202, r.text
+    _run(r.json()["id"])
+    job = client.get(f"/v1/jobs/{r.json()['id']}", headers=a).json()
+    assert job["status"] == "done" and job["preview_kind"] == "fast"
