@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.staticfiles import StaticFiles
 
+from api.deps import refuse_token_in_query
 from api.errors import install_error_handlers
-from api.routes import batches, health, jobs, recipes
+from api.routes import batches, dashboard, health, jobs, metrics, recipes, tokens, workers
 from services.config import get_settings
+from services.logs import configure_logging
 
 
 @asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     if settings.migrate_on_start:
         from services.db.migrate import upgrade
 
@@ -30,10 +32,17 @@ def create_app() -> FastAPI:
         version="1.0",
         summary="Asynchronous RAW render service: upload shots, poll jobs, download 16-bit TIFFs.",
         lifespan=_lifespan,
+        dependencies=[Depends(refuse_token_in_query)],
     )
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(batches.router)
     app.include_router(recipes.router)
+    app.include_router(tokens.router)
+    app.include_router(tokens.me_router)
+    app.include_router(workers.router)
+    app.include_router(metrics.router)
+    app.include_router(dashboard.router)
+    app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
     return app

@@ -30,6 +30,7 @@ class _FilePart:
     key: str
     ctx: AbstractContextManager[BinaryIO]
     handle: BinaryIO
+    original: str = ""
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
     size: int = 0
 
@@ -80,10 +81,12 @@ class _Receiver:
             if len(self.files) + 1 > self.max_files:
                 raise BadInput(f"too many frames: at most {self.max_files} per job")
             index = len(self.files) + len(self.open_parts)
-            clean = safe_name(filename.decode("utf-8", "replace"), index)
+            original = filename.decode("utf-8", "replace")
+            clean = safe_name(original, index)
             key = frame_key(self.job_id, index, clean)
             ctx = self.storage.writer(key)
-            part = _FilePart(name=clean, key=key, ctx=ctx, handle=ctx.__enter__())
+            part = _FilePart(name=clean, key=key, ctx=ctx, handle=ctx.__enter__(),
+                             original=original[:255])
             self.open_parts.append(part)
             self.current = part
         else:
@@ -111,7 +114,7 @@ class _Receiver:
             part = self.current
             part.ctx.__exit__(None, None, None)  # publish the complete file
             self.open_parts.remove(part)
-            self.files.append(Upload(part.name, part.key, part.digest.hexdigest(), part.size))
+            self.files.append(Upload(part.name, part.key, part.digest.hexdigest(), part.size, part.original))
             self.current = None
         elif self.field_name is not None:
             self.fields.setdefault(self.field_name, []).append(self.field_value.decode("utf-8", "replace"))

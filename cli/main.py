@@ -20,7 +20,7 @@ from services.local_service import local_service, remember_local_service
 app = typer.Typer(help="Strata: asynchronous RAW render service. Exit codes: 0 ok, 1 a job failed, 2 bad usage, "
                   "3 service unreachable, 4 token refused.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
-token_app = typer.Typer(help="Station tokens.", no_args_is_help=True)
+token_app = typer.Typer(help="Station and admin tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download.", no_args_is_help=True)
 batch_app = typer.Typer(help="Overnight batches: create, status, report, list, cancel.", no_args_is_help=True)
@@ -62,25 +62,65 @@ def db_upgrade(data_dir: DataDir = None) -> None:
 
 @token_app.command("create")
 def token_create(
-    station: Annotated[str, typer.Option("--station", help="Capture station name.")],
+    station: Annotated[str | None, typer.Option("--station", help="Capture station name.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Principal name (with --admin).")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="A studio admin: sees and acts on every station's work.")]
+    = False,
     data_dir: DataDir = None,
     rotate: Annotated[bool, typer.Option("--rotate", help="Replace the token of an existing station.")] = False,
 ) -> None:
-    """Create a capture station and print its token (shown once, stored hashed) on the last line."""
+    """Create a capture station (or, with --admin, an admin) and print its token (shown once, stored hashed) on the
+    last line."""
+    who = (name or station or "").strip()
+    if not who:
+        raise _fail("give --station NAME (or --admin --name NAME)")
     _use_data_dir(data_dir)
     from services.db.migrate import upgrade
     from services.db.session import session_scope
-    from services.errors import Conflict
+    from services.errors import StrataError
     from services.stations import create_station_token
 
     upgrade()
     try:
         with session_scope() as session:
-            token = create_station_token(session, station, replace=rotate)
-    except Conflict as exc:
+            token = create_station_token(session, who, replace=rotate, role="admin" if admin else "station")
+    except StrataError as exc:
         raise _fail(exc.detail) from exc
-    console.print(f"station {station!r}: keep this token, it is not shown again")
+    console.print(f"{'admin' if admin else 'station'} {who!r}: keep this token, it is not shown again")
     print(token)
+
+
+@token_app.command("list")
+def token_list(data_dir: DataDir = None) -> None:
+    """Every station and admin: name, role, created, revoked."""
+    _use_data_dir(data_dir)
+    from services.db.migrate import upgrade
+    from services.db.session import session_scope
+    from services.stations import list_tokens
+
+    upgrade()
+    with session_scope() as session:
+        tokens = list_tokens(session)
+    for t in tokens:  # tab-separated: name, role, created, live|revoked
+        print(f"{t.name}\t{t.role}\t{t.created_at}\t{'revoked' if t.revoked else 'live'}")
+
+
+@token_app.command("revoke")
+def token_revoke(name: str, data_dir: DataDir = None) -> None:
+    """Revoke NAME's token: refused from now on (its jobs stay)."""
+    _use_data_dir(data_dir)
+    from services.db.migrate import upgrade
+    from services.db.session import session_scope
+    from services.errors import StrataError
+    from services.stations import revoke_token
+
+    upgrade()
+    try:
+        with session_scope() as session:
+            revoke_token(session, name)
+    except StrataError as exc:
+        raise _fail(exc.detail) from exc
+    console.print(f"revoked {name!r}")
 
 
 def ensure_local_token() -> Path:
@@ -139,6 +179,9 @@ def serve(
                           {"STRATA_MIGRATE_ON_START": "false"}))
     if workers:
         specs += worker_specs(settings)
+    from services.metrics import reset_multiproc_dir
+
+    reset_multiproc_dir()  # counters of an earlier run's processes
     sup = Supervisor(specs, log_dir=data / "logs")
     sup.start()
     url = f"http://{host}:{port}"
@@ -748,6 +791,7 @@ BENCH_KINDS: dict[str, tuple[str, str]] = {
     "enhance": ("lab.bench.enhance", "enhance-stage speed per package and precision; strip exactness on the device"),
     "stack": ("lab.quality.stack_bench", "stack quality: merged stack vs single frame vs truth (PSNR, CIEDE2000)"),
     "service": ("lab.bench.service", "shots through a running `strata serve` (REST, queue, workers, storage)"),
+    "preview": ("lab.bench.preview", "the fast preview at ingest: binned mosaic -> sRGB JPEG (CPU), per step"),
 }
 
 

@@ -110,9 +110,17 @@ class Settings(BaseSettings):
     fault_shard_delay_s: float = 0.0
 
     log_level: str = "INFO"
+    log_format: str = Field(default="text", description="text | json (one JSON object a line, with job/shard ids).")
+    metrics_dir: Path | None = Field(
+        default=None, description="Prometheus multiprocess folder shared by every process; default data_dir/metrics."
+    )
     migrate_on_start: bool = Field(default=True, description="The API upgrades the database when it starts.")
     token: str | None = Field(default=None, description="Bearer token `strata submit` uses (else the local one).")
     api_url: str = Field(default="http://127.0.0.1:8000", description="Where `strata submit` finds the API.")
+
+    @property
+    def resolved_metrics_dir(self) -> Path:
+        return (self.metrics_dir or self.data_dir / "metrics").resolve()
 
     @property
     def resolved_database_url(self) -> str:

@@ -42,6 +42,11 @@ class Unauthorized(StrataError):
     type = "unauthorized"
 
 
+class Forbidden(StrataError):
+    status_code = 403
+    type = "forbidden"
+
+
 class NotFound(StrataError):
     status_code = 404
     type = "not_found"

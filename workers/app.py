@@ -36,8 +36,10 @@ def make_celery(settings: Settings) -> Celery:
             "queue_order_strategy": "priority",
         },
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
-        task_send_sent_event=False,
+        # Task events (and Celery's own worker heartbeats, which the launcher leaves on) so Flower shows the
+        # workers and their tasks.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
         worker_cancel_long_running_tasks_on_connection_loss=True,
     )
     return app

@@ -40,7 +40,7 @@ def detect_gpus(settings: Settings) -> list[str]:
 def _celery(name: str, queues: list[str], pool: str, concurrency: int, settings: Settings) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "workers.app:celery_app", "worker", "-n", name,
             "-Q", ",".join(queues), "--pool", pool, "--concurrency", str(concurrency),
-            "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle",
             "--loglevel", settings.log_level.upper()]
 
 

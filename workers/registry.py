@@ -6,7 +6,9 @@ import contextlib
 import json
 import logging
 import threading
-from dataclasses import asdict, dataclass, fields
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
 import redis
 
@@ -23,7 +25,14 @@ class WorkerInfo:
     queue: str  # the worker's own queue
     host: str
     pid: int
-    memory_mb: int = 0  # GPU memory a strip may plan for (0: unknown, a CPU worker)
+    current_shard: int | None = None  # the shard id being computed, None when idle
+    memory_mb: float = 0.0  # torch.cuda.memory_allocated on a GPU, the process's RSS on the CPU
+    beat_at: float = 0.0  # Unix time of the last heartbeat
+
+    @property
+    def busy(self) -> bool:
+        return self.current_shard is not None
+    strip_budget_mb: int = 0  # GPU memory a strip may plan for (0: unknown, a CPU worker)
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -36,8 +45,8 @@ def live_workers(client: redis.Redis, kind: str | None = None) -> list[WorkerInf
     for key in client.scan_iter(match=f"{PREFIX}*", count=100):
         raw = client.get(key)
         if raw:
-            known = {f.name for f in fields(WorkerInfo)}  # newer or older workers may beat other fields
-            info = WorkerInfo(**{k: v for k, v in json.loads(raw).items() if k in known})
+            fields = json.loads(raw)
+            info = WorkerInfo(**{k: v for k, v in fields.items() if k in WorkerInfo.__dataclass_fields__})
             if kind is None or info.kind == kind:
                 infos.append(info)
     return sorted(infos, key=lambda i: i.name)
@@ -46,9 +55,12 @@ def live_workers(client: redis.Redis, kind: str | None = None) -> list[WorkerInf
 class Heartbeat:
     """Refreshes this worker's registry key every ``interval`` seconds until stopped."""
 
-    def __init__(self, url: str, info: WorkerInfo, interval: float) -> None:
+    def __init__(self, url: str, info: WorkerInfo, interval: float,
+                 memory_mb: Callable[[], float] | None = None) -> None:
         self.client = redis_client(url)
         self.info = info
+        self.current_shard: int | None = None
+        self.memory_mb = memory_mb or (lambda: 0.0)
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="strata-heartbeat", daemon=True)
@@ -57,10 +69,16 @@ class Heartbeat:
         self._beat()
         self._thread.start()
 
+    def set_shard(self, shard_id: int | None) -> None:
+        """Note the shard now computing (None: idle) and beat at once, so the dashboard sees it promptly."""
+        self.current_shard = shard_id
+        self._beat()
+
     def _beat(self) -> None:
+        info = replace(self.info, current_shard=self.current_shard, memory_mb=round(self.memory_mb(), 1),
+                       beat_at=time.time())
         try:
-            self.client.set(PREFIX + self.info.name, json.dumps(asdict(self.info)),
-                            ex=max(int(self.interval * 3), 2))
+            self.client.set(PREFIX + self.info.name, json.dumps(asdict(info)), ex=max(int(self.interval * 3), 2))
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
 
@@ -87,3 +105,11 @@ def queue_depths(client: redis.Redis, queues: list[str]) -> dict[str, int]:
     for q in queues:
         depths[q] = sum(int(client.llen(k)) for k in [q, *(f"{q}:{p}" for p in range(1, 10))])
     return depths
+
+
+def queue_depths_by_priority(client: redis.Redis, queues: list[str], priorities: dict[str, int]
+                             ) -> dict[str, dict[str, int]]:
+    """Messages waiting per queue and named priority (the Redis transport keeps priority p in ``queue:p``,
+    priority 0 in ``queue`` itself)."""
+    return {q: {name: int(client.llen(q if p == 0 else f"{q}:{p}")) for name, p in priorities.items()}
+            for q in queues}

@@ -117,8 +117,9 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     from workers.app import broker_url
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
-                      pid=os.getpid(), memory_mb=_strip_memory_mb(device, settings.gpu_memory_fraction))
-    _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s)
+                      pid=os.getpid(), strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction))
+    _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s,
+                           memory_mb=lambda: memory_mb(device))
     _heartbeat.start()
     if kind == "coordinator":  # decoder children waiting for the first stack's frames
         from services.raw.decode import prestart
@@ -139,6 +140,25 @@ def _periodic(what: str, fn: Callable[[], object], interval: float) -> None:
             fn()
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("%s pass failed", what)
+
+
+def memory_mb(device: str) -> float:
+    """Memory in use: the torch CUDA allocator's on a GPU worker, the process's resident set on the CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.memory_allocated() / 2**20
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def set_current_shard(shard_id: int | None) -> None:
+    """The shard this worker computes now (None: idle), for its heartbeat."""
+    if _heartbeat is not None:
+        _heartbeat.set_shard(shard_id)
 
 
 def stop() -> None:
@@ -172,7 +192,7 @@ def gpu_capacity() -> tuple[int, int]:
         workers = live_workers(redis_client(broker_url(get_settings())), "gpu")
     except Exception:  # noqa: BLE001 - planning still works with one worker and default strips
         return 1, 0
-    budgets = [w.memory_mb for w in workers]
+    budgets = [w.strip_budget_mb for w in workers]
     return max(1, len(workers)), (min(budgets) if budgets and min(budgets) > 0 else 0)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -11,7 +12,7 @@ from typing import TypeVar
 import httpx
 import redis
 from celery import Task
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import after_setup_logger, worker_process_init, worker_ready, worker_shutdown
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -26,6 +27,7 @@ from services.jobs import flow
 from services.jobs.reconcile import reconcile
 from services.jobs.retention import PruneReport, retention_pass
 from services.jobs.tickets import Repairs, ShardTicket
+from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
 from workers import runtime
 from workers.app import COORDINATOR_QUEUE, PRIORITIES, broker_url, celery_app
@@ -107,13 +109,16 @@ def ingest(job_id: str) -> None:
             n_workers, memory_mb = runtime.gpu_capacity()
             return flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers, memory_mb)
 
-    _coordinator_step("ingest", job_id, work)
+    with STAGE_SECONDS.labels(stage="ingest").time():
+        _coordinator_step("ingest", job_id, work)
 
 
 @celery_app.task(name="strata.run_shard", bind=True, max_retries=get_settings().shard_max_retries)
 def run_shard(self: Task, shard_id: int) -> None:
     settings = get_settings()
     ctx = runtime.context()
+    t0 = time.perf_counter()
+    runtime.set_current_shard(shard_id)
     try:
         with session_scope() as session:
             outcome = flow.run_shard(session, get_storage(), shard_id, worker=ctx.name, gpu=ctx.gpu,
@@ -124,6 +129,7 @@ def run_shard(self: Task, shard_id: int) -> None:
         _start_over(exc)
         return
     except TRANSIENT as exc:
+        RETRIES.labels(task="run_shard").inc()
         raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 60), max_retries=20) from exc
     except Exception as exc:  # noqa: BLE001 - retried a bounded number of times, then the job fails
         final = self.request.retries >= settings.shard_max_retries
@@ -132,8 +138,14 @@ def run_shard(self: Task, shard_id: int) -> None:
             flow.record_shard_failure(session, shard_id, f"{type(exc).__name__}: {exc}", final=final,
                                       storage=get_storage())
         if not final:
+            RETRIES.labels(task="run_shard").inc()
             raise self.retry(exc=exc, countdown=1) from exc
         return
+    finally:
+        runtime.set_current_shard(None)
+        seconds = time.perf_counter() - t0
+        SHARD_SECONDS.labels(kind="shard").observe(seconds)
+        GPU_BUSY_SECONDS.labels(gpu=ctx.gpu).inc(seconds)
     if outcome.phase_complete:
         dispatch_advance(outcome.job_id, outcome.priority)
 
@@ -144,7 +156,8 @@ def advance(job_id: str) -> None:
         with session_scope() as session:
             return flow.advance_job(session, get_storage(), get_settings(), job_id)
 
-    _coordinator_step("advance", job_id, work)
+    with STAGE_SECONDS.labels(stage="advance").time():
+        _coordinator_step("advance", job_id, work)
 
 
 def reconcile_once() -> Repairs | None:
@@ -255,6 +268,16 @@ def notify_batch(self: Task, batch_id: str) -> None:
         log.warning("batch %s webhook attempt %d: %s", batch_id, attempts, status)
         if attempts < settings.webhook_max_attempts:
             raise self.retry(countdown=settings.webhook_backoff_s * 2 ** (attempts - 1))
+
+
+@after_setup_logger.connect
+def _json_logs(logger: logging.Logger | None = None, **_: object) -> None:
+    """STRATA_LOG_FORMAT=json: the worker's log lines become JSON objects too (with job and shard ids)."""
+    if get_settings().log_format == "json" and logger is not None:
+        from services.logs import JsonFormatter
+
+        for handler in logger.handlers:
+            handler.setFormatter(JsonFormatter())
 
 
 @worker_process_init.connect

@@ -11,12 +11,13 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import SessionDep, StationDep
-from api.schemas import ErrorOut, JobList, JobOut
+from api.schemas import ErrorOut, JobChanges, JobList, JobOut
 from api.uploads import receive_multipart
 from services.config import get_settings
 from services.db.models import Job, new_id
 from services.errors import RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
+from services.metrics import BYTES_UPLOADED
 from services.storage import get_storage
 from workers.tasks import enqueue_ingest
 
@@ -81,26 +82,62 @@ async def receive_shot(request: Request, submit: Submit) -> Job:
         form = await receive_multipart(request.headers.get("content-type", ""), request.stream(), storage, job_id,
                                        max_bytes=settings.max_upload_bytes, max_files=settings.max_frames)
         job = await run_in_threadpool(submit, job_id, form.files, service.JobRequest.from_form(form.fields))
+    BYTES_UPLOADED.inc(sum(f.bytes for f in job.frames))
     if service.enqueue_now(job):
         enqueue_ingest(job.id, job.priority)
     return job
 
 
-@router.get("", response_model=JobList, responses=ERRORS, summary="List this station's jobs, newest first")
+StatusQ = Annotated[str | None, Query(description="queued|running|done|failed|cancelled")]
+StationQ = Annotated[str | None, Query(description="Admins: only this station's jobs (stations: ignored).")]
+SearchQ = Annotated[str | None, Query(max_length=200, description="Case-insensitive part of a frame's file name.")]
+
+
+@router.get("", response_model=JobList, responses=ERRORS,
+            summary="List the jobs this token may see (a station: its own; an admin: all), newest first")
 def list_jobs(
     session: SessionDep,
     station: StationDep,
-    status: Annotated[str | None, Query(description="queued|running|done|failed|cancelled")] = None,
+    status: StatusQ = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
+    station_name: Annotated[str | None, Query(alias="station", description="Admins: one station's jobs.")] = None,
+    q: SearchQ = None,
 ) -> JobList:
-    jobs, next_cursor = service.list_jobs(session, station, status=status, limit=limit, cursor=cursor)
+    jobs, next_cursor = service.list_jobs(session, station, status=status, limit=limit, cursor=cursor,
+                                          where=service.JobFilter(status, station_name, q))
     return JobList(jobs=[JobOut.of(j) for j in jobs], next_cursor=next_cursor)
+
+
+@router.get("/changes", response_model=JobChanges, responses=ERRORS,
+            summary="Jobs changed since a cursor: what a dashboard polls instead of reloading the list")
+def job_changes(
+    session: SessionDep, station: StationDep, since: str | None = None, status: StatusQ = None,
+    station_name: Annotated[str | None, Query(alias="station", description="Admins: one station's jobs.")] = None,
+    q: SearchQ = None, limit: Annotated[int, Query(ge=1, le=500)] = 200,
+) -> JobChanges:
+    jobs, cursor = service.job_changes(session, station, since, service.JobFilter(status, station_name, q), limit)
+    return JobChanges(jobs=[JobOut.of(j) for j in jobs], cursor=cursor)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="Job status")
 def get_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
     return JobOut.of(service.get_job(session, station, job_id))
+
+
+PREVIEW_MAX_AGE_S = 5  # short: a fast preview is replaced by the render's when the job is done
+
+
+@router.get("/{job_id}/preview", response_class=Response, responses={**ERRORS, 200: {"content": {"image/jpeg": {}}},
+                                                                     304: {"description": "Not modified"}},
+            summary="The job's JPEG preview (ETag; If-None-Match answers 304)")
+def get_preview(job_id: str, session: SessionDep, station: StationDep,
+                if_none_match: Annotated[str | None, Header()] = None) -> Response:
+    preview = service.preview_of(session, get_storage(), station, job_id)
+    headers = {"ETag": f'"{preview.etag}"', "Cache-Control": f"private, max-age={PREVIEW_MAX_AGE_S}"}
+    if if_none_match and preview.etag in {t.strip().strip('"').removeprefix('W/"') for t in if_none_match.split(",")}:
+        return Response(status_code=304, headers=headers)
+    return Response(get_storage().open(preview.key).read(), media_type="image/jpeg", headers=headers)
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS, summary="Cancel a job")

@@ -35,6 +35,13 @@ class Station(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # "station" (sees its own jobs) or "admin" (sees and acts on every station's work).
+    role: Mapped[str] = mapped_column(String(16), default="station", server_default="station")
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
 
 
 class Job(Base):
@@ -62,7 +69,13 @@ class Job(Base):
     admitted_at: Mapped[dt.datetime | None] = mapped_column(default=None)
     # When retention removed its uploads and outputs (services/jobs/retention.py); None while they are kept.
     pruned_at: Mapped[dt.datetime | None] = mapped_column(default=None)
+    # Bumped by every UPDATE of the row (ORM or Core): the dashboard's change feed reads it.
+    updated_at: Mapped[dt.datetime | None] = mapped_column(default=utcnow, onupdate=utcnow, index=True)
+    # The JPEG preview (storage key from services.storage.keys.preview_key): its ETag and "fast" | "final".
+    preview_etag: Mapped[str | None] = mapped_column(String(64), default=None)
+    preview_kind: Mapped[str | None] = mapped_column(String(16), default=None)
 
+    station: Mapped[Station] = relationship(lazy="joined")
     frames: Mapped[list[Frame]] = relationship(
         back_populates="job", order_by="Frame.index", cascade="all, delete-orphan"
     )
@@ -108,10 +121,12 @@ class Frame(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     index: Mapped[int] = mapped_column(Integer)
-    name: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(255))  # the safe form used in storage keys and downloads
     sha256: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger)
     storage_key: Mapped[str] = mapped_column(String(500))
+    # The file name exactly as uploaded (any characters: shown as text, never used as a path).
+    original_name: Mapped[str | None] = mapped_column(String(255), default=None)
     job: Mapped[Job] = relationship(back_populates="frames")
 
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import Select, and_, func, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
@@ -21,9 +21,10 @@ from services.export.recipes import resolve_recipes
 from services.jobs.cameras import resolve_camera
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, parse_enum
 from services.raw.probe import probe_raw
+from services.stations import ensure_visible, owner_filter
 from services.storage import Storage
 from services.storage.intermediates import remove_intermediates
-from services.storage.keys import job_prefix
+from services.storage.keys import job_prefix, preview_key
 
 STATUSES = tuple(s.value for s in JobStatus)
 PRIORITIES = tuple(p.value for p in Priority)
@@ -37,6 +38,7 @@ class Upload:
     storage_key: str
     sha256: str
     bytes: int
+    original_name: str = ""  # the file name as sent (shown to people; ``name`` is its safe form)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class ReceivedFile:
     sha256: str
     bytes: int
     model: str
+    original_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,8 @@ def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedF
                 probe = probe_raw(f)
         except BadRawFile as exc:
             raise BadRawFile(f"{u.name}: {exc.reason}") from exc
-        files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip()))
+        files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip(),
+                                  u.original_name))
     return files
 
 
@@ -170,8 +174,8 @@ def create_job(
               recipe=chosen[0].name, recipes=[r.name for r in chosen], priority=priority, stage=Stage.QUEUED,
               params={} if naming is None else {"naming": naming.strip()}, batch_id=batch_id,
               admitted_at=None if in_batch_lane(priority, batch_id) else utcnow())
-    job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key)
-                  for i, f in enumerate(files)]
+    job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key,
+                        original_name=f.original_name or None) for i, f in enumerate(files)]
     session.add(job)
     session.commit()
     return job
@@ -182,8 +186,9 @@ def get_job(session: Session, station: Station, job_id: str) -> Job:
         select(Job).where(Job.id == job_id)
         .options(selectinload(Job.frames), selectinload(Job.shards), selectinload(Job.outputs))
     ).one_or_none()
-    if job is None or job.station_id != station.id:
+    if job is None:
         raise NotFound(f"job {job_id} not found")
+    ensure_visible(station, job.station_id, f"job {job_id}")
     return job
 
 
@@ -204,23 +209,66 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
         raise BadInput("invalid cursor") from exc
 
 
+@dataclass(frozen=True)
+class JobFilter:
+    """What a list is limited to: a status, a station (admins only; a station always sees its own), a file
+    name search (case-insensitive substring of any frame's name)."""
+
+    status: str | None = None
+    station: str | None = None
+    search: str | None = None
+
+
+def _filtered(session: Session, principal: Station, where: JobFilter) -> Select[Job]:
+    if where.status is not None and where.status not in STATUSES:
+        raise BadInput(f"unknown status {where.status!r}; expected one of {', '.join(STATUSES)}")
+    stmt = select(Job).options(selectinload(Job.frames), selectinload(Job.shards), selectinload(Job.outputs))
+    owner = owner_filter(principal, where.station, session)
+    if owner is not None:
+        stmt = stmt.where(Job.station_id == owner)
+    if where.status:
+        stmt = stmt.where(Job.status == where.status)
+    if where.search and where.search.strip():
+        pattern = "%" + where.search.strip().lower().replace("%", r"\%").replace("_", r"\_") + "%"
+        stmt = stmt.where(Job.frames.any(or_(func.lower(Frame.name).like(pattern, escape="\\"),
+                                             func.lower(Frame.original_name).like(pattern, escape="\\"))))
+    return stmt
+
+
 def list_jobs(
-    session: Session, station: Station, *, status: str | None, limit: int, cursor: str | None
+    session: Session, station: Station, *, status: str | None, limit: int, cursor: str | None,
+    where: JobFilter | None = None,
 ) -> tuple[list[Job], str | None]:
-    """The station's jobs, newest first, keyset-paged; returns (jobs, next cursor or None)."""
-    if status is not None and status not in STATUSES:
-        raise BadInput(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")
-    stmt = (select(Job).where(Job.station_id == station.id)
-            .options(selectinload(Job.frames), selectinload(Job.shards), selectinload(Job.outputs))
-            .order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1))
-    if status:
-        stmt = stmt.where(Job.status == status)
+    """The jobs the principal may see, newest first, keyset-paged; returns (jobs, next cursor or None)."""
+    where = where or JobFilter(status=status)
+    stmt = _filtered(session, station, where).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
     if cursor:
         created, job_id = decode_cursor(cursor)
         stmt = stmt.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
     jobs = list(session.scalars(stmt))
     next_cursor = _encode_cursor(jobs[limit - 1]) if len(jobs) > limit else None
     return jobs[:limit], next_cursor
+
+
+# The change feed's cursor lags the newest change by this much: a transaction that committed late with an
+# earlier stamp is still seen (the client merges by id, so a job seen twice costs nothing).
+CHANGE_OVERLAP = dt.timedelta(seconds=2)
+
+
+def job_changes(session: Session, principal: Station, since: str | None, where: JobFilter, limit: int = 200
+                ) -> tuple[list[Job], str]:
+    """Jobs changed since the cursor (all matching ones, newest first, when there is none) and the next cursor:
+    what a dashboard polls instead of reloading its whole list."""
+    now = utcnow()
+    stmt = _filtered(session, principal, where)
+    if since:
+        try:
+            stamp = dt.datetime.fromisoformat(since)
+        except ValueError as exc:
+            raise BadInput(f"invalid since cursor {since!r}") from exc
+        stmt = stmt.where(Job.updated_at >= as_utc(stamp) - CHANGE_OVERLAP)
+    jobs = list(session.scalars(stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)))
+    return jobs, now.isoformat()
 
 
 def cancel_job(session: Session, storage: Storage, station: Station, job_id: str) -> Job:
@@ -248,3 +296,19 @@ def output_of(job: Job, name: str) -> Output:
                            f"{as_utc(out.deleted_at).isoformat(timespec='seconds')}")
             return out
     raise NotFound(f"job {job.id} has no output {name!r}")
+
+
+@dataclass(frozen=True)
+class Preview:
+    key: str
+    etag: str
+    kind: str
+
+
+def preview_of(session: Session, storage: Storage, principal: Station, job_id: str) -> Preview:
+    """The job's preview, NotFound while it has none (not decoded yet, or failed before a preview)."""
+    job = get_job(session, principal, job_id)
+    key = preview_key(job.id)
+    if not job.preview_etag or not storage.exists(key):
+        raise NotFound(f"job {job_id} has no preview yet" + (f" ({job.status})" if job.status != "queued" else ""))
+    return Preview(key, job.preview_etag, job.preview_kind or "fast")

@@ -6,6 +6,7 @@ jobs/<id>/raw/NN.npy                decoded mosaics (intermediate)
 jobs/<id>/p<phase>/<kind>_NNN.npy   shard results: strips, frame-group accumulators (intermediate)
 jobs/<id>/p<phase>/strip_NNN.<space>.npy  a strip in a further output space (a job whose recipes need several)
 jobs/<id>/out/<name>                outputs (durable)
+jobs/<id>/preview.jpg               the JPEG preview (durable; fast at ingest, replaced at finalize)
 ```
 """
 
@@ -45,3 +46,8 @@ def output_key(job_id: str, name: str) -> str:
 
 def intermediate_prefixes(job_id: str) -> list[str]:
     return [f"jobs/{job_id}/{folder}" for folder in INTERMEDIATE_FOLDERS]
+
+
+def preview_key(job_id: str) -> str:
+    """The job's small sRGB JPEG preview."""
+    return f"jobs/{job_id}/preview.jpg"

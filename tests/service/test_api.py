@@ -73,8 +73,8 @@ def test_upload_creates_a_queued_job(client: TestClient, auth: dict[str, str], s
     assert r.status_code == 202, r.text
     job = r.json()
     assert job["status"] == "queued" and job["camera"] == "IQ3_S" and job["priority"] == "batch"
-    assert job["frames"] == [{"name": "frame_00.dng", "sha256": hashlib.sha256(data).hexdigest(),
-                              "bytes": len(data)}]
+    assert job["frames"] == [{"name": "frame_00.dng", "original_name": "frame_00.dng",
+                              "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}]
     assert client.get(f"/v1/jobs/{job['id']}", headers=auth).json()["id"] == job["id"]
     stored = [p for p in _storage_files() if p.name.endswith("frame_00.dng")]
     assert len(stored) == 1 and stored[0].read_bytes() == data

@@ -1,0 +1,40 @@
+"""GPU workers and queue depths (any valid token: nothing in it belongs to one station)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from fastapi import APIRouter
+
+from api.deps import StationDep
+from api.schemas import ErrorOut, WorkerOut, WorkersOut
+from services.config import get_settings
+from workers.app import COORDINATOR_QUEUE, GPU_QUEUE, PRIORITIES, broker_url
+from workers.registry import WorkerInfo, live_workers, queue_depths_by_priority, redis_client
+
+router = APIRouter(prefix="/v1", tags=["workers"])
+
+
+def _out(w: WorkerInfo) -> WorkerOut:
+    beat = dt.datetime.fromtimestamp(w.beat_at, dt.UTC) if w.beat_at else None
+    return WorkerOut(name=w.name, kind=w.kind, host=w.host, gpu=w.gpu, device=w.device, busy=w.busy,
+                     current_shard=w.current_shard, memory_mb=w.memory_mb, last_heartbeat=beat)
+
+
+def _queues() -> dict[str, dict[str, int]]:
+    client = redis_client(broker_url(get_settings()))
+    workers = live_workers(client, "gpu")
+    return queue_depths_by_priority(client, [COORDINATOR_QUEUE, GPU_QUEUE, *(w.queue for w in workers)], PRIORITIES)
+
+
+@router.get("/workers", response_model=WorkersOut, responses={401: {"model": ErrorOut}},
+            summary="Live workers (heartbeats) and queue depths per priority")
+def list_workers(_: StationDep) -> WorkersOut:
+    client = redis_client(broker_url(get_settings()))
+    return WorkersOut(workers=[_out(w) for w in live_workers(client)], queues=_queues())
+
+
+@router.get("/queues", response_model=dict[str, dict[str, int]], responses={401: {"model": ErrorOut}},
+            summary="Messages waiting per queue and priority")
+def list_queues(_: StationDep) -> dict[str, dict[str, int]]:
+    return _queues()

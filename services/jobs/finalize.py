@@ -1,0 +1,97 @@
+"""Finalize, the job's last step: one output file per recipe from the last phase's strips, recorded; the job done.
+
+Called by :func:`services.jobs.flow.advance_job` once the last GPU phase is claimed (stage ``encoding``); safe to
+re-run (same names, same bytes, the same rows updated).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from services.config import Settings
+from services.db.models import Job, Output, Shard, Station, as_utc, job_recipes, utcnow
+from services.errors import NotFound
+from services.export.metadata import OutputMetadata
+from services.export.naming import NameTokens
+from services.export.output import WrittenOutput, write_outputs
+from services.export.recipes import resolve_recipes
+from services.export.tiff import Bands
+from services.jobs.plan import JobPlan, strip_keys
+from services.jobs.previews import final_preview
+from services.jobs.states import ACTIVE, JobStatus, Stage
+from services.raw.meta import CaptureInfo
+from services.storage import Storage
+from services.storage.intermediates import load_intermediate, remove_intermediates
+
+log = logging.getLogger(__name__)
+
+
+def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard]) -> dict[str, Bands]:
+    """The last phase's strips of every output space, memory-mapped (tiles are cut from them, no stitched copy)."""
+    spaces: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for s in strips:
+        for space, key in strip_keys(job.id, plan.render, s.phase, s.kind, s.index).items():
+            spaces.setdefault(space, []).append((int(s.payload["y0"]), load_intermediate(storage, job.id, key)))
+    for space, bands in spaces.items():
+        covered = sum(rows.shape[0] for _, rows in bands)
+        if covered != plan.height:  # the writer checks their widths and order
+            raise ValueError(f"{space} strips cover {covered} of the image's {plan.height} rows")
+    return dict(spaces)
+
+
+def _name_tokens(session: Session, job: Job, capture: CaptureInfo) -> NameTokens:
+    """The naming tokens of a job's outputs; ``seq`` counts the station's jobs up to this one (creation order)."""
+    created = job.created_at
+    seq = session.scalar(select(func.count()).where(Job.station_id == job.station_id, or_(
+        Job.created_at < created, and_(Job.created_at == created, Job.id <= job.id))))
+    station = session.get(Station, job.station_id)
+    return NameTokens(station=station.name if station else "", camera=capture.model or job.camera,
+                      capture_date=capture.capture_date or as_utc(job.created_at).date().isoformat(),
+                      stem=Path(job.frames[0].name).stem, seq=int(seq or 1), job=job.id)
+
+
+def _record_outputs(session: Session, job_id: str, outs: list[WrittenOutput]) -> None:
+    """One Output row per written file; a re-run finalize (same names, same bytes) updates its rows."""
+    existing = {o.name: o for o in session.scalars(select(Output).where(Output.job_id == job_id))}
+    for out in outs:
+        row = existing.get(out.name)
+        if row is None:
+            session.add(Output(job_id=job_id, name=out.name, storage_key=out.storage_key, sha256=out.sha256,
+                               bytes=out.bytes, recipe=out.recipe, media_type=out.media_type))
+        else:
+            row.storage_key, row.sha256, row.bytes = out.storage_key, out.sha256, out.bytes
+            row.recipe, row.media_type = out.recipe, out.media_type
+
+
+def finalize_job(session: Session, storage: Storage, settings: Settings, job_id: str) -> None:
+    """Write one output per recipe from the last phase's strips (of each recipe's colour space), record them,
+    mark the job done, drop intermediates."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    plan = JobPlan.from_params(job.params)
+    strips = list(session.scalars(select(Shard).where(Shard.job_id == job_id, Shard.phase == len(plan.phases) - 1)
+                                  .order_by(Shard.index)))
+    spaces = _space_bands(storage, job, plan, strips)
+    t0 = time.perf_counter()
+    recipes = resolve_recipes(job_recipes(job))
+    naming = job.params.get("naming")
+    if naming:  # the job's own template for every recipe (validated at creation)
+        recipes = [r.model_copy(update={"naming": naming}) for r in recipes]
+    capture = plan.frames[0].capture or CaptureInfo(make=plan.frames[0].make, model=plan.frames[0].model)
+    outs = write_outputs(storage, job_id, spaces, recipes, _name_tokens(session, job, capture),
+                         OutputMetadata(capture, job.frames[0].name), threads=settings.tiff_threads)
+    _record_outputs(session, job_id, outs)
+    session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
+        status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow()))
+    session.commit()
+    final_preview(session, storage, job_id, spaces.get("srgb"))
+    remove_intermediates(storage, job_id)
+    log.info("job %s done: %s (%d bytes; outputs written and recorded in %.2fs)", job_id,
+             ", ".join(o.name for o in outs), sum(o.bytes for o in outs), time.perf_counter() - t0)

@@ -1,0 +1,65 @@
+"""The job's preview, kept up to date by the state machine: a fast one at ingest (from the decoded reference
+mosaic, before any GPU work), replaced at finalize by a downscale of the final render. A preview that cannot be
+made is logged and skipped: it never fails a job."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from services.db.models import Job, Output
+from services.export.preview import write_preview
+from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
+from services.pipeline.prepare import PreparedShot
+from services.pipeline.preview import mosaic_preview, strips_preview
+from services.raw.colour import render_colour, white_balance_neutral
+from services.storage.base import Storage
+from services.storage.keys import raw_key
+
+log = logging.getLogger(__name__)
+
+
+def _record(session: Session, job_id: str, etag: str, kind: str) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(preview_etag=etag, preview_kind=kind))
+    session.commit()
+
+
+def fast_preview(session: Session, storage: Storage, job_id: str, shot: PreparedShot) -> None:
+    """At ingest: the preview from frame 0's decoded mosaic (binned, white balanced, the shot's colour, sRGB)."""
+    t0 = time.perf_counter()
+    try:
+        meta = shot.frames[0]
+        mosaic = storage.load_array(raw_key(job_id, 0))
+        colour = render_colour(meta, "srgb", neutral=white_balance_neutral(meta, mosaic))
+        rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=shot.render.black, white=shot.render.white,
+                             gains=colour.gains, srgb_from_wb_cam=colour.out_from_wb_cam)
+        etag = write_preview(storage, job_id, rgb)
+    except Exception:  # noqa: BLE001 - a preview is a convenience: the render goes on without it
+        log.exception("job %s: fast preview failed", job_id)
+        return
+    _record(session, job_id, etag, "fast")
+    PREVIEW_SECONDS.labels(kind="fast").observe(time.perf_counter() - t0)
+    log.info("job %s: fast preview in %.3fs", job_id, time.perf_counter() - t0)
+
+
+def final_preview(session: Session, storage: Storage, job_id: str,
+                  srgb_bands: Sequence[tuple[int, np.ndarray]] | None) -> None:
+    """At finalize: the preview becomes a downscale of the final render's sRGB strips (``srgb_bands``; a job
+    whose recipes render no sRGB keeps its fast preview, which is sRGB)."""
+    t0 = time.perf_counter()
+    BYTES_WRITTEN.inc(sum(session.scalars(select(Output.bytes).where(Output.job_id == job_id))))
+    if srgb_bands is None:
+        return
+    bands = srgb_bands
+    try:
+        etag = write_preview(storage, job_id, strips_preview(bands))
+    except Exception:  # noqa: BLE001 - as above
+        log.exception("job %s: final preview failed", job_id)
+        return
+    _record(session, job_id, etag, "final")
+    PREVIEW_SECONDS.labels(kind="final").observe(time.perf_counter() - t0)

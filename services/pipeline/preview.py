@@ -1,0 +1,114 @@
+"""Previews: small sRGB images of a shot, as pure functions on the CPU (numpy).
+
+Two sources:
+
+* :func:`mosaic_preview` -- the fast path at ingest, from the decoded reference mosaic: each block of
+  ``2f x 2f`` photosites is summed per CFA site (2x2 binning, then ``f x f`` more: one pass over the mosaic,
+  a free reshape of it), levels normalised, white balance and the shot's camera -> sRGB matrix applied, sRGB
+  encoded. It does not wait for the render (no demosaic, no model).
+* :func:`strips_preview` -- at finalize, a box downscale of the final render's sRGB-encoded strips.
+
+Both return (h, w, 3) uint8 with a long edge of at most ``long_edge`` (the writer resizes to it exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+LONG_EDGE = 1600
+# Position of R, G, G, B in a 2x2 CFA block (row-major) for each pattern.
+_SITES = {"RGGB": "RGGB", "BGGR": "BGGR", "GRBG": "GRBG", "GBRG": "GBRG"}
+
+
+def bin_factor(height: int, width: int, long_edge: int = LONG_EDGE) -> int:
+    """Extra binning after the 2x2 step so the binned long edge is the smallest one still >= ``long_edge``
+    (at least 1)."""
+    return max(1, max(height, width) // 2 // long_edge)
+
+
+def bin_mosaic(mosaic: np.ndarray, factor: int) -> np.ndarray:
+    """(H, W) Bayer mosaic -> (h, w, 4) float32 means of each CFA site (row-major 2x2 order) over blocks of
+    ``2*factor`` rows and columns; the last partial block of rows/columns is dropped. Strided views added up
+    in place: no copy of the mosaic (it may be memory-mapped)."""
+    if mosaic.ndim != 2:
+        raise ValueError(f"mosaic must be (H, W), got {mosaic.shape}")
+    block = 2 * factor
+    h, w = mosaic.shape[0] // block, mosaic.shape[1] // block
+    if h == 0 or w == 0:
+        raise ValueError(f"mosaic {mosaic.shape} is smaller than one {block}x{block} block")
+    acc = np.zeros((h, w, 4), dtype=np.uint32)
+    for a in range(factor):
+        for b in range(factor):
+            for site in range(4):
+                p, q = divmod(site, 2)
+                acc[..., site] += mosaic[a * 2 + p::block, b * 2 + q::block][:h, :w]
+    return acc.astype(np.float32) / np.float32(factor * factor)
+
+
+def sites_to_rgb(sites: np.ndarray, cfa: str, black: Sequence[float], white: float) -> np.ndarray:
+    """(h, w, 4) per-site means -> (h, w, 3) camera RGB in [0, 1] (black subtracted per site, greens averaged)."""
+    if cfa not in _SITES:
+        raise ValueError(f"unsupported CFA {cfa!r}")
+    norm = (sites - np.asarray(black, dtype=np.float32)) / np.float32(white - max(black))
+    rgb = np.zeros((*sites.shape[:2], 3), dtype=np.float32)
+    for i, colour in enumerate(cfa):
+        channel = "RGB".index(colour)
+        rgb[..., channel] += norm[..., i] * (0.5 if colour == "G" else 1.0)
+    return np.clip(rgb, 0.0, 1.0)
+
+
+def _srgb_curve(x: np.ndarray) -> np.ndarray:
+    return np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(x, 1 / 2.4) - 0.055)
+
+
+_LUT_SIZE = 8192  # linear steps of the encode table: finer than 8-bit sRGB needs anywhere on the curve
+_SRGB_LUT = np.round(_srgb_curve(np.linspace(0.0, 1.0, _LUT_SIZE)) * 255.0).astype(np.uint8)
+
+
+def srgb_encode(linear: np.ndarray) -> np.ndarray:
+    """Linear [0, 1] -> sRGB-encoded uint8 (IEC 61966-2-1), through a table (no per-pixel power)."""
+    index = (np.clip(linear, 0.0, 1.0) * np.float32(_LUT_SIZE - 1) + np.float32(0.5)).astype(np.int32)
+    return _SRGB_LUT[index]
+
+
+def colour_rgb(cam: np.ndarray, gains: Sequence[float], srgb_from_wb_cam: np.ndarray) -> np.ndarray:
+    """Camera RGB -> linear sRGB: white balance gains, then the shot's 3x3 matrix."""
+    wb = cam * np.asarray(gains, dtype=np.float32)
+    return np.clip(wb @ np.asarray(srgb_from_wb_cam, dtype=np.float32).T, 0.0, 1.0)
+
+
+def mosaic_preview(mosaic: np.ndarray, *, cfa: str, black: Sequence[float], white: float, gains: Sequence[float],
+                   srgb_from_wb_cam: np.ndarray, long_edge: int = LONG_EDGE) -> np.ndarray:
+    """The fast preview of a decoded mosaic: (h, w, 3) uint8 sRGB, long edge in [long_edge, 2*long_edge) or
+    less for a small frame."""
+    sites = bin_mosaic(mosaic, bin_factor(mosaic.shape[0], mosaic.shape[1], long_edge))
+    return srgb_encode(colour_rgb(sites_to_rgb(sites, cfa, black, white), gains, srgb_from_wb_cam))
+
+
+def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LONG_EDGE) -> np.ndarray:
+    """Box downscale of the final render's strips ((y0, (rows, W, 3) uint16 sRGB-encoded), in order) to uint8,
+    by an integer factor whose result's long edge is >= ``long_edge`` where the image allows it."""
+    height = sum(rows.shape[0] for _, rows in bands)
+    width = bands[0][1].shape[1]
+    factor = max(1, max(height, width) // long_edge)
+    out_w = width // factor
+    rows_out: list[np.ndarray] = []
+    carry = np.zeros((0, width, 3), dtype=np.uint16)
+    for _, rows in bands:
+        data = np.concatenate([carry, np.asarray(rows)]) if carry.shape[0] else np.asarray(rows)
+        usable = data.shape[0] // factor * factor
+        if usable:
+            block = data[:usable, : out_w * factor].reshape(usable // factor, factor, out_w, factor, 3)
+            rows_out.append(block.sum(axis=(1, 3), dtype=np.uint32) / (factor * factor))
+        carry = data[usable:]
+    out = np.concatenate(rows_out) if rows_out else np.zeros((1, max(out_w, 1), 3))
+    return np.round(out / 257.0).clip(0, 255).astype(np.uint8)
+
+
+def fit_size(height: int, width: int, long_edge: int = LONG_EDGE) -> tuple[int, int]:
+    """(w, h) scaled so the long edge is ``long_edge`` (never up)."""
+    scale = min(1.0, long_edge / max(height, width))
+    return max(1, math.floor(width * scale + 0.5)), max(1, math.floor(height * scale + 0.5))

@@ -1,0 +1,237 @@
+"""Roles, previews, the change feed, workers, tokens and /metrics through the real API (real database, real
+Redis, real DNGs run through the real ingest and shards in-process)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from services.db.session import session_scope
+from services.stations import create_station_token
+
+
+@pytest.fixture
+def client(db: str) -> Iterator[TestClient]:
+    from api.app import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+def _token(name: str, role: str = "station") -> dict[str, str]:
+    with session_scope() as session:
+        return {"Authorization": f"Bearer {create_station_token(session, name, role=role)}"}
+
+
+def _submit(client: TestClient, auth: dict[str, str], synth_dir: Path, name: str = "frame_00.dng") -> dict:
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", (name, data))])
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def _run(job_id: str) -> None:
+    """The job through ingest, its shards and finalize, in this process (what the workers do)."""
+    from services.config import get_settings
+    from services.jobs import flow
+    from services.storage import get_storage
+
+    storage, settings = get_storage(), get_settings()
+    with session_scope() as session:
+        tickets = flow.ingest_job(session, storage, settings, job_id, n_workers=1)
+    while tickets:
+        for t in tickets:
+            with session_scope() as session:
+                flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="cpu", device="cpu")
+        with session_scope() as session:
+            tickets = flow.advance_job(session, storage, settings, job_id)
+
+
+def test_a_token_in_the_query_string_is_refused(client: TestClient) -> None:
+    auth = _token("station-a")
+    token = auth["Authorization"].split()[1]
+    for url in (f"/v1/jobs?token={token}", f"/v1/jobs?access_token={token}", f"/v1/jobs?x={token}",
+                f"/healthz?token={token}", f"/dashboard?token={token}"):
+        r = client.get(url)
+        assert r.status_code == 401, url
+        assert r.json()["type"] == "unauthorized" and "query string" in r.json()["detail"]
+    assert client.get(f"/v1/jobs?token={token}", headers=auth).status_code == 401  # even with a good header
+
+
+def test_admin_sees_every_station_and_stations_only_their_own(client: TestClient, synth_dir: Path) -> None:
+    a, b, admin = _token("station-a"), _token("station-b"), _token("boss", "admin")
+    ja, jb = _submit(client, a, synth_dir), _submit(client, b, synth_dir)
+    assert ja["station"] == "station-a"
+    for path in ("", "/preview", "/outputs/x.tif"):
+        assert client.get(f"/v1/jobs/{jb['id']}{path}", headers=a).status_code == 404
+    assert client.post(f"/v1/jobs/{jb['id']}/cancel", headers=a).status_code == 404
+    assert [j["id"] for j in client.get("/v1/jobs", headers=a).json()["jobs"]] == [ja["id"]]
+    assert [j["id"] for j in client.get("/v1/jobs/changes", headers=a).json()["jobs"]] == [ja["id"]]
+    assert [j["id"] for j in client.get("/v1/jobs?station=station-b", headers=a).json()["jobs"]] == [ja["id"]]
+    assert {j["id"] for j in client.get("/v1/jobs", headers=admin).json()["jobs"]} == {ja["id"], jb["id"]}
+    assert [j["id"] for j in client.get("/v1/jobs?station=station-b", headers=admin).json()["jobs"]] == [jb["id"]]
+    assert client.get("/v1/jobs?station=nobody", headers=admin).status_code == 404
+    assert client.get(f"/v1/jobs/{jb['id']}", headers=admin).json()["station"] == "station-b"
+    assert client.post(f"/v1/jobs/{jb['id']}/cancel", headers=admin).json()["status"] == "cancelled"
+    for method, path in (("GET", "/v1/tokens"), ("POST", "/v1/tokens"), ("DELETE", "/v1/tokens/station-b")):
+        assert client.request(method, path, headers=a, json={"name": "x"}).status_code == 403
+    assert client.get("/v1/workers", headers=a).status_code == 200
+    assert client.get("/v1/me", headers=admin).json()["role"] == "admin"
+
+
+def test_search_and_the_change_feed(client: TestClient, synth_dir: Path) -> None:
+    a = _token("station-a")
+    one = _submit(client, a, synth_dir, "Portrait_001.dng")
+    _submit(client, a, synth_dir, "still_life.dng")
+    assert [j["id"] for j in client.get("/v1/jobs?q=portrait", headers=a).json()["jobs"]] == [one["id"]]
+    first = client.get("/v1/jobs/changes", headers=a).json()
+    assert len(first["jobs"]) == 2
+    client.post(f"/v1/jobs/{one['id']}/cancel", headers=a)
+    later = client.get("/v1/jobs/changes", headers=a, params={"since": first["cursor"]}).json()
+    assert one["id"] in [j["id"] for j in later["jobs"] if j["status"] == "cancelled"]
+    assert client.get("/v1/jobs/changes?since=yesterday", headers=a).status_code == 422
+
+
+def test_tokens_over_the_api(client: TestClient) -> None:
+    admin = _token("boss", "admin")
+    made = client.post("/v1/tokens", headers=admin, json={"name": "studio-2"})
+    assert made.status_code == 201 and made.json()["role"] == "station"
+    new = {"Authorization": f"Bearer {made.json()['token']}"}
+    assert client.get("/v1/jobs", headers=new).status_code == 200
+    assert client.post("/v1/tokens", headers=admin, json={"name": "studio-2"}).status_code == 409
+    names = {t["name"]: t for t in client.get("/v1/tokens", headers=admin).json()}
+    assert names["boss"]["role"] == "admin" and "token" not in names["studio-2"]
+    assert client.delete("/v1/tokens/studio-2", headers=admin).status_code == 204
+    assert client.get("/v1/jobs", headers=new).status_code == 401
+    assert client.delete("/v1/tokens/studio-2", headers=admin).status_code == 404
+
+
+def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) -> None:
+    a = _token("station-a")
+    job = _submit(client, a, synth_dir)
+    r = client.get(f"/v1/jobs/{job['id']}/preview", headers=a)
+    assert r.status_code == 404 and r.json()["type"] == "not_found"
+    from services.config import get_settings
+    from services.jobs import flow
+    from services.storage import get_storage
+
+    with session_scope() as session:
+        tickets = flow.ingest_job(session, get_storage(), get_settings(), job["id"], n_workers=1)
+    assert tickets
+    fast = client.get(f"/v1/jobs/{job['id']}/preview", headers=a)
+    assert fast.status_code == 200 and fast.headers["content-type"] == "image/jpeg"
+    assert "max-age" in fast.headers["cache-control"]
+    image = Image.open(io.BytesIO(fast.content))
+    assert image.format == "JPEG" and image.mode == "RGB" and max(image.size) <= 1600
+    assert client.get(f"/v1/jobs/{job['id']}", headers=a).json()["preview_kind"] == "fast"
+    again = client.get(f"/v1/jobs/{job['id']}/preview", headers={**a, "If-None-Match": fast.headers["etag"]})
+    assert again.status_code == 304 and again.headers["etag"] == fast.headers["etag"]
+    _run(job["id"])
+    done = client.get(f"/v1/jobs/{job['id']}", headers=a).json()
+    assert done["status"] == "done" and done["preview_kind"] == "final"
+    final = client.get(f"/v1/jobs/{job['id']}/preview", headers={**a, "If-None-Match": fast.headers["etag"]})
+    assert final.status_code == 200 and final.headers["etag"] != fast.headers["etag"]
+    big = Image.open(io.BytesIO(final.content)).size  # a small frame: the fast one is at half resolution
+    assert max(big) <= 1600 and abs(big[0] / big[1] - image.size[0] / image.size[1]) < 0.02
+
+
+def test_preview_of_a_job_failed_at_decode_is_404(client: TestClient, synth_dir: Path) -> None:
+    """The upload passes the probe, then its stored bytes are cut (a disk fault): ingest fails at decode."""
+    from services.config import get_settings
+    from services.db.models import Frame
+    from services.jobs import flow
+    from services.storage import get_storage
+
+    a = _token("station-a")
+    job = _submit(client, a, synth_dir)
+    with session_scope() as session:
+        frame = session.query(Frame).filter_by(job_id=job["id"]).one()
+        path = get_storage().local_path(frame.storage_key)
+    path.write_bytes(path.read_bytes()[:4096])
+    with session_scope() as session:
+        assert flow.ingest_job(session, get_storage(), get_settings(), job["id"], n_workers=1) == []
+    failed = client.get(f"/v1/jobs/{job['id']}", headers=a).json()
+    assert failed["status"] == "failed" and failed["error"].startswith("decode failed")
+    assert failed["preview_url"] is None
+    r = client.get(f"/v1/jobs/{job['id']}/preview", headers=a)
+    assert r.status_code == 404 and set(r.json()) == {"type", "detail"} and r.json()["type"] == "not_found"
+    assert "strata_decode_failed_jobs 1.0" in client.get("/metrics").text
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] == name:
+                total += float(value)
+    return total
+
+
+def test_metrics_after_a_job(client: TestClient, synth_dir: Path) -> None:
+    a = _token("station-a")
+    before = client.get("/metrics").text
+    job = _submit(client, a, synth_dir)
+    _run(job["id"])
+    text = client.get("/metrics").text
+    assert _metric(text, "strata_jobs", status="done") == 1
+    assert _metric(text, "strata_bytes_uploaded_total") - _metric(before, "strata_bytes_uploaded_total") == \
+        job["frames"][0]["bytes"]
+    assert _metric(text, "strata_bytes_written_total") > _metric(before, "strata_bytes_written_total")
+    assert _metric(text, "strata_preview_seconds_count", kind="fast") > _metric(
+        before, "strata_preview_seconds_count", kind="fast")
+    assert _metric(text, "strata_preview_seconds_count", kind="final") >= 1
+    assert "strata_queue_depth" in text and "strata_decode_failed_jobs" in text
+
+
+def test_workers_show_heartbeats_with_the_current_shard(client: TestClient, redis_url: str) -> None:
+    from workers.registry import Heartbeat, WorkerInfo
+
+    info = WorkerInfo(name="gpu7@test-host", kind="gpu", gpu="7", device="cuda:0", queue="gpu.gpu7@test-host",
+                      host="test-host", pid=1)
+    beat = Heartbeat(redis_url, info, 5, memory_mb=lambda: 1234.5)
+    beat.start()
+    try:
+        beat.set_shard(42)
+        body = client.get("/v1/workers", headers=_token("station-a")).json()
+        mine = next(w for w in body["workers"] if w["name"] == "gpu7@test-host")
+        assert mine["busy"] and mine["current_shard"] == 42 and mine["memory_mb"] == 1234.5
+        assert mine["last_heartbeat"] and {"coordinator", "gpu"} <= set(body["queues"])
+        assert set(body["queues"]["gpu"]) == {"interactive", "batch"}
+    finally:
+        beat.stop()
+
+
+def test_token_commands(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def strata(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "token", *args, "--data-dir", str(tmp_path)],
+                              capture_output=True, text=True, env={**__import__("os").environ,
+                                                                   "STRATA_DATABASE_URL": ""})
+
+    made = strata("create", "--admin", "--name", "boss")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip().splitlines()[-1].startswith("strata_")
+    assert strata("create", "--station", "studio-a").returncode == 0
+    listed = strata("list").stdout
+    assert "boss\tadmin" in listed and "studio-a\tstation" in listed
+    assert strata("revoke", "studio-a").returncode == 0
+    assert "studio-a\tstation" in strata("list").stdout and "revoked" in strata("list").stdout
+    assert strata("revoke", "nobody").returncode != 0
+
+
+def test_a_non_srgb_render_keeps_its_srgb_fast_preview(client: TestClient, synth_dir: Path) -> None:
+    a = _token("station-a")
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    r = client.post("/v1/jobs", headers=a, files=[("frames", ("wide.dng", data))], data={"recipe": "tiff16-prophoto"})
+    assert r.status_code == 202, r.text
+    _run(r.json()["id"])
+    job = client.get(f"/v1/jobs/{r.json()['id']}", headers=a).json()
+    assert job["status"] == "done" and job["preview_kind"] == "fast"
