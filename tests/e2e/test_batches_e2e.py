@@ -199,4 +199,7 @@ def test_interactive_shot_overtakes_a_queued_batch(service: Service) -> None:
     print(f"\ninteractive shot: {wait_s:.2f}s from submit to done; {before} of {BATCH_SHOTS} batch shots "
           f"finished before it ({already} of them before it was submitted)")
     assert interactive_done < finished[-1], "the interactive shot should finish before the batch drains"
-    assert before < BATCH_SHOTS // 2, f"{before} batch shots finished first"
+    # Admission keeps at most K batch jobs in flight (live GPU workers + 1): only those, admitted before the
+    # interactive shot arrived, may still finish ahead of it (timing on a loaded machine moves the rest).
+    in_flight = 1 + 1  # STRATA_CPU_WORKERS=1 below
+    assert before - already <= in_flight, f"{before - already} batch shots finished first after it was submitted"

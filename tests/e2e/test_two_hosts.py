@@ -155,7 +155,7 @@ def test_both_hosts_take_shards_through_the_bucket(hosts: Hosts, shots: dict[str
     assert {s["worker"].split("@")[1] for s in gpu_shards} == {"hosta", "hostb"}, gpu_shards
     _download(hosts, job)
     keys = _bucket_keys(hosts, job["id"])  # uploads and the output stay; intermediates went at the job's end
-    assert [k for k in keys if not k.startswith(("frames/", "out/"))] == [] and "out/frame_00.tif" in keys
+    assert [k for k in keys if not k.startswith(("frames/", "out/", "preview"))] == [] and "out/frame_00.tif" in keys
     assert not (hosts.root / "api" / "storage").exists()  # nothing on the API host's disk but its scratch...
     assert list((hosts.root / "api" / "scratch" / "obj").glob("*/*")) == []  # ...which the probe never filled
 
