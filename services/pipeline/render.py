@@ -9,6 +9,7 @@ a pixel from a bounded neighbourhood (the package declares its receptive field),
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from services.pipeline.ops import (
     to_uint16,
     white_balance,
 )
-from services.pipeline.transfer import upload
+from services.pipeline.transfer import download, upload
 
 SHARPEN_SIGMA = 1.0
 
@@ -137,15 +138,37 @@ def mosaic_tensor(mosaic: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(arr if arr.flags.writeable else arr.copy()).to(device)
 
 
-def encode_spaces(rgb: torch.Tensor, params: RenderParams) -> list[np.ndarray]:
+@dataclass(frozen=True)
+class RowsOut:
+    """Where a strip's rows go: rows ``[top, bottom)`` of the rendered (halo'd) image, downloaded through the
+    pinned staging slots straight into ``into`` (one C-contiguous (bottom - top, W, 3) uint16 array per output
+    space, e.g. the memory maps a shard publishes), after ``ready()`` (a prefault's wait) returns."""
+
+    top: int
+    bottom: int
+    into: Sequence[np.ndarray] | None = None
+    ready: Callable[[], object] | None = None
+
+
+def encode_spaces(rgb: torch.Tensor, params: RenderParams, rows: RowsOut | None = None) -> list[np.ndarray]:
     """(1, 3, H, W) linear white-balanced camera RGB -> one (H, W, 3) uint16 image per output space
     (:attr:`RenderParams.spaces` order): matrix, transfer function, codes. The primary one is computed exactly
-    as a single-space render computes it."""
+    as a single-space render computes it. ``rows``: only those rows leave the device, into those arrays."""
     out = []
-    for rgb_cam, transfer in ((params.rgb_cam, params.transfer),
-                              *((s.rgb_cam, s.transfer) for s in params.extra_spaces)):
+    for i, (rgb_cam, transfer) in enumerate(((params.rgb_cam, params.transfer),
+                                             *((s.rgb_cam, s.transfer) for s in params.extra_spaces))):
         lin = apply_matrix(rgb, rgb_cam)  # (1, 3, H, W) linear output RGB
-        out.append(to_uint16(encode_transfer(lin, transfer))[0].permute(1, 2, 0).contiguous().cpu().numpy())
+        codes = to_uint16(encode_transfer(lin, transfer))[0].permute(1, 2, 0)  # (H, W, 3)
+        if rows is None:
+            out.append(codes.contiguous().cpu().numpy())
+            continue
+        codes = codes[rows.top : rows.bottom].contiguous()  # the strip's own rows, cropped on the device
+        if rows.into is None:
+            out.append(codes.cpu().numpy())
+            continue
+        if i == 0 and rows.ready is not None:
+            rows.ready()
+        out.append(download(codes, rows.into[i]))
     return out
 
 
@@ -158,7 +181,7 @@ def render_mosaic(mosaic: np.ndarray, params: RenderParams, device: torch.device
 
 @torch.inference_mode()
 def render_mosaic_spaces(mosaic: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
-                         normalized: bool = False) -> list[np.ndarray]:
+                         normalized: bool = False, rows: RowsOut | None = None) -> list[np.ndarray]:
     """Render a (H, W) Bayer mosaic to one (H, W, 3) uint16 image per output space (primary first).
 
     ``mosaic`` is raw counts (uint16, levels from ``params``) or, with ``normalized=True``, float values
@@ -175,7 +198,7 @@ def render_mosaic_spaces(mosaic: np.ndarray, params: RenderParams, device: torch
     shot, read = noise_per_channel(params)
     rgb = enhancer.enhance(x, params.cfa, shot, read)
     rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W) linear WB camera RGB
-    return encode_spaces(rgb, params)
+    return encode_spaces(rgb, params, rows)
 
 
 def check_strip(y0: int, y1: int, height: int) -> None:
@@ -193,20 +216,23 @@ def render_strip(source: np.ndarray, y0: int, y1: int, params: RenderParams,
 
 
 def render_strip_spaces(source: np.ndarray, y0: int, y1: int, params: RenderParams,
-                        device: torch.device | str = "cpu", normalized: bool = False) -> list[np.ndarray]:
+                        device: torch.device | str = "cpu", normalized: bool = False,
+                        into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None
+                        ) -> list[np.ndarray]:
     """Render rows [y0, y1) of the full (H, W) mosaic ``source`` (may be a ``np.memmap``): one (y1 - y0, W, 3)
     uint16 array per output space (primary first), from one model pass.
 
     Reads only rows [y0 - halo, y1 + halo) clipped to the frame, so stitched strips equal the whole-frame
     render. ``y0`` must be even so the strip keeps the frame's CFA phase. (Stacks render their strips from the
-    group accumulators: ``services.pipeline.stack.render_stack_strip``.)
+    group accumulators: ``services.pipeline.stack.render_stack_strip``.) ``into``: one (y1 - y0, W, 3) uint16
+    C-contiguous array per space (e.g. memory maps) the rows are downloaded into, after ``ready()``; returned.
     """
     if source.ndim != 2:
         raise ValueError(f"source must be a (H, W) mosaic, got {source.shape}")
     check_strip(y0, y1, source.shape[0])
     top, bottom = rows_needed(y0, y1, source.shape[0], params)
-    rendered = render_mosaic_spaces(np.asarray(source[top:bottom]), params, device, normalized)
-    return [rows[y0 - top : y1 - top] for rows in rendered]
+    return render_mosaic_spaces(np.asarray(source[top:bottom]), params, device, normalized,
+                                RowsOut(y0 - top, y1 - top, into, ready))
 
 
 def rows_needed(y0: int, y1: int, height: int, params: RenderParams, extra: int = 0) -> tuple[int, int]:

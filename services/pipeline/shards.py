@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,27 +95,47 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
         return shard.out
     if isinstance(shard, StackStripShard):
         groups = [load_intermediate(storage, shard.job_id, key) for key in shard.groups]
-        results = split_on_oom(lambda y0, y1: render_stack_strip_spaces(
-            groups, y0, y1, shard.params, device=device, pixel_shift=shard.pixel_shift), shard.y0, shard.y1)
+        width = groups[0].shape[2]
+
+        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None) -> None:
+            render_stack_strip_spaces(groups, y0, y1, shard.params, device=device, pixel_shift=shard.pixel_shift,
+                                      into=into, ready=ready)
     else:
         source = load_intermediate(storage, shard.job_id, shard.source)
-        results = split_on_oom(lambda y0, y1: render_strip_spaces(
-            source, y0, y1, shard.params, device=device, normalized=shard.normalized), shard.y0, shard.y1)
-    if len(results) != 1 + len(shard.space_outs):
-        raise ValueError(f"{len(results)} output spaces rendered for {1 + len(shard.space_outs)} result keys")
-    # The extra spaces first: the primary result's key is the one a reader checks for the whole shard.
-    for key, rows in zip(shard.space_outs, results[1:], strict=True):
-        storage.save_array(key, rows, durable=False)
-    storage.save_array(shard.out, results[0], durable=False)
+        width = source.shape[1]
+
+        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None) -> None:
+            render_strip_spaces(source, y0, y1, shard.params, device=device, normalized=shard.normalized, into=into,
+                                ready=ready)
+    _write_rows(storage, shard, width, render)
     return shard.out
 
 
-def split_on_oom(render: Callable[[int, int], list[np.ndarray]], y0: int, y1: int) -> list[np.ndarray]:
-    """``render(y0, y1)`` (one array of rows per output space); when the device runs out of memory, the rows are
-    rendered in two halves (cut on an even row) and joined: strips are exact, so the result is the same bits,
-    only later than planned."""
+Render = Callable[[int, int, list[np.ndarray], Callable[[], object] | None], None]
+
+
+def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: int, render: Render) -> None:
+    """Render the strip straight into the memory-mapped ``.npy`` files it publishes (one per output space): the
+    device downloads its rows through the pinned slots into the maps, whose pages are touched on threads while
+    the device computes (``prefault``), so no second copy of the rows is made on the host. The extra spaces are
+    published first: the primary result's key is the one a reader checks for the whole shard."""
+    keys = [shard.out, *shard.space_outs]
+    if len(keys) != len(shard.params.spaces):
+        raise ValueError(f"{len(shard.params.spaces)} output spaces for {len(keys)} result keys")
+    shape = (shard.y1 - shard.y0, width, 3)
+    with ExitStack() as stack:  # entered primary first, so it is published (exited) last
+        outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
+        waits = [prefault(out) for out in outs]
+        split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits])
+
+
+def split_on_oom(render: Render, y0: int, y1: int, into: list[np.ndarray],
+                 ready: Callable[[], object] | None = None) -> None:
+    """``render(y0, y1, into, ready)`` (rows into one array per output space); when the device runs out of
+    memory, the rows are rendered in two halves (cut on an even row) into the two halves of ``into``: strips are
+    exact, so the result is the same bits, only later than planned."""
     try:
-        return render(y0, y1)
+        render(y0, y1, into, ready)
     except torch.cuda.OutOfMemoryError:
         if y1 - y0 < 4:
             raise
@@ -122,8 +143,8 @@ def split_on_oom(render: Callable[[int, int], list[np.ndarray]], y0: int, y1: in
         mid = y0 + (y1 - y0) // 4 * 2
         log.warning("out of device memory rendering rows [%d, %d): rendering [%d, %d) and [%d, %d)", y0, y1, y0, mid,
                     mid, y1)
-        top, bottom = split_on_oom(render, y0, mid), split_on_oom(render, mid, y1)
-        return [np.concatenate([a, b]) for a, b in zip(top, bottom, strict=True)]
+        split_on_oom(render, y0, mid, [a[: mid - y0] for a in into], ready)
+        split_on_oom(render, mid, y1, [a[mid - y0 :] for a in into], None)
 
 
 def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:

@@ -44,6 +44,7 @@ from services.pipeline.ops.merge import (
 from services.pipeline.render import (
     SHARPEN_SIGMA,
     RenderParams,
+    RowsOut,
     check_strip,
     encode_spaces,
     mosaic_tensor,
@@ -278,7 +279,8 @@ def render_fused(fused: torch.Tensor, params: RenderParams,
 
 @torch.inference_mode()
 def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
-                        noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> list[np.ndarray]:
+                        noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0), rows: RowsOut | None = None
+                        ) -> list[np.ndarray]:
     """Render a fused stack (1, 5|6, H, W) float32 on its device to one (H, W, 3) uint16 image per output space
     (primary first, :func:`~services.pipeline.render.encode_spaces`): camera RGB in [0, 1], the
     merge weight of each pixel in frames and the merged Bayer mosaic (sub-pixel stacks), or R, G, B weights
@@ -306,7 +308,7 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
     else:
         x = denoise_lee(x, shot, read, radius=RGB_DENOISE_RADIUS, noise_scale=1.0 / weight.clamp(min=1.0))
         x = _blend_bayer(sharpen(x, params.sharpen_amount, SHARPEN_SIGMA), fused[:, 4:5].float(), params)
-    return encode_spaces(x, params)  # matrix, transfer and codes per output space
+    return encode_spaces(x, params, rows)  # matrix, transfer and codes per output space
 
 
 def render_rgb(fused: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
@@ -327,20 +329,23 @@ def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: R
 
 
 def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, params: RenderParams,
-                              device: str | torch.device = "cpu", *, pixel_shift: bool) -> list[np.ndarray]:
+                              device: str | torch.device = "cpu", *, pixel_shift: bool,
+                              into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None
+                              ) -> list[np.ndarray]:
     """Rows [y0, y1) of the stack's final image, one (y1 - y0, W, 3) uint16 array per output space (primary
     first), straight from the group accumulators.
 
     Fuses only the rows the strip needs (its halo included) on ``device``, so no whole fused image is ever
-    built on the coordinator; stitched strips equal :func:`render_rgb` of :func:`fuse_groups`.
+    built on the coordinator; stitched strips equal :func:`render_rgb` of :func:`fuse_groups`. ``into`` and
+    ``ready``: as for :func:`~services.pipeline.render.render_strip_spaces`.
     """
     check_groups(groups)
     h = groups[0].shape[1]
     check_strip(y0, y1, h)
     top, bottom = rows_needed(y0, y1, h, params, 0 if pixel_shift else BLEND_RADIUS)
     fused = fuse_rows(groups, top, bottom, device)
-    rendered = render_fused_spaces(fused, params, stack_noise_factors(pixel_shift))
-    return [rows[y0 - top : y1 - top] for rows in rendered]
+    return render_fused_spaces(fused, params, stack_noise_factors(pixel_shift),
+                               RowsOut(y0 - top, y1 - top, into, ready))
 
 
 # The frames were already denoised (at MERGE_NOISE_FACTOR x the stack's noise), so the filter after fusion takes out

@@ -138,12 +138,14 @@ def test_a_strip_that_runs_out_of_device_memory_is_rendered_in_halves() -> None:
 
     calls: list[tuple[int, int]] = []
 
-    def render(y0: int, y1: int) -> list[np.ndarray]:
+    def render(y0: int, y1: int, into: list[np.ndarray], ready: object) -> None:
         calls.append((y0, y1))
         if y1 - y0 > 25:
             raise torch.cuda.OutOfMemoryError("no room")
-        return [np.arange(y0, y1), -np.arange(y0, y1)]  # two output spaces
+        into[0][:] = np.arange(y0, y1)
+        into[1][:] = -np.arange(y0, y1)  # two output spaces
 
-    out = split_on_oom(render, 10, 110)
-    assert np.array_equal(out[0], np.arange(10, 110)) and np.array_equal(out[1], -np.arange(10, 110))
+    outs = [np.zeros(100, np.int64), np.zeros(100, np.int64)]
+    split_on_oom(render, 10, 110, outs)
+    assert np.array_equal(outs[0], np.arange(10, 110)) and np.array_equal(outs[1], -np.arange(10, 110))
     assert all(a % 2 == 0 for a, _ in calls)  # every cut on an even row
