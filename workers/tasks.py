@@ -111,6 +111,11 @@ def ingest(job_id: str) -> None:
 
     with STAGE_SECONDS.labels(stage="ingest").time():
         _coordinator_step("ingest", job_id, work)
+    try:  # after the shards went out: the GPUs do not wait for the preview
+        with session_scope() as session:
+            flow.preview_ingested(session, get_storage(), job_id)
+    except Exception:  # noqa: BLE001 - a preview never fails or retries a job
+        log.exception("job %s: fast preview failed", job_id)
 
 
 @celery_app.task(name="strata.run_shard", bind=True, max_retries=get_settings().shard_max_retries)

@@ -29,6 +29,7 @@ from services.jobs.plan import (
     PLANNED_KEYS,
     JobPlan,
     ShardPayload,
+    is_planned,
     phase_count,
     shard_input,
     single_frame_phases,
@@ -136,7 +137,6 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         fail_job(session, job_id, f"decode failed: {exc.detail}" if isinstance(exc, RawError) else exc.detail,
                  storage)
         return []
-    fast_preview(session, storage, job_id, shot)
     ratios = parse_split_ratio(settings.split_ratio)
     plan = JobPlan(frames=shot.frames, render=shot.render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
@@ -154,6 +154,16 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     log.info("job %s ingested: %d frame(s) decoded in %.2fs, planned in %.2fs, %d shard(s)", job_id,
              len(shot.frames), shot.decode_s, time.perf_counter() - t0 - shot.decode_s, len(shards))
     return _tickets(job, shards)
+
+
+def preview_ingested(session: Session, storage: Storage, job_id: str) -> None:
+    """The fast preview of a job just planned (called once its shards are dispatched); nothing for a job that
+    has a preview already, was never planned or ended."""
+    job = load_job(session, job_id)
+    if job.preview_etag is not None or job.status not in ACTIVE or not is_planned(job.params):
+        return
+    plan = JobPlan.from_params(job.params)
+    fast_preview(session, storage, job_id, plan.frames[0], plan.render)
 
 
 def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str, gpu: str, device: str,

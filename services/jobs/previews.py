@@ -15,9 +15,10 @@ from sqlalchemy.orm import Session
 from services.db.models import Job, Output
 from services.export.preview import write_preview
 from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
-from services.pipeline.prepare import PreparedShot
 from services.pipeline.preview import mosaic_preview, strips_preview
+from services.pipeline.render import RenderParams
 from services.raw.colour import render_colour, white_balance_neutral
+from services.raw.meta import RawMeta
 from services.storage.base import Storage
 from services.storage.keys import raw_key
 
@@ -29,15 +30,20 @@ def _record(session: Session, job_id: str, etag: str, kind: str) -> None:
     session.commit()
 
 
-def fast_preview(session: Session, storage: Storage, job_id: str, shot: PreparedShot) -> None:
-    """At ingest: the preview from frame 0's decoded mosaic (binned, white balanced, the shot's colour, sRGB)."""
+def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta, render: RenderParams
+                 ) -> None:
+    """Once the job is planned: the preview from frame 0's decoded mosaic (binned, white balanced, the shot's
+    colour, sRGB), made after the shards were dispatched, so the GPUs never wait for it."""
     t0 = time.perf_counter()
     try:
-        meta = shot.frames[0]
         mosaic = storage.load_array(raw_key(job_id, 0))
-        colour = render_colour(meta, "srgb", neutral=white_balance_neutral(meta, mosaic))
-        rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=shot.render.black, white=shot.render.white,
-                             gains=colour.gains, srgb_from_wb_cam=colour.out_from_wb_cam)
+        if render.space == "srgb":  # the shot's own white balance and matrix, computed once at ingest
+            gains, srgb_from_wb_cam = render.gains, np.asarray(render.rgb_cam)
+        else:
+            colour = render_colour(meta, "srgb", neutral=white_balance_neutral(meta, mosaic))
+            gains, srgb_from_wb_cam = colour.gains, colour.out_from_wb_cam
+        rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=render.black, white=render.white, gains=gains,
+                             srgb_from_wb_cam=srgb_from_wb_cam)
         etag = write_preview(storage, job_id, rgb)
     except Exception:  # noqa: BLE001 - a preview is a convenience: the render goes on without it
         log.exception("job %s: fast preview failed", job_id)
