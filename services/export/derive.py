@@ -1,12 +1,15 @@
 """Outputs derived on the CPU from the 16-bit render of their colour space: 8-bit codes, resized proofs.
 
-Resizing happens in linear light (the space's transfer decoded to float32, then a bicubic filter with
-antialiasing, then encoded again), so fine detail keeps its brightness (a gamma-space average darkens it);
-optional output sharpening (the pipeline's halo-free unsharp mask) is applied on the encoded result. Images are
-only ever made smaller (a long edge at or above the image's keeps its size). Pure torch on the CPU.
+Resizing happens in linear light (the space's transfer decoded through a lookup table, box-binned by an integer
+factor, then a bicubic filter with antialiasing for the last factor, then encoded again), so fine detail keeps
+its brightness (a gamma-space average darkens it); optional output sharpening (the pipeline's halo-free unsharp
+mask) is applied on the encoded result. Images are only ever made smaller (a long edge at or above the image's
+keeps its size). Pure torch on the CPU, band by band: no whole float image is held.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -43,21 +46,62 @@ def fit_long_edge(height: int, width: int, long_edge: int) -> tuple[int, int]:
     return max(1, round(height * scale)), max(1, round(width * scale))
 
 
-def _linear(rgb16: np.ndarray, transfer: str) -> torch.Tensor:
-    """(H, W, 3) uint16 codes -> (1, 3, H, W) float32 linear light."""
-    out = torch.empty((1, 3, *rgb16.shape[:2]), dtype=torch.float32)
-    for y0 in range(0, rgb16.shape[0], _ROWS):
-        rows = torch.from_numpy(np.ascontiguousarray(rgb16[y0 : y0 + _ROWS]).astype(np.float32) / 65535.0)
-        out[0, :, y0 : y0 + _ROWS] = decode_transfer(rows.permute(2, 0, 1), transfer)
+@lru_cache(maxsize=8)
+def _decode_lut(transfer: str) -> torch.Tensor:
+    """uint16 code -> linear light float32 for ``transfer``, all 65536 codes (the per-pixel decode as a lookup)."""
+    return decode_transfer(torch.arange(65536, dtype=torch.float32) / 65535.0, transfer).contiguous()
+
+
+def box_factor(height: int, width: int, h: int, w: int) -> int:
+    """The integer box-binning done before the final filter: as much as leaves it at least a 2x reduction (an
+    area average in linear light is an exact antialiasing step; the filter then only does the last factor)."""
+    return max(1, int(min(height / max(h, 1), width / max(w, 1)) // 2))
+
+
+def _linear_binned(bands: Bands, transfer: str, k: int) -> torch.Tensor:
+    """The image of ``bands`` ((rows, W, 3) uint16 codes) in linear light, box-binned by ``k``: (1, 3, H//k, W//k)
+    float32. Decoded through a lookup, band by band in chunks of rows (never a whole float image)."""
+    lut = _decode_lut(transfer)
+    rows = [np.asarray(b) for _, b in bands]
+    height, width = sum(r.shape[0] for r in rows), rows[0].shape[1]
+    hk, wk = height // k, width // k
+    out = torch.empty((1, 3, hk, wk), dtype=torch.float32)
+    step = max(k, _ROWS // k * k)
+    stitched = rows[0] if len(rows) == 1 else None
+    for y0 in range(0, hk * k, step):
+        y1 = min(y0 + step, hk * k)
+        chunk = stitched[y0:y1] if stitched is not None else _rows_of(rows, y0, y1)
+        codes = torch.from_numpy(np.ascontiguousarray(chunk[:, : wk * k])).to(torch.int64)  # (rows, W, 3)
+        lin = lut[codes]  # (rows, W, 3) linear light
+        if k > 1:  # the k x k box mean, on the interleaved layout (no transposed copy)
+            lin = lin.view((y1 - y0) // k, k, wk, k, 3).mean(dim=(1, 3))
+        out[0, :, y0 // k : y1 // k] = lin.permute(2, 0, 1)
     return out
 
 
+def _rows_of(rows: list[np.ndarray], y0: int, y1: int) -> np.ndarray:
+    """Rows [y0, y1) of the image the bands make up (joined where they straddle two)."""
+    parts, top = [], 0
+    for r in rows:
+        lo, hi = max(y0, top), min(y1, top + r.shape[0])
+        if lo < hi:
+            parts.append(r[lo - top : hi - top])
+        top += r.shape[0]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 @torch.inference_mode()
-def resize_linear(rgb16: np.ndarray, long_edge: int, transfer: str, sharpen_amount: float = 0.0) -> torch.Tensor:
-    """Resize (H, W, 3) uint16 ``transfer``-encoded codes to ``long_edge`` in linear light; optional output
-    sharpening. Returns the encoded result (1, 3, h, w) float32 in [0, 1]."""
-    h, w = fit_long_edge(rgb16.shape[0], rgb16.shape[1], long_edge)
-    x = _linear(rgb16, transfer)
+def resize_linear(bands: Bands | np.ndarray, long_edge: int, transfer: str, sharpen_amount: float = 0.0
+                  ) -> torch.Tensor:
+    """Resize an image of ``transfer``-encoded uint16 codes (its row bands, or one (H, W, 3) array) to
+    ``long_edge`` in linear light: box-binned by an integer factor, then a bicubic filter with antialiasing for
+    the rest; optional output sharpening. Returns the encoded result (1, 3, h, w) float32 in [0, 1]."""
+    if isinstance(bands, np.ndarray):
+        bands = [(0, bands)]
+    rows = [np.asarray(b) for _, b in bands]
+    height, width = sum(r.shape[0] for r in rows), rows[0].shape[1]
+    h, w = fit_long_edge(height, width, long_edge)
+    x = _linear_binned(bands, transfer, box_factor(height, width, h, w))
     if (h, w) != tuple(x.shape[-2:]):
         x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True, align_corners=False)
     x = encode_transfer(x.clamp(0.0, 1.0), transfer)
@@ -80,4 +124,4 @@ def derive_bands(bands: Bands, *, bits: int, long_edge: int | None, transfer: st
     8-bit codes, or resized in linear light (one band)."""
     if long_edge is None:
         return bands if bits == 16 else bands_8bit(bands)
-    return [(0, quantise(resize_linear(stitch(bands), long_edge, transfer, sharpen_amount), bits))]
+    return [(0, quantise(resize_linear(bands, long_edge, transfer, sharpen_amount), bits))]

@@ -132,3 +132,18 @@ def test_recipe_ppi_is_written(tmp_path: Path) -> None:
     assert out.name == "frame_00_0001.tif" and out.media_type == "image/tiff" and out.recipe == "tiff8"
     with tifffile.TiffFile(io.BytesIO(storage.local_path(out.storage_key).read_bytes())) as tif:
         assert tif.pages[0].tags["XResolution"].value == (360, 1)
+
+
+def test_resize_bins_by_an_integer_factor_before_the_filter_and_reads_bands() -> None:
+    from services.export.derive import box_factor
+
+    assert box_factor(10304, 7728, 1600, 1200) == 3 and box_factor(100, 100, 80, 80) == 1
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 65535, (120, 90, 3), dtype=np.uint16)
+    whole = resize_linear(rgb, 20, "srgb")
+    banded = resize_linear([(0, rgb[:50]), (50, rgb[50:])], 20, "srgb")  # strips straddle the binning chunks
+    assert torch.equal(whole, banded) and tuple(whole.shape) == (1, 3, 20, 15)
+    # A flat grey stays the same grey through the lookup, the binning and the filter.
+    flat = np.full((300, 200, 3), 30000, np.uint16)
+    out = resize_linear(flat, 50, "srgb")
+    assert torch.allclose(out, torch.full_like(out, 30000 / 65535), atol=2e-5)
