@@ -83,6 +83,10 @@ class JobOut(BaseModel):
     preview_url: str | None = Field(default=None, description="The JPEG preview; null until there is one.")
     preview_kind: str | None = Field(default=None, description="fast (binned mosaic at ingest) | final (render)")
     batch: str | None = Field(default=None, description="The batch it belongs to, when batches exist.")
+    timings: dict[str, float] = Field(
+        default_factory=dict,
+        description="Seconds per stage: decode_s, prepare_s (decode + shared parameters + plan), phase_N_s (the "
+                    "phase's first shard started -> its last finished), encode_s (every output written).")
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -102,8 +106,19 @@ class JobOut(BaseModel):
                      for o in _in_recipe_order(job)],
             error=job.error, updated_at=_utc(job.updated_at),
             preview_url=f"/v1/jobs/{job.id}/preview" if job.preview_etag else None, preview_kind=job.preview_kind,
-            batch=job.batch_id,
+            batch=job.batch_id, timings=stage_timings(job),
         )
+
+
+def stage_timings(job: Job) -> dict[str, float]:
+    """The job's stage timings: what ingest and finalize recorded, and each GPU phase's span from its shards."""
+    out = {k: float(v) for k, v in job.params.get("timings", {}).items()}
+    for phase in sorted({s.phase for s in job.shards}):
+        mine = [s for s in job.shards if s.phase == phase and s.started_at and s.finished_at]
+        if mine:
+            span = max(as_utc(s.finished_at) for s in mine) - min(as_utc(s.started_at) for s in mine)  # type: ignore[arg-type]
+            out[f"phase_{phase}_s"] = round(span.total_seconds(), 4)
+    return out
 
 
 def _in_recipe_order(job: Job) -> list[Output]:

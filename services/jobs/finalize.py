@@ -88,8 +88,10 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     outs = write_outputs(storage, job_id, spaces, recipes, _name_tokens(session, job, capture),
                          OutputMetadata(capture, job.frames[0].name), threads=settings.tiff_threads)
     _record_outputs(session, job_id, outs)
+    timings = {**job.params.get("timings", {}), "encode_s": round(time.perf_counter() - t0, 4)}
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
-        status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow()))
+        status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow(),
+        params={**job.params, "timings": timings}))
     session.commit()
     final_preview(session, storage, job_id, spaces.get("srgb"))
     remove_intermediates(storage, job_id)

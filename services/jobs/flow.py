@@ -146,7 +146,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     if not _claim(session, job_id, -1, phase=0):
         return []
     job = load_job(session, job_id)
-    job.params = plan.to_params()
+    job.params = {**plan.to_params(), "timings": {"decode_s": round(shot.decode_s, 4),
+                                                  "prepare_s": round(time.perf_counter() - t0, 4)}}
     shards = _add_phase_shards(session, job, plan, 0, settings)
     job.stage = Stage.ALIGNING if stack else Stage.ENHANCING
     job.progress = DECODE_SHARE

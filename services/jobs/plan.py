@@ -87,7 +87,7 @@ class ShardPayload:
 
 
 # What ingest adds to a job's params (removed again when the job starts over).
-PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb")
+PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "timings")
 
 
 @dataclass(frozen=True)

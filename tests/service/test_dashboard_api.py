@@ -138,6 +138,8 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     _run(job["id"])
     done = client.get(f"/v1/jobs/{job['id']}", headers=a).json()
     assert done["status"] == "done" and done["preview_kind"] == "final"
+    assert {"decode_s", "prepare_s", "phase_0_s", "encode_s"} <= set(done["timings"])  # stage timings
+    assert all(v >= 0 for v in done["timings"].values())
     final = client.get(f"/v1/jobs/{job['id']}/preview", headers={**a, "If-None-Match": fast.headers["etag"]})
     assert final.status_code == 200 and final.headers["etag"] != fast.headers["etag"]
     big = Image.open(io.BytesIO(final.content)).size  # a small frame: the fast one is at half resolution
