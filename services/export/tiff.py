@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
+import imagecodecs
 import numpy as np
 import tifffile
 
@@ -91,8 +93,12 @@ def write_tiff(
     storage file; the file is then hashed from the page cache on a second thread while the writer makes it
     durable (fsync): faster than through an in-memory buffer (docs/PERFORMANCE.md, "Choices measured").
     """
-    data, shape, dtype = _source(rgb)
+    source, shape, dtype = _source(rgb)
+    data: np.ndarray | Iterator[np.ndarray] | Iterator[bytes] = source
     codec, predictor, codec_args = tiff_compression(compression)
+    if codec == "adobe_deflate":  # pre-compressed with libdeflate on our own threads (tifffile writes the bytes)
+        data = _deflated_tiles(source if not isinstance(source, np.ndarray) else _tiles([(0, source)], *shape[:2]),
+                               encode_threads(threads))
 
     def encode(f: BinaryIO) -> None:
         tifffile.imwrite(
@@ -104,6 +110,33 @@ def write_tiff(
         )
 
     return write_hashed(storage, key, encode)
+
+
+DEFLATE_LEVEL = 6  # libdeflate: the size of zlib's level 6 at about twice its speed (docs/PERFORMANCE.md)
+
+
+def _deflate_tile(tile: np.ndarray) -> bytes:
+    """One TILE x TILE tile (edge tiles zero-padded, as TIFF stores them) through the horizontal predictor
+    (TIFF Predictor 2: each sample minus the same sample of the pixel to its left) and zlib-format deflate."""
+    if tile.shape[:2] != (TILE, TILE):
+        padded = np.zeros((TILE, TILE, tile.shape[2]), dtype=tile.dtype)
+        padded[: tile.shape[0], : tile.shape[1]] = tile
+        tile = padded
+    return bytes(imagecodecs.deflate_encode(imagecodecs.delta_encode(np.ascontiguousarray(tile), axis=-2),  # type: ignore[arg-type]
+                                            level=DEFLATE_LEVEL))
+
+
+def _deflated_tiles(tiles: Iterator[np.ndarray], threads: int) -> Iterator[bytes]:
+    """The tiles compressed on ``threads`` threads (libdeflate releases the GIL), in order, a bounded number
+    ahead (so a large image never has all its compressed tiles waiting in memory)."""
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="strata-deflate") as pool:
+        ahead: deque[Future[bytes]] = deque()
+        for tile in tiles:
+            ahead.append(pool.submit(_deflate_tile, tile))
+            if len(ahead) >= 4 * max(1, threads):
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
 
 
 def _source(rgb: np.ndarray | Bands) -> tuple[np.ndarray | Iterator[np.ndarray], tuple[int, ...], np.dtype]:
