@@ -140,7 +140,7 @@ def _wait_batch(svc: Service, batch_id: str, timeout: float = 120) -> dict:
     pytest.fail(f"batch {batch_id} did not finish: {batch}")
 
 
-def test_windowed_batch_waits_runs_reports_and_notifies(service: Service, hook: Hook) -> None:
+def test_windowed_batch_waits_runs_reports_and_notifies(service: Service, hook: Hook, tmp_path: Path) -> None:
     opens = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=6)
     r = httpx.post(service.url + "/v1/batches", headers=service.headers, timeout=60, json={
         "name": "window", "paths": ["window"], "not_before": opens.isoformat(), "webhook_url": hook.url})
@@ -160,6 +160,7 @@ def test_windowed_batch_waits_runs_reports_and_notifies(service: Service, hook: 
         out = shot["outputs"][0]
         data = _get(service, out["url"]).content
         assert hashlib.sha256(data).hexdigest() == out["sha256"] and len(data) == out["bytes"]
+        _assert_exif_reads_back(data, tmp_path / f"{shot['job']}.tif")
     csv_text = _get(service, f"/v1/batches/{created['id']}/report?format=csv").text
     assert len(csv_text.strip().splitlines()) == 4
     deadline = time.monotonic() + 30
@@ -203,3 +204,41 @@ def test_interactive_shot_overtakes_a_queued_batch(service: Service) -> None:
     # interactive shot arrived, may still finish ahead of it (timing on a loaded machine moves the rest).
     in_flight = 1 + 1  # STRATA_CPU_WORKERS=1 below
     assert before - already <= in_flight, f"{before - already} batch shots finished first after it was submitted"
+
+
+def _assert_exif_reads_back(data: bytes, path: Path) -> None:
+    """An output's capture metadata as an independent reader (exiftool) sees it; Pillow where it is absent."""
+    path.write_bytes(data)
+    if shutil.which("exiftool") is None:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            assert im.getexif().get(271)  # Make
+        return
+    tags = json.loads(subprocess.run(["exiftool", "-j", str(path)], capture_output=True, text=True,
+                                     check=True).stdout)[0]
+    assert tags["Make"] and tags["Model"] and tags.get("Software", "").startswith("Strata")
+
+
+def test_strata_batch_commands_against_the_real_service(service: Service, tmp_path: Path) -> None:
+    """`strata batch create` uploads shots into a new batch; `status` and `report` read it back."""
+    env = {**os.environ, "STRATA_API_URL": service.url,
+           "STRATA_TOKEN": service.headers["Authorization"].split()[1]}
+    shot = service.import_root / "night" / "night_00.dng"
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        shutil.copy(shot, tmp_path / "in" / f"cli_{i:02d}.dng")
+
+    def strata(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, env=env,
+                              timeout=180)
+
+    created = strata("batch", "create", "cli-night", str(tmp_path / "in"), "--json")
+    assert created.returncode == 0, created.stderr
+    batch_id = json.loads(created.stdout)["batch"]["id"]
+    _wait_batch(service, batch_id)
+    status = strata("batch", "status", batch_id, "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["counts"]["done"] == 2, status.stderr
+    report = strata("batch", "report", batch_id, "--format", "csv", "--out", str(tmp_path / "report.csv"))
+    assert report.returncode == 0, report.stderr
+    assert len((tmp_path / "report.csv").read_text().strip().splitlines()) == 3
