@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
@@ -145,6 +146,15 @@ def cancel_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
     return JobOut.of(service.cancel_job(session, get_storage(), station, job_id))
 
 
+def content_disposition(name: str, fallback: str) -> str:
+    """RFC 6266 ``attachment`` with an ASCII ``filename`` (``fallback``, already safe) and, when ``name`` is
+    not plain ASCII, RFC 5987 ``filename*=UTF-8''<percent-encoded>`` that browsers prefer."""
+    value = f'attachment; filename="{fallback}"'
+    if name != fallback:
+        value += f"; filename*=UTF-8''{quote(name, safe='')}"
+    return value
+
+
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -171,7 +181,8 @@ def download_output(
     job_id: str, name: str, request: Request, session: SessionDep, station: StationDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,
 ) -> Response:
-    out = service.output_of(service.get_job(session, station, job_id), name)
+    job = service.get_job(session, station, job_id)
+    out = service.output_of(job, name)
     storage = get_storage()
     if get_settings().s3_downloads == "redirect":  # STRATA_S3_DOWNLOADS: the client fetches from the bucket
         url = storage.presigned_url(out.storage_key, get_settings().s3_presign_s, filename=out.name)
@@ -179,7 +190,7 @@ def download_output(
             return RedirectResponse(url, status_code=307, headers={"ETag": f'"{out.sha256}"'})
     size = storage.size(out.storage_key)
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{out.sha256}"',
-               "Content-Disposition": f'attachment; filename="{out.name}"'}
+               "Content-Disposition": content_disposition(service.download_name(job, out), out.name)}
     if request.method == "HEAD":
         headers["Content-Length"] = str(size)
         return Response(status_code=200, media_type=out.media_type, headers=headers)
