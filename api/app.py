@@ -10,6 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api.deps import refuse_token_in_query
 from api.errors import install_error_handlers
+from api.limits import HeaderLimits
 from api.routes import batches, dashboard, health, jobs, metrics, recipes, tokens, workers
 from services.config import get_settings
 from services.logs import configure_logging
@@ -35,6 +36,7 @@ def create_app() -> FastAPI:
         dependencies=[Depends(refuse_token_in_query)],
     )
     install_error_handlers(app)
+    app.add_middleware(HeaderLimits)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(batches.router)

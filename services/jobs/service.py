@@ -135,6 +135,13 @@ def enqueue_now(job: Job) -> bool:
 MAX_SAFE_NAME = 120  # bytes (ASCII): keys and ``.part-*`` temp names stay far below the 255-byte limit
 
 
+def mark_enqueued(session: Session, job_id: str) -> None:
+    """The job's ingest message is with the broker (the outbox has nothing to send for it)."""
+    execute_update(session, update(Job).where(Job.id == job_id, Job.enqueued_at.is_(None))
+                   .values(enqueued_at=utcnow()))
+    session.commit()
+
+
 def safe_name(name: str, index: int) -> str:
     """A file name safe to use in storage keys and downloads: ASCII only (``A-Z a-z 0-9 . _ -``; accents
     folded, other characters dropped), the extension kept, at most :data:`MAX_SAFE_NAME` bytes; a stem with
@@ -209,11 +216,21 @@ def encode_cursor(created: dt.datetime, row_id: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([created.isoformat(), row_id]).encode()).decode()
 
 
+MAX_CURSOR = 256  # characters: a real cursor is about 100
+
+
 def decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
+    """The (creation time, id) of a cursor from :func:`encode_cursor`; ``BadInput`` for anything else (too
+    long, not base64, not JSON, nested, wrong shapes)."""
+    if len(cursor) > MAX_CURSOR:
+        raise BadInput(f"invalid cursor: longer than {MAX_CURSOR} characters")
     try:
-        created, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return dt.datetime.fromisoformat(created), str(job_id)
-    except (ValueError, TypeError) as exc:
+        value = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+            raise ValueError("not a [time, id] pair")
+        created = dt.datetime.fromisoformat(value[0])
+        return (created if created.tzinfo else created.replace(tzinfo=dt.UTC)), value[1]
+    except (ValueError, TypeError, RecursionError, UnicodeError) as exc:
         raise BadInput("invalid cursor") from exc
 
 
