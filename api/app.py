@@ -11,8 +11,8 @@ from fastapi.staticfiles import StaticFiles
 from api.deps import refuse_token_in_query
 from api.errors import install_error_handlers
 from api.limits import HeaderLimits
-from api.schemas import ErrorOut
 from api.routes import batches, dashboard, health, jobs, metrics, recipes, tokens, workers
+from api.schemas import ErrorOut
 from services.config import get_settings
 from services.logs import configure_logging
 

@@ -47,7 +47,8 @@ DOCUMENTED_503 = {("GET", "/readyz")}
 def _no_5xx(case: schemathesis.Case, response: schemathesis.Response) -> None:
     if response.status_code == 503 and (case.method.upper(), case.path) in DOCUMENTED_503:
         return
-    assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}"
+    assert response.status_code < 500, (f"{case.method} {case.formatted_path}: {response.status_code} "
+                                        f"{response.text[:300]}")
 
 
 CHECKS = [checks.status_code_conformance, checks.content_type_conformance,
