@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,28 +18,34 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
-from tests.conftest import configure, reset_database
+from api.app import create_app
+from tests.conftest import configure, reset_database, restore_environment
 
 pytestmark = pytest.mark.fuzz
 EXAMPLES = int(os.environ.get("STRATA_FUZZ_EXAMPLES", "8"))
-os.environ["STRATA_AUTH_FAILURES"] = "0"  # the fuzzer sends wrong tokens on purpose: no back-off here
 
 
-def _app_and_token() -> tuple[object, str]:
-    from api.app import create_app
-    from services.db.session import session_scope
+APP = create_app()  # no database access until a request comes
+
+
+@pytest.fixture(scope="module")
+def token() -> Iterator[str]:
+    """An admin token on a fresh SQLite database of the fuzz run's own; the environment restored after."""
+    from services.db.session import reset_engine, session_scope
     from services.stations import create_station_token
 
+    saved = dict(os.environ)
+    os.environ["STRATA_AUTH_FAILURES"] = "0"  # the fuzzer sends wrong tokens on purpose: no back-off here
     root = Path(tempfile.mkdtemp(prefix="strata-fuzz-"))
     url = f"sqlite:///{root / 'strata.db'}"
     configure(url, root / "var")
     reset_database(url)
     with session_scope() as session:
-        token = create_station_token(session, "fuzz-admin", role="admin")
-    return create_app(), token
+        yield create_station_token(session, "fuzz-admin", role="admin")
+    reset_engine()
+    restore_environment(saved)
 
 
-APP, TOKEN = _app_and_token()
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 # /readyz answers a documented 503 while no worker runs (none do here): that is its answer, not a failure.
 DOCUMENTED_503 = {("GET", "/readyz")}
@@ -57,9 +64,9 @@ CHECKS = [checks.status_code_conformance, checks.content_type_conformance,
 
 @schema.parametrize()
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_api_conforms_and_never_5xx(case: schemathesis.Case) -> None:
+def test_api_conforms_and_never_5xx(case: schemathesis.Case, token: str) -> None:
     headers = dict(case.headers or {})
-    headers["Authorization"] = f"Bearer {TOKEN}"
+    headers["Authorization"] = f"Bearer {token}"
     case.headers = headers
     response = case.call()
     _no_5xx(case, response)
