@@ -30,3 +30,21 @@ def test_non_numeric_colour_tag_is_a_raw_error_not_a_crash(tmp_path: Path) -> No
         decode_raw(bad, tmp_path / "out.npy", timeout_s=60)
     except RawError as exc:
         assert exc.reason
+
+
+def test_a_tiff_structure_parsed_into_nonsense_is_bad_raw_file(synth_dir: Path) -> None:
+    """Mutant 515 of seed 7 (a tag mutation): tifffile gives a tuple for the image width; the probe said
+    TypeError (a 500 at upload), now BadRawFile (422)."""
+    import io
+    import itertools
+
+    from lab.fuzz.mutate import mutants
+    from services.errors import BadRawFile
+    from services.raw.probe import probe_raw
+
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    mutant = next(itertools.islice(mutants(data, 516, seed=7), 515, None))
+    try:
+        probe_raw(io.BytesIO(mutant.data))
+    except BadRawFile as exc:
+        assert exc.reason.startswith("not a RAW file")
