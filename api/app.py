@@ -10,7 +10,9 @@ from fastapi.staticfiles import StaticFiles
 
 from api.deps import refuse_token_in_query
 from api.errors import install_error_handlers
+from api.limits import HeaderLimits
 from api.routes import batches, dashboard, health, jobs, metrics, recipes, tokens, workers
+from api.schemas import ErrorOut
 from services.config import get_settings
 from services.logs import configure_logging
 
@@ -33,8 +35,12 @@ def create_app() -> FastAPI:
         summary="Asynchronous RAW render service: upload shots, poll jobs, download 16-bit TIFFs.",
         lifespan=_lifespan,
         dependencies=[Depends(refuse_token_in_query)],
+        # Any route may refuse a malformed request (400), a client in failed-auth back-off (429) or oversized
+        # headers (431), always with the {"type", "detail"} shape.
+        responses={code: {"model": ErrorOut} for code in (400, 429, 431)},
     )
     install_error_handlers(app)
+    app.add_middleware(HeaderLimits)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(batches.router)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated
 
+import redis
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
+from services.auth_backoff import AuthBackoff, BackoffPolicy
+from services.config import get_settings
 from services.db.models import Station
 from services.db.session import get_session
 from services.errors import Unauthorized
@@ -18,15 +22,39 @@ TOKEN_PARAMS = {"token", "access_token", "api_key", "apikey", "auth", "authoriza
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
+@lru_cache(maxsize=4)
+def _backoff(url: str, failures: int, base_s: float, max_s: float) -> AuthBackoff:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    return AuthBackoff(client, BackoffPolicy(failures, base_s, max_s))
+
+
+def auth_backoff() -> AuthBackoff:
+    settings = get_settings()
+    return _backoff(settings.redis_url or "redis://127.0.0.1:6379/0", settings.auth_failures,
+                    settings.auth_backoff_s, settings.auth_backoff_max_s)
+
+
 def current_station(
-    session: SessionDep, authorization: Annotated[str | None, Header(description="Bearer <token>")] = None
+    request: Request, session: SessionDep,
+    authorization: Annotated[str | None, Header(description="Bearer <token>")] = None,
 ) -> Station:
     token = None
     if authorization:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer":
             token = value.strip()
-    return authenticate(session, token)
+    if not token:
+        return authenticate(session, token)  # 401; a missing token is not counted
+    address = request.client.host if request.client else "unknown"
+    backoff = auth_backoff()
+    backoff.check(address)
+    try:
+        station = authenticate(session, token)
+    except Unauthorized:
+        backoff.failed(address)
+        raise
+    backoff.succeeded(address)
+    return station
 
 
 StationDep = Annotated[Station, Depends(current_station)]

@@ -7,9 +7,14 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from python_multipart.exceptions import FormParserError, MultipartParseError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-from services.errors import RangeNotSatisfiable, StrataError
+from services.errors import RangeNotSatisfiable, StrataError, TooManyRequests
+
+# Errors only a malformed request raises (a body or multipart stream that cannot be parsed, a client gone).
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (FormParserError, MultipartParseError, ClientDisconnect)
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +29,8 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         if isinstance(exc, RangeNotSatisfiable):
             headers = {"Content-Range": f"bytes */{exc.size}"}
+        if isinstance(exc, TooManyRequests):
+            headers = {"Retry-After": str(exc.retry_after)}
         return _body(exc.type, exc.detail, exc.status_code, headers)
 
     @app.exception_handler(RequestValidationError)
@@ -38,5 +45,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, CLIENT_ERRORS):  # the request was malformed: the client's fault, never a 500
+            return _body("bad_request", f"malformed request: {type(exc).__name__}", 400)
         log.exception("unhandled error")
         return _body("internal_error", "internal error; see the server log", 500)

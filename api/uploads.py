@@ -22,6 +22,9 @@ from services.storage import Storage
 from services.storage.keys import frame_key
 
 MAX_FIELD_BYTES = 64 * 1024
+MAX_PART_HEADER_BYTES = 8 * 1024
+MAX_PART_HEADERS = 16
+MAX_BOUNDARY = 200  # RFC 2046 allows 70; python-multipart refuses more than 256 from its constructor
 
 
 @dataclass
@@ -42,9 +45,11 @@ class ReceivedForm:
 
 
 class _Receiver:
-    def __init__(self, storage: Storage, job_id: str, max_bytes: int, max_files: int, file_field: str) -> None:
+    def __init__(self, storage: Storage, job_id: str, max_bytes: int, max_files: int, file_field: str,
+                 max_fields: int = 100) -> None:
         self.storage, self.job_id = storage, job_id
         self.max_bytes, self.max_files, self.file_field = max_bytes, max_files, file_field
+        self.max_fields, self.n_fields = max_fields, 0
         self.headers: dict[bytes, bytes] = {}
         self._hname = b""
         self._hvalue = b""
@@ -63,11 +68,17 @@ class _Receiver:
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
         self._hname += data[start:end]
+        if len(self._hname) > MAX_PART_HEADER_BYTES:
+            raise BadInput("a multipart part header name is too long")
 
     def on_header_value(self, data: bytes, start: int, end: int) -> None:
         self._hvalue += data[start:end]
+        if len(self._hvalue) > MAX_PART_HEADER_BYTES:
+            raise BadInput("a multipart part header is too long")
 
     def on_header_end(self) -> None:
+        if len(self.headers) >= MAX_PART_HEADERS:
+            raise BadInput(f"a multipart part has more than {MAX_PART_HEADERS} headers")
         self.headers[self._hname.lower()] = self._hvalue
         self._hname = self._hvalue = b""
 
@@ -90,6 +101,9 @@ class _Receiver:
             self.open_parts.append(part)
             self.current = part
         else:
+            self.n_fields += 1
+            if self.n_fields > self.max_fields:
+                raise BadInput(f"too many form fields: at most {self.max_fields} besides the frames")
             self.current = None
             self.field_name = name
             self.field_value = bytearray()
@@ -135,6 +149,7 @@ async def receive_multipart(
     max_bytes: int,
     max_files: int,
     file_field: str = "frames",
+    max_fields: int = 100,
 ) -> ReceivedForm:
     """Parse a multipart body from ``stream``; files land in storage as the job's uploads (``frame_key``).
 
@@ -143,9 +158,12 @@ async def receive_multipart(
     ctype, options = parse_options_header(content_type)
     if ctype != b"multipart/form-data" or b"boundary" not in options:
         raise BadInput("expected a multipart/form-data body with RAW files under the field 'frames'")
-    rx = _Receiver(storage, job_id, max_bytes, max_files, file_field)
+    boundary = options[b"boundary"]
+    if not boundary or len(boundary) > MAX_BOUNDARY:
+        raise BadInput(f"multipart boundary must be 1-{MAX_BOUNDARY} characters")
+    rx = _Receiver(storage, job_id, max_bytes, max_files, file_field, max_fields)
     parser = MultipartParser(
-        options[b"boundary"],
+        boundary,
         callbacks={  # type: ignore[arg-type]
             "on_part_begin": rx.on_part_begin,
             "on_header_field": rx.on_header_field,

@@ -40,6 +40,14 @@ class Settings(BaseSettings):
     # Uploads
     max_upload_mb: int = Field(default=2048, description="Per-file upload limit in MiB.")
     max_frames: int = 16
+    max_form_fields: int = Field(default=100, description="Non-file fields of one upload form at most.")
+    idempotency_hours: float = Field(default=24, description="How long an Idempotency-Key is remembered.")
+    outbox_grace_s: float = Field(default=2.0, description="An admitted job whose ingest message is not sent "
+                                  "this long after admission is sent by the coordinator's outbox pass.")
+    auth_failures: int = Field(default=10, description="Wrong tokens in a row from one address before 429.")
+    auth_backoff_s: float = Field(default=1.0, description="First failed-auth back-off; doubles per further "
+                                  "failure, up to auth_backoff_max_s.")
+    auth_backoff_max_s: float = 300.0
 
     # Decode sandbox
     decode_timeout_s: float = 300.0

@@ -124,3 +124,14 @@ class IntermediateLost(StrataError):
     def __init__(self, job_id: str, key: str, detail: str) -> None:
         super().__init__(f"intermediate {key} lost: {detail}")
         self.job_id = job_id
+
+
+class TooManyRequests(StrataError):
+    """Refused for a while (failed-auth back-off); ``retry_after`` seconds until the next try may pass."""
+
+    status_code = 429
+    type = "too_many_requests"
+
+    def __init__(self, detail: str, retry_after: int) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after

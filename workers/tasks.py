@@ -13,6 +13,7 @@ import httpx
 import redis
 from celery import Task
 from celery.signals import after_setup_logger, worker_process_init, worker_ready, worker_shutdown
+from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -24,8 +25,9 @@ from services.db.models import Job
 from services.db.session import reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
-from services.jobs.reconcile import reconcile
+from services.jobs.reconcile import reconcile, unsent_ingests
 from services.jobs.retention import PruneReport, retention_pass
+from services.jobs.service import mark_enqueued
 from services.jobs.tickets import Repairs, ShardTicket
 from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
@@ -59,6 +61,23 @@ def dispatch_advance(job_id: str, priority: str) -> None:
 
 def enqueue_ingest(job_id: str, priority: str) -> None:
     ingest.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=PRIORITIES.get(priority, 0))
+
+
+# What a send to a broker that is down raises (kombu wraps connection errors in its OperationalError).
+BROKER_DOWN = (KombuOperationalError, redis.RedisError, OSError)
+
+
+def send_ingest(job_id: str, priority: str) -> bool:
+    """The outbox's send: enqueue the job's ingest and record it (``jobs.enqueued_at``); False when the broker
+    is down (the job stays in the outbox and the coordinator's outbox pass sends it once the broker is back)."""
+    try:
+        enqueue_ingest(job_id, priority)
+    except BROKER_DOWN as exc:
+        log.warning("job %s: ingest not sent (broker unreachable: %s); the outbox sends it later", job_id, exc)
+        return False
+    with session_scope() as session:
+        mark_enqueued(session, job_id)
+    return True
 
 
 def _start_over(exc: IntermediateLost) -> None:
@@ -212,6 +231,17 @@ def _exclusive(lock_name: str, timeout: int, work: Callable[[redis.Redis], T]) -
             lock.release()
 
 
+def send_outbox() -> int:
+    """Send the ingests the outbox holds (admitted jobs whose message never reached the broker); how many."""
+    with session_scope() as session:
+        unsent = unsent_ingests(session, get_settings().outbox_grace_s)
+    for job_id, priority in unsent:
+        log.warning("outbox: sending the ingest of job %s", job_id)
+        if not send_ingest(job_id, priority):
+            break
+    return len(unsent)
+
+
 def admit_once() -> Admission | None:
     """One admission pass (one coordinator at a time): send the ingests of the batch-lane jobs admitted now,
     notify the webhooks of batches that ended."""
@@ -220,7 +250,8 @@ def admit_once() -> Admission | None:
         with session_scope() as session:
             result = admission_pass(session, get_settings(), batch_capacity(client))
         for job_id, priority in result.ingest:
-            enqueue_ingest(job_id, priority)
+            send_ingest(job_id, priority)
+        send_outbox()
         for batch_id in result.finished:
             log.info("batch %s finished", batch_id)
             notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)

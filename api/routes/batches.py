@@ -9,8 +9,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from api.deps import SessionDep, StationDep
-from api.routes.jobs import ERRORS, UPLOAD_BODY, receive_shot
+from api.routes.jobs import ERRORS, UPLOAD_BODY, IdempotencyKeyH, Shot, receive_shot
 from api.schemas import BatchCreate, BatchList, BatchOut, BatchReport, JobOut, ShotOut
+from services import idempotency
 from services.batches import report as reports
 from services.batches import service
 from services.config import get_settings
@@ -26,7 +27,29 @@ def _out(session: SessionDep, batch: Batch) -> BatchOut:
 
 @router.post("", status_code=201, response_model=BatchOut, responses=ERRORS,
              summary="Create a batch (its shots from server-side paths, or uploaded later)")
-def create_batch(body: BatchCreate, session: SessionDep, station: StationDep) -> BatchOut:
+def create_batch(body: BatchCreate, response: Response, session: SessionDep, station: StationDep,
+                 idempotency_key: IdempotencyKeyH = None) -> BatchOut:
+    key = idempotency.check_key(idempotency_key)
+    if key is None:
+        return _create_batch(body, session, station)
+    claim = idempotency.claim(session, station, key, "batches", idempotency.fingerprint(body.model_dump(mode="json")),
+                              get_settings().idempotency_hours)
+    if claim.replay is not None:
+        response.headers["Idempotent-Replayed"] = "true"
+        batch = service.get_batch(session, station, claim.replay)
+        replay = _out(session, batch)
+        replay.webhook_secret = batch.webhook_secret  # the first answer may never have reached the client
+        return replay
+    try:
+        out = _create_batch(body, session, station)
+    except BaseException:
+        idempotency.release(session, claim)
+        raise
+    idempotency.complete(session, claim, out.id)
+    return out
+
+
+def _create_batch(body: BatchCreate, session: SessionDep, station: StationDep) -> BatchOut:
     request = service.BatchRequest(
         name=body.name, recipes=tuple(body.recipes), priority=body.priority, not_before=body.not_before,
         not_after=body.not_after, on_window_end=body.on_window_end, paths=tuple(body.paths),
@@ -39,8 +62,10 @@ def create_batch(body: BatchCreate, session: SessionDep, station: StationDep) ->
 
 @router.post("/{batch_id}/shots", status_code=202, response_model=JobOut, responses=ERRORS,
              openapi_extra=UPLOAD_BODY, summary="Upload a shot into a batch (same multipart as POST /v1/jobs)")
-async def add_shot(batch_id: str, request: Request, session: SessionDep, station: StationDep) -> JobOut:
-    job = await receive_shot(request, lambda job_id, files, form: service.add_shot(
+async def add_shot(batch_id: str, request: Request, response: Response, session: SessionDep,
+                   station: StationDep, idempotency_key: IdempotencyKeyH = None) -> JobOut:
+    shot = Shot(session, station, f"batch:{batch_id}", idempotency_key)
+    job = await receive_shot(request, response, shot, lambda job_id, files, form: service.add_shot(
         session, get_storage(), station, batch_id, job_id, files, form))
     return JobOut.of(job)
 

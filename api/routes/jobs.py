@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import SessionDep, StationDep
 from api.schemas import ErrorOut, JobChanges, JobList, JobOut
-from api.uploads import receive_multipart
+from api.uploads import ReceivedForm, receive_multipart
+from services import idempotency
 from services.config import get_settings
-from services.db.models import Job, new_id
+from services.db.models import Job, Station, new_id
 from services.errors import RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
 from services.metrics import BYTES_UPLOADED
 from services.storage import get_storage
-from workers.tasks import enqueue_ingest
+from services.storage.keys import job_prefix
+from workers.tasks import send_ingest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 410, 413, 416, 422)
+    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 410, 413, 416, 422, 429)
 }
 
 UPLOAD_BODY = {
@@ -58,10 +63,17 @@ UPLOAD_BODY = {
 }
 
 
+IdempotencyKeyH = Annotated[str | None, Header(
+    alias="Idempotency-Key", max_length=255,
+    description="Optional: a retried request with the same key returns the same job (kept 24 h).")]
+
+
 @router.post("", status_code=202, response_model=JobOut, responses=ERRORS, openapi_extra=UPLOAD_BODY,
              summary="Upload a shot (multipart) and queue it")
-async def create_job(request: Request, session: SessionDep, station: StationDep) -> JobOut:
-    job = await receive_shot(request, lambda job_id, files, form: service.submit_job(
+async def create_job(request: Request, response: Response, session: SessionDep, station: StationDep,
+                     idempotency_key: IdempotencyKeyH = None) -> JobOut:
+    shot = Shot(session, station, "jobs", idempotency_key)
+    job = await receive_shot(request, response, shot, lambda job_id, files, form: service.submit_job(
         session, get_storage(), station, job_id, files, form))
     return JobOut.of(job)
 
@@ -69,22 +81,61 @@ async def create_job(request: Request, session: SessionDep, station: StationDep)
 Submit = Callable[[str, list[service.Upload], service.JobRequest], Job]
 
 
-async def receive_shot(request: Request, submit: Submit) -> Job:
+@dataclass(frozen=True)
+class Shot:
+    """Who uploads a shot, into which operation (``scope``), with which Idempotency-Key (None: none)."""
+
+    session: Session
+    station: Station
+    scope: str
+    key: str | None
+
+
+def _fingerprint(form: ReceivedForm) -> str:
+    return idempotency.fingerprint({"fields": form.fields,
+                                    "files": [(f.original_name, f.sha256, f.bytes) for f in form.files]})
+
+
+async def receive_shot(request: Request, response: Response, shot: Shot, submit: Submit) -> Job:
     """Stream a shot's multipart upload into storage, record it with ``submit`` (job id, files, form) and send
-    its ingest unless it waits for admission; nothing stays in storage if any of it fails."""
+    its ingest unless it waits for admission; nothing stays in storage if any of it fails. With an
+    Idempotency-Key, a retry of the same upload returns the first job (``Idempotent-Replayed: true``)."""
     settings = get_settings()
     storage = get_storage()
+    key = idempotency.check_key(shot.key)
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > settings.max_upload_bytes * settings.max_frames + (1 << 20):
         raise UploadTooLarge(f"request of {int(length)} bytes exceeds the upload limit")
     job_id = new_id()
     with service.discard_on_error(storage, job_id):
         form = await receive_multipart(request.headers.get("content-type", ""), request.stream(), storage, job_id,
-                                       max_bytes=settings.max_upload_bytes, max_files=settings.max_frames)
-        job = await run_in_threadpool(submit, job_id, form.files, service.JobRequest.from_form(form.fields))
+                                       max_bytes=settings.max_upload_bytes, max_files=settings.max_frames,
+                                       max_fields=settings.max_form_fields)
+        job = await run_in_threadpool(_record, shot, key, job_id, form, submit)
+    if job.id != job_id:  # a replay: the upload just received is not kept
+        storage.delete_prefix(job_prefix(job_id))
+        response.headers["Idempotent-Replayed"] = "true"
+        return job
     BYTES_UPLOADED.inc(sum(f.bytes for f in job.frames))
     if service.enqueue_now(job):
-        enqueue_ingest(job.id, job.priority)
+        await run_in_threadpool(send_ingest, job.id, job.priority)  # broker down: the outbox sends it later
+    return job
+
+
+def _record(shot: Shot, key: str | None, job_id: str, form: ReceivedForm, submit: Submit) -> Job:
+    """Submit the job, or return the one an earlier request with the same Idempotency-Key created."""
+    if key is None:
+        return submit(job_id, form.files, service.JobRequest.from_form(form.fields))
+    claim = idempotency.claim(shot.session, shot.station, key, shot.scope, _fingerprint(form),
+                              get_settings().idempotency_hours)
+    if claim.replay is not None:
+        return service.get_job(shot.session, shot.station, claim.replay)
+    try:
+        job = submit(job_id, form.files, service.JobRequest.from_form(form.fields))
+    except BaseException:
+        idempotency.release(shot.session, claim)
+        raise
+    idempotency.complete(shot.session, claim, job.id)
     return job
 
 
@@ -145,6 +196,15 @@ def cancel_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
     return JobOut.of(service.cancel_job(session, get_storage(), station, job_id))
 
 
+def content_disposition(name: str, fallback: str) -> str:
+    """RFC 6266 ``attachment`` with an ASCII ``filename`` (``fallback``, already safe) and, when ``name`` is
+    not plain ASCII, RFC 5987 ``filename*=UTF-8''<percent-encoded>`` that browsers prefer."""
+    value = f'attachment; filename="{fallback}"'
+    if name != fallback:
+        value += f"; filename*=UTF-8''{quote(name, safe='')}"
+    return value
+
+
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -171,7 +231,8 @@ def download_output(
     job_id: str, name: str, request: Request, session: SessionDep, station: StationDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,
 ) -> Response:
-    out = service.output_of(service.get_job(session, station, job_id), name)
+    job = service.get_job(session, station, job_id)
+    out = service.output_of(job, name)
     storage = get_storage()
     if get_settings().s3_downloads == "redirect":  # STRATA_S3_DOWNLOADS: the client fetches from the bucket
         url = storage.presigned_url(out.storage_key, get_settings().s3_presign_s, filename=out.name)
@@ -179,7 +240,7 @@ def download_output(
             return RedirectResponse(url, status_code=307, headers={"ETag": f'"{out.sha256}"'})
     size = storage.size(out.storage_key)
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{out.sha256}"',
-               "Content-Disposition": f'attachment; filename="{out.name}"'}
+               "Content-Disposition": content_disposition(service.download_name(job, out), out.name)}
     if request.method == "HEAD":
         headers["Content-Length"] = str(size)
         return Response(status_code=200, media_type=out.media_type, headers=headers)

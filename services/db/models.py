@@ -74,6 +74,9 @@ class Job(Base):
     # The JPEG preview (storage key from services.storage.keys.preview_key): its ETag and "fast" | "final".
     preview_etag: Mapped[str | None] = mapped_column(String(64), default=None)
     preview_kind: Mapped[str | None] = mapped_column(String(16), default=None)
+    # The outbox: when its ingest message was handed to the broker; None while an admitted job's message is not
+    # sent yet (the broker was down), which the coordinator's outbox pass sends within seconds.
+    enqueued_at: Mapped[dt.datetime | None] = mapped_column(default=None, index=True)
 
     station: Mapped[Station] = relationship(lazy="joined")
     frames: Mapped[list[Frame]] = relationship(
@@ -85,6 +88,21 @@ class Job(Base):
     outputs: Mapped[list[Output]] = relationship(
         back_populates="job", order_by="Output.name", cascade="all, delete-orphan"
     )
+
+
+class IdempotencyKey(Base):
+    """A client's ``Idempotency-Key`` on a POST: the request's fingerprint and what it created
+    (services/idempotency.py). ``resource_id`` is None while the first request is still being handled."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("station_id", "key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    station_id: Mapped[str] = mapped_column(ForeignKey("stations.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(255))
+    scope: Mapped[str] = mapped_column(String(100))  # which operation: "jobs", "batches", "batch:<id>"
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    resource_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
 
 
 class Batch(Base):

@@ -59,13 +59,14 @@ class NameTokens:
     job: str
 
 
-def sanitise(text: str, limit: int = MAX_STEM) -> str:
-    """ASCII-safe, no separators, no leading dots, no ``..``, at most ``limit`` characters; never empty."""
+def sanitise(text: str, limit: int = MAX_STEM, fallback: str = "output") -> str:
+    """ASCII-safe, no separators, no leading dots, no ``..``, at most ``limit`` characters; ``fallback`` when
+    nothing is left (never empty)."""
     ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
     cleaned = _UNSAFE.sub("_", ascii_text)
     while ".." in cleaned:
         cleaned = cleaned.replace("..", ".")
-    return cleaned.strip("._")[:limit].rstrip("._") or "output"
+    return cleaned.strip("._")[:limit].rstrip("._") or fallback
 
 
 def render_name(template: str, tokens: NameTokens, recipe: str, extension: str) -> str:

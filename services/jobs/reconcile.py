@@ -13,6 +13,19 @@ from services.jobs.states import ACTIVE, JobStatus, ShardStatus
 from services.jobs.tickets import Repairs, ShardTicket
 
 
+def unsent_ingests(session: Session, grace_s: float, limit: int = 500) -> list[tuple[str, str]]:
+    """The outbox: admitted, still-queued jobs whose ingest message was never handed to the broker (the API or
+    the admission pass found it down), oldest first, once ``grace_s`` has passed (their sender may still be at
+    it)."""
+    cutoff = utcnow() - dt.timedelta(seconds=grace_s)
+    rows = session.execute(
+        select(Job.id, Job.priority).where(Job.status == JobStatus.QUEUED, Job.phase < 0,
+                                           Job.admitted_at.is_not(None), Job.admitted_at < cutoff,
+                                           Job.enqueued_at.is_(None))
+        .order_by(Job.admitted_at).limit(limit))
+    return [(job_id, priority) for job_id, priority in rows]
+
+
 def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog: int, stale_after_s: float
               ) -> Repairs:
     """Find work that no message will ever deliver again and say what to re-dispatch.

@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import PurePosixPath
 
 from sqlalchemy import Select, and_, func, or_, select, update
 from sqlalchemy.orm import Session, selectinload
@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, selectinload
 from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
 from services.db.session import execute_update
 from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Gone, NotFound
-from services.export.naming import validate_template
+from services.export.naming import sanitise, validate_template
 from services.export.recipes import resolve_recipes
 from services.jobs.cameras import resolve_camera
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, parse_enum
@@ -132,11 +132,26 @@ def enqueue_now(job: Job) -> bool:
     return job.admitted_at is not None
 
 
+MAX_SAFE_NAME = 120  # bytes (ASCII): keys and ``.part-*`` temp names stay far below the 255-byte limit
+
+
+def mark_enqueued(session: Session, job_id: str) -> None:
+    """The job's ingest message is with the broker (the outbox has nothing to send for it)."""
+    execute_update(session, update(Job).where(Job.id == job_id, Job.enqueued_at.is_(None))
+                   .values(enqueued_at=utcnow()))
+    session.commit()
+
+
 def safe_name(name: str, index: int) -> str:
-    """A file name safe to use in storage keys and downloads."""
-    base = Path(name.replace("\\", "/")).name
-    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in base).strip("._") or f"frame_{index:02d}"
-    return cleaned[:200]
+    """A file name safe to use in storage keys and downloads: ASCII only (``A-Z a-z 0-9 . _ -``; accents
+    folded, other characters dropped), the extension kept, at most :data:`MAX_SAFE_NAME` bytes; a stem with
+    nothing left becomes ``frame_NN``. The name as sent is kept apart (``Frame.original_name``)."""
+    base = PurePosixPath(name.replace("\\", "/")).name
+    stem, dot, ext = base.rpartition(".") if "." in base.strip(".") else (base, "", "")
+    clean_ext = sanitise(ext, 10) if dot and ext else ""
+    clean_ext = "" if clean_ext == "output" else clean_ext
+    clean_stem = sanitise(stem, MAX_SAFE_NAME - len(clean_ext) - 1, fallback=f"frame_{index:02d}")
+    return f"{clean_stem}.{clean_ext}" if clean_ext else clean_stem
 
 
 def create_job(
@@ -201,11 +216,21 @@ def encode_cursor(created: dt.datetime, row_id: str) -> str:
     return base64.urlsafe_b64encode(json.dumps([created.isoformat(), row_id]).encode()).decode()
 
 
+MAX_CURSOR = 256  # characters: a real cursor is about 100
+
+
 def decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
+    """The (creation time, id) of a cursor from :func:`encode_cursor`; ``BadInput`` for anything else (too
+    long, not base64, not JSON, nested, wrong shapes)."""
+    if len(cursor) > MAX_CURSOR:
+        raise BadInput(f"invalid cursor: longer than {MAX_CURSOR} characters")
     try:
-        created, job_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return dt.datetime.fromisoformat(created), str(job_id)
-    except (ValueError, TypeError) as exc:
+        value = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+            raise ValueError("not a [time, id] pair")
+        created = dt.datetime.fromisoformat(value[0])
+        return (created if created.tzinfo else created.replace(tzinfo=dt.UTC)), value[1]
+    except (ValueError, TypeError, RecursionError, UnicodeError) as exc:
         raise BadInput("invalid cursor") from exc
 
 
@@ -296,6 +321,22 @@ def output_of(job: Job, name: str) -> Output:
                            f"{as_utc(out.deleted_at).isoformat(timespec='seconds')}")
             return out
     raise NotFound(f"job {job.id} has no output {name!r}")
+
+
+def download_name(job: Job, out: Output) -> str:
+    """The name a download is offered under: the output's (ASCII) name with the first frame's safe stem given
+    back its original spelling (``写真.dng`` -> ``写真.tif`` instead of ``frame_00.tif``); separators and control
+    characters never come back."""
+    frame = job.frames[0] if job.frames else None
+    if frame is None or not frame.original_name:
+        return out.name
+    safe_stem = PurePosixPath(frame.name).stem
+    original = PurePosixPath(frame.original_name.replace("\\", "/")).name
+    original_stem = original.rpartition(".")[0] if "." in original.strip(".") else original
+    original_stem = "".join(c for c in original_stem if c.isprintable() and c not in '/\\"').strip()
+    if not original_stem or not out.name.startswith(safe_stem):
+        return out.name
+    return original_stem + out.name[len(safe_stem):]
 
 
 @dataclass(frozen=True)

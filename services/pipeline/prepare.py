@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from services.errors import FramesMismatch
+from services.errors import BadRawFile, FramesMismatch
 from services.pipeline.render import RenderParams
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import frame_shifts, pixel_shift_offsets
@@ -70,8 +70,11 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     check_frames_match(metas)
     decode_s = time.perf_counter() - t0
     ref = storage.load_array(raw_key(job_id, 0))
-    params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
-                                               extra_spaces=extra_spaces), frames=len(metas))
+    try:
+        params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
+                                            extra_spaces=extra_spaces), frames=len(metas))
+    except ValueError as exc:  # the file's levels or colour tags are unusable (white under black, zero gains ...)
+        raise BadRawFile(f"implausible RAW metadata: {exc}") from exc
     offsets = None
     if stack and len(metas) == 4:  # a 4-shot one-pixel pattern is combined without demosaicing (pixel shift)
         frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]

@@ -267,7 +267,10 @@ def _tag_floats(tag: tifffile.TiffTag | None) -> list[float] | None:
     """Numeric tag values as floats; tifffile gives (S)RATIONALs as flat (num, den, ...) pairs."""
     if tag is None:
         return None
-    values = np.atleast_1d(np.asarray(tag.value, dtype=np.float64)).ravel()
+    try:
+        values = np.atleast_1d(np.asarray(tag.value, dtype=np.float64)).ravel()
+    except (ValueError, TypeError) as exc:  # a corrupt file: the reason names the tag
+        raise ValueError(f"malformed DNG tag {tag.name} ({tag.code}): not numeric") from exc
     if int(tag.dtype) in (5, 10):  # RATIONAL, SRATIONAL
         values = values[0::2] / values[1::2]
     return values.tolist()

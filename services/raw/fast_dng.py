@@ -151,10 +151,13 @@ def decode_fast(path: Path, out_npy: Path) -> RawMeta | None:
             dtype = np.dtype(f"{tif.byteorder}u2")
     except Exception:  # noqa: BLE001 - anything odd about the file: LibRaw decides (and reports) instead
         return None
-    tags = read_dng_tags(path)
-    blacks = None if tags is None or cfa is None else _site_blacks(tags, top, left)
-    meta = None if tags is None or cfa is None or blacks is None else _meta(
-        tags, cfa, blacks, bottom - top, right - left, _capture(path, tags))
+    try:
+        tags = read_dng_tags(path)
+        blacks = None if tags is None or cfa is None else _site_blacks(tags, top, left)
+        meta = None if tags is None or cfa is None or blacks is None else _meta(
+            tags, cfa, blacks, bottom - top, right - left, _capture(path, tags))
+    except Exception:  # noqa: BLE001 - malformed tags (a corrupt file): the LibRaw child decides and reports
+        return None
     if meta is None:
         return None
     raw = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(rows, cols))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,13 @@ def _probe_stream(f: BinaryIO) -> RawProbe:
         raise BadRawFile(f"cannot read upload: {exc.strerror or exc}") from exc
     if head[:4] in (b"II*\x00", b"MM\x00*"):
         f.seek(0)
-        return _probe_tiff(f, size, head)
+        try:
+            return _probe_tiff(f, size, head)
+        except BadRawFile:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, struct.error) as exc:
+            # a corrupt structure tifffile parses into nonsense (a tuple for a width, a zero-length tag ...)
+            raise BadRawFile(f"not a RAW file: corrupt TIFF structure ({type(exc).__name__}: {exc})") from exc
     other = _probe_by_magic(head)
     if other is None:
         raise BadRawFile(f"not a RAW file: unrecognised signature {head[:8]!r}")

@@ -1,0 +1,205 @@
+"""Hardening of the API: the ingest outbox (broker down), Idempotency-Key, no 500 on bad input, failed-auth
+back-off. Real database (SQLite and PostgreSQL), real Redis, the real Celery producer; no workers."""
+
+from __future__ import annotations
+
+import base64
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from services.config import get_settings
+from services.db.models import IdempotencyKey, Job
+from services.db.session import session_scope
+from services.stations import create_station_token
+
+
+@pytest.fixture
+def client(db: str, redis_url: str) -> Iterator[TestClient]:
+    from api.app import create_app
+
+    redis.Redis.from_url(redis_url).flushdb()
+    with TestClient(create_app()) as c:
+        yield c
+
+
+@pytest.fixture
+def auth(client: TestClient) -> dict[str, str]:
+    with session_scope() as session:
+        return {"Authorization": f"Bearer {create_station_token(session, 'station-a')}"}
+
+
+def _frame(synth_dir: Path) -> bytes:
+    return (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+
+
+def _messages_for(job_id: str) -> int:
+    """Ingest messages for ``job_id`` waiting in the coordinator queue (every priority step)."""
+    client = redis.Redis.from_url(get_settings().redis_url or "")
+    return sum(job_id.encode() in m for k in client.scan_iter("coordinator*") if client.type(k) == b"list"
+               for m in client.lrange(k, 0, -1))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_upload_while_the_broker_is_down_is_accepted_and_sent_later_once(
+        client: TestClient, auth: dict[str, str], synth_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import app as worker_app
+    from workers.tasks import send_outbox
+
+    with broker_down_ctx(worker_app):
+        r = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))])
+        assert r.status_code == 202, r.text  # told the job exists: the outbox owes it a message
+    job_id = r.json()["id"]
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.enqueued_at is None and job.admitted_at is not None
+    assert _messages_for(job_id) == 0
+    monkeypatch.setenv("STRATA_OUTBOX_GRACE_S", "0")
+    get_settings.cache_clear()
+    assert send_outbox() == 1  # the coordinator's outbox pass, once the broker answers
+    assert send_outbox() == 0  # ... and only once
+    assert _messages_for(job_id) == 1
+    with session_scope() as session:
+        assert session.get(Job, job_id).enqueued_at is not None  # type: ignore[union-attr]
+
+
+class broker_down_ctx:  # noqa: N801 - used like a function
+    def __init__(self, worker_app: object) -> None:
+        self.app = worker_app.celery_app  # type: ignore[attr-defined]
+
+    def _reset(self, url: str) -> None:
+        self.app.conf.broker_url = url
+        self.app._pool = None
+        self.app.amqp._producer_pool = None
+
+    def __enter__(self) -> None:
+        self.saved = self.app.conf.broker_url
+        self._reset(f"redis://127.0.0.1:{_closed_port()}/0")
+
+    def __exit__(self, *_: object) -> None:
+        self._reset(self.saved)
+
+
+def test_an_interactive_upload_is_sent_at_once(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    job_id = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))]).json()["id"]
+    assert _messages_for(job_id) == 1
+    with session_scope() as session:
+        assert session.get(Job, job_id).enqueued_at is not None  # type: ignore[union-attr]
+
+
+def test_idempotency_key_returns_the_same_job(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    frame = _frame(synth_dir)
+    headers = {**auth, "Idempotency-Key": "shot-0001"}
+    first = client.post("/v1/jobs", headers=headers, files=[("frames", ("a.dng", frame))], data={"priority": "batch"})
+    again = client.post("/v1/jobs", headers=headers, files=[("frames", ("a.dng", frame))], data={"priority": "batch"})
+    assert first.status_code == again.status_code == 202
+    assert again.json()["id"] == first.json()["id"] and again.headers["idempotent-replayed"] == "true"
+    assert len(client.get("/v1/jobs", headers=auth).json()["jobs"]) == 1
+    stored = list(get_settings().resolved_storage_dir.rglob("*.dng"))
+    assert len(stored) == 1  # the retry's upload was not kept
+    other = client.post("/v1/jobs", headers=headers, files=[("frames", ("a.dng", frame))],
+                        data={"priority": "interactive"})
+    assert other.status_code == 409 and other.json()["type"] == "idempotency_conflict"
+    with session_scope() as session:  # another station's key space is its own
+        b = {"Authorization": f"Bearer {create_station_token(session, 'station-b')}", "Idempotency-Key": "shot-0001"}
+    assert client.post("/v1/jobs", headers=b, files=[("frames", ("a.dng", frame))]).json()["id"] != first.json()["id"]
+
+
+def test_a_refused_upload_frees_its_key(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    headers = {**auth, "Idempotency-Key": "k1"}
+    bad = client.post("/v1/jobs", headers=headers, files=[("frames", ("a.dng", b"not a raw" * 100))])
+    assert bad.status_code == 422
+    with session_scope() as session:
+        assert session.query(IdempotencyKey).count() == 0
+    ok = client.post("/v1/jobs", headers=headers, files=[("frames", ("a.dng", _frame(synth_dir)))])
+    assert ok.status_code == 202
+
+
+def test_idempotent_batches_and_batch_shots(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    headers = {**auth, "Idempotency-Key": "batch-1"}
+    first = client.post("/v1/batches", headers=headers, json={"name": "tuesday"})
+    again = client.post("/v1/batches", headers=headers, json={"name": "tuesday"})
+    assert first.status_code == again.status_code == 201 and first.json()["id"] == again.json()["id"]
+    assert client.post("/v1/batches", headers=headers, json={"name": "wednesday"}).status_code == 409
+    batch = first.json()["id"]
+    shot = {**auth, "Idempotency-Key": "shot-1"}
+    frame = _frame(synth_dir)
+    a = client.post(f"/v1/batches/{batch}/shots", headers=shot, files=[("frames", ("a.dng", frame))])
+    b = client.post(f"/v1/batches/{batch}/shots", headers=shot, files=[("frames", ("a.dng", frame))])
+    assert a.status_code == b.status_code == 202 and a.json()["id"] == b.json()["id"]
+    assert client.get(f"/v1/batches/{batch}", headers=auth).json()["counts"]["queued"] == 1
+
+
+def test_bad_idempotency_key_is_422(client: TestClient, auth: dict[str, str]) -> None:
+    r = client.post("/v1/batches", headers={**auth, "Idempotency-Key": "x" * 300}, json={"name": "n"})
+    assert r.status_code == 422 and set(r.json()) == {"type", "detail"}
+
+
+def _nested_cursor(depth: int) -> str:
+    return base64.urlsafe_b64encode(b"[" * depth + b"]" * depth).decode()
+
+
+@pytest.mark.parametrize("cursor", [_nested_cursor(100_000)[:200], _nested_cursor(5000), "x" * 10_000,
+                                    base64.urlsafe_b64encode(b'[1, 2]').decode(), "%%%", "W10="])
+def test_bad_cursors_are_422(client: TestClient, auth: dict[str, str], cursor: str) -> None:
+    for path in ("/v1/jobs", "/v1/batches"):
+        r = client.get(path, headers=auth, params={"cursor": cursor})
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["type"] == "invalid_input"
+
+
+def test_deeply_nested_cursor_under_the_cap_is_422(client: TestClient, auth: dict[str, str]) -> None:
+    cursor = _nested_cursor(96)  # 256 base64 characters of brackets: parsed, refused
+    assert client.get("/v1/jobs", headers=auth, params={"cursor": cursor[:256]}).status_code == 422
+
+
+def _multipart(boundary: str, parts: list[tuple[str, bytes]]) -> bytes:
+    out = b""
+    for name, value in parts:
+        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n").encode() + value + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode()
+
+
+def test_long_boundary_and_many_fields_are_4xx(client: TestClient, auth: dict[str, str]) -> None:
+    boundary = "b" * 300
+    r = client.post("/v1/jobs", headers={**auth, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+                    content=_multipart(boundary, [("camera", b"IQ3_S")]))
+    assert r.status_code == 422 and "boundary" in r.json()["detail"]
+    many = _multipart("xyz", [(f"f{i}", b"v") for i in range(500)])
+    r = client.post("/v1/jobs", headers={**auth, "Content-Type": "multipart/form-data; boundary=xyz"}, content=many)
+    assert r.status_code == 422 and "too many form fields" in r.json()["detail"]
+    # the connection stays usable: the next request on the same client answers normally
+    assert client.get("/v1/jobs", headers=auth).status_code == 200
+
+
+def test_header_caps_answer_431(client: TestClient, auth: dict[str, str]) -> None:
+    r = client.get("/v1/jobs", headers={**auth, **{f"x-h{i}": "v" for i in range(150)}})
+    assert r.status_code == 431 and r.json()["type"] == "headers_too_large"
+
+
+def test_failed_auth_backs_off_per_address(client: TestClient, auth: dict[str, str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_AUTH_FAILURES", "3")
+    monkeypatch.setenv("STRATA_AUTH_BACKOFF_S", "30")
+    get_settings.cache_clear()
+    wrong = {"Authorization": "Bearer strata_wrong"}
+    assert [client.get("/v1/jobs", headers=wrong).status_code for _ in range(2)] == [401, 401]
+    assert client.get("/v1/jobs", headers=auth).status_code == 200  # a correct token resets the count
+    codes = [client.get("/v1/jobs", headers=wrong).status_code for _ in range(4)]
+    assert codes == [401, 401, 401, 429]
+    blocked = client.get("/v1/jobs", headers=auth)  # the block holds for every token from that address
+    assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
+    assert blocked.json()["type"] == "too_many_requests"
+    r = redis.Redis.from_url(get_settings().redis_url or "")
+    assert r.pttl("strata:auth-block:testclient") > 0
+    r.delete("strata:auth-block:testclient")
+    assert client.get("/v1/jobs", headers=auth).status_code == 200
