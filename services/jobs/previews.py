@@ -16,7 +16,7 @@ from services.db.models import Job, Output
 from services.export.preview import write_preview
 from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
 from services.pipeline.prepare import PreparedShot
-from services.pipeline.preview import mosaic_preview, strips_preview
+from services.pipeline.preview import linear_preview, mosaic_preview, strips_preview
 from services.raw.colour import render_colour, white_balance_neutral
 from services.storage.base import Storage
 from services.storage.keys import raw_key
@@ -36,8 +36,12 @@ def fast_preview(session: Session, storage: Storage, job_id: str, shot: Prepared
         meta = shot.frames[0]
         mosaic = storage.load_array(raw_key(job_id, 0))
         colour = render_colour(meta, "srgb", neutral=white_balance_neutral(meta, mosaic))
-        rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=shot.render.black, white=shot.render.white,
-                             gains=colour.gains, srgb_from_wb_cam=colour.out_from_wb_cam)
+        if meta.is_linear:
+            rgb = linear_preview(mosaic, black=shot.render.black, white=shot.render.white, gains=colour.gains,
+                                 srgb_from_wb_cam=colour.out_from_wb_cam)
+        else:
+            rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=shot.render.black, white=shot.render.white,
+                                 gains=colour.gains, srgb_from_wb_cam=colour.out_from_wb_cam)
         etag = write_preview(storage, job_id, rgb)
     except Exception:  # noqa: BLE001 - a preview is a convenience: the render goes on without it
         log.exception("job %s: fast preview failed", job_id)
