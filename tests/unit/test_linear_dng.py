@@ -93,3 +93,13 @@ def test_linear_fast_preview(linear: tuple[RawMeta, np.ndarray, Path]) -> None:
     rgb = linear_preview(image, black=meta.black_levels, white=meta.white_level, gains=colour.gains,
                          srgb_from_wb_cam=colour.out_from_wb_cam)
     assert rgb.shape == (35, 48, 3) and rgb.dtype == np.uint8 and rgb.std() > 0
+
+
+def test_the_source_camera_is_completed_from_the_decode(linear: tuple[RawMeta, np.ndarray, Path]) -> None:
+    from services.jobs.flow import with_decoded_source
+
+    meta = linear[0]
+    probed = {"naming": "x", "source_camera": {"make": "Canon", "model": "", "layout": ""}}  # a CR3 at upload
+    assert with_decoded_source(probed, meta) == {
+        "naming": "x", "source_camera": {"make": "Canon", "model": "Linear Converter", "layout": "linear"}}
+    assert with_decoded_source({"naming": "x"}, meta) == {"naming": "x"}  # jobs from before the field
