@@ -93,6 +93,11 @@ def monochrome_linear_dng() -> bytes:
     return bytes(data)
 
 
+def float_linear_dng() -> bytes:
+    """A floating-point (SampleFormat IEEE float, one per sample) 3-sample LinearRaw DNG (an HDR merge's)."""
+    return _tiff(np.random.default_rng(5).random((48, 72, 3), dtype=np.float32), 34892, _tags([]))
+
+
 def linear_dng(h: int = 48, w: int = 72) -> bytes:
     """A small 3-sample LinearRaw DNG (random content), through the project's writer."""
     import tempfile
@@ -114,4 +119,5 @@ REFUSED: dict[str, tuple[Callable[[], bytes], str]] = {
     "2x2 not bayer": (side_greens_dng, "2x2 CFA pattern RGBG (not a Bayer pattern)"),
     "monochrome": (monochrome_dng, "monochrome DNG"),
     "monochrome linear": (monochrome_linear_dng, "monochrome linear DNG"),
+    "floating point": (float_linear_dng, "floating-point DNG"),
 }

@@ -172,7 +172,7 @@ def _layout(page: tifffile.TiffPage) -> str:
     """The layout of a DNG's raw IFD ("bayer" or "linear"); :class:`UnsupportedSensor` for one Strata does not
     render (the reason names it)."""
     photometric, samples = int(page.photometric), int(page.samplesperpixel)
-    if int(page.tags.valueof(339) or 1) == 3:  # SampleFormat IEEE float
+    if int(page.sampleformat) == 3:  # SampleFormat IEEE float (one value for every sample)
         raise _unsupported("a floating-point DNG")
     if photometric == PHOTOMETRIC_LINEAR_RAW:
         if samples == 3:
