@@ -62,11 +62,27 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
     return None if value is None else as_utc(value)
 
 
+class SourceCameraOut(BaseModel):
+    make: str = Field(description="The file's Make tag ('' when the format does not state it at upload).")
+    model: str = Field(description="The file's Model tag.")
+    layout: str = Field(description="bayer | linear | '' (not known before decode: non-TIFF formats)")
+
+
+def _source_camera(job: Job) -> SourceCameraOut | None:
+    source = (job.params or {}).get("source_camera")
+    if not isinstance(source, dict):
+        return None  # jobs recorded before the field existed
+    return SourceCameraOut(make=str(source.get("make", "")), model=str(source.get("model", "")),
+                           layout=str(source.get("layout", "")))
+
+
 class JobOut(BaseModel):
     id: str
     station: str = Field(description="Name of the station that submitted it.")
     status: str = Field(description="queued | running | done | failed | cancelled")
-    camera: str
+    camera: str = Field(description="The render profile: IQ3_S (a single frame in strips) or IQ2_XS (a stack).")
+    source_camera: SourceCameraOut | None = Field(
+        default=None, description="The camera the file names (frame 0's Make/Model) and its sensor layout.")
     recipe: str = Field(description="The first of `recipes`.")
     recipes: list[str]
     priority: str
@@ -91,7 +107,8 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobOut:
         return cls(
-            id=job.id, station=job.station.name, status=job.status, camera=job.camera, recipe=job.recipe,
+            id=job.id, station=job.station.name, status=job.status, camera=job.camera,
+            source_camera=_source_camera(job), recipe=job.recipe,
             recipes=job_recipes(job),
             priority=job.priority,
             progress=round(min(max(job.progress, 0.0), 1.0), 4), stage=job.stage,

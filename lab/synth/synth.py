@@ -16,7 +16,7 @@ i.e. a feature at ``(y, x)`` in frame 0 appears at ``(y + dy, x + dx)`` in frame
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ from services.raw.colour import (
     srgb_decode,
     xyz_d50_to_output_matrix,
 )
-from services.raw.dng import write_dng
+from services.raw.dng import write_dng, write_linear_dng
 from services.raw.meta import CFA_PATTERNS, CaptureInfo, NoiseProfile
 
 CAMERAS: dict[str, tuple[int, int]] = {"IQ3_S": (7728, 10304), "IQ2_XS": (6912, 7296)}  # (width, height)
@@ -346,4 +346,48 @@ def synthesize_shot(
     return SynthShot(files=files, ground_truth=ground_truth, shifts=shifts)
 
 
-__all__ = ["CAMERAS", "COLOR_MATRIX", "SynthShot", "shot_size", "synthesize_shot", "write_ground_truth"]
+def _linear_raw(linear: np.ndarray, colour: up.ShotColour, level: up.NoiseLevel, generator: torch.Generator
+                ) -> np.ndarray:
+    """Linear sRGB [H, W, 3] -> noisy uint16 linear camera RGB [H, W, 3] (every pixel samples all three
+    channels: a linear DNG), unprocessed in row chunks."""
+    height, width = linear.shape[:2]
+    raw = np.empty((height, width, 3), np.uint16)
+    for y0 in range(0, height, _CHUNK_ROWS):
+        rows = torch.from_numpy(np.ascontiguousarray(linear[y0 : y0 + _CHUNK_ROWS])).permute(2, 0, 1)[None]
+        camera, _ = up.unprocess_linear(rows, colour.transform.wb_cam_from_out, colour.neutral_g)  # (1, 3, h, W)
+        if level.shot > 0 or level.read > 0:
+            camera = up.add_noise(camera, level.shot, level.read, generator)
+        counts = torch.round(BLACK_LEVEL + camera[0] * (WHITE_LEVEL - BLACK_LEVEL)).clamp(0, WHITE_LEVEL)
+        raw[y0 : y0 + _CHUNK_ROWS] = counts.permute(1, 2, 0).to(torch.int32).numpy().astype(np.uint16)
+    return raw
+
+
+def synthesize_linear_shot(out_dir: Path, *, width: int = 768, height: int = 512, seed: int = 0,
+                           noise: float | str = "low", content: str = "dead_leaves", space: str = "srgb",
+                           white: tuple[float, float] = WHITE_D65, make: str = "Acme", model: str = "Linear Converter",
+                           photos_dir: Path | str | None = None) -> SynthShot:
+    """Write a synthetic linear DNG (``frame_00.dng``: PhotometricInterpretation LinearRaw, 3 samples, what a
+    DNG converter writes) + its ground truth into ``out_dir``: the scene unprocessed to camera RGB through the
+    profile's DNG colour model (as :func:`synthesize_shot`), Poisson-Gaussian noise of level ``noise`` on
+    every sample (its NoiseProfile written), no mosaic. ``make``/``model``: any camera, not a Phase One back."""
+    level = up.noise_level(noise)
+    output_space(space)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scene_seq, noise_seq = np.random.SeedSequence(seed).spawn(2)
+    generator = torch.Generator().manual_seed(_seed_int(noise_seq))
+    profile = up.synthetic_profile(True)
+    colour = up.shot_colour(profile, white, "srgb")
+    linear = _content_frames(content, height // 2 * 2, width // 2 * 2, [(0.0, 0.0)],
+                             np.random.default_rng(scene_seq), photos_dir)[0]
+    ground_truth = write_ground_truth(linear, out_dir, space)
+    path = out_dir / "frame_00.dng"
+    write_linear_dng(path, _linear_raw(linear, colour, level, generator), black_level=BLACK_LEVEL,
+                     white_level=WHITE_LEVEL, profile=profile, as_shot_neutral=colour.neutral.tolist(), make=make,
+                     model=model, noise_profile=NoiseProfile(shot=level.shot, read=level.read), baseline_exposure=0.0,
+                     capture=replace(synthetic_capture(model), make=make, model=model, lens=""))
+    return SynthShot(files=[path], ground_truth=ground_truth, shifts=[(0.0, 0.0)])
+
+
+__all__ = ["CAMERAS", "COLOR_MATRIX", "SynthShot", "shot_size", "synthesize_linear_shot", "synthesize_shot",
+           "write_ground_truth"]

@@ -41,6 +41,7 @@ from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
 from services.pipeline.shards import compute_shard
+from services.raw.meta import RawMeta
 from services.storage import Storage
 from services.storage.intermediates import remove_intermediates
 
@@ -99,6 +100,19 @@ def rewind_job(session: Session, storage: Storage, job_id: str, reason: str) -> 
     return True
 
 
+def with_decoded_source(params: dict[str, object], meta: RawMeta) -> dict[str, object]:
+    """``params`` with ``source_camera`` completed from the decoded reference frame where the upload's probe could
+    not tell (non-TIFF formats: Make/Model from the decoder's capture tags, the layout LibRaw found)."""
+    source = params.get("source_camera")
+    if not isinstance(source, dict):
+        return params
+    capture = meta.capture
+    filled = {"make": source.get("make") or meta.make or (capture.make if capture else ""),
+              "model": source.get("model") or meta.model or (capture.model if capture else ""),
+              "layout": source.get("layout") or meta.layout}
+    return {**params, "source_camera": filled}
+
+
 def _tickets(job: Job, shards: list[Shard]) -> list[ShardTicket]:
     return [ShardTicket(s.id, job.priority, s.payload.get("gpu_slot")) for s in shards]
 
@@ -141,7 +155,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     plan = JobPlan(frames=shot.frames, render=shot.render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(shot.frames[0].height, shot.frames[0].width),
-                   gpu_memory_mb=gpu_memory_mb, extra=job.params)
+                   gpu_memory_mb=gpu_memory_mb, extra=with_decoded_source(job.params, shot.frames[0]))
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.
     if not _claim(session, job_id, -1, phase=0):
         return []

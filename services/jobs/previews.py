@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from services.db.models import Job, Output
 from services.export.preview import write_preview
 from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
-from services.pipeline.preview import mosaic_preview, strips_preview
+from services.pipeline.preview import linear_preview, mosaic_preview, strips_preview
 from services.pipeline.render import RenderParams
 from services.raw.colour import render_colour, white_balance_neutral
 from services.raw.meta import RawMeta
@@ -42,8 +42,12 @@ def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta,
         else:
             colour = render_colour(meta, "srgb", neutral=white_balance_neutral(meta, mosaic))
             gains, srgb_from_wb_cam = colour.gains, colour.out_from_wb_cam
-        rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=render.black, white=render.white, gains=gains,
-                             srgb_from_wb_cam=srgb_from_wb_cam)
+        if meta.is_linear:
+            rgb = linear_preview(mosaic, black=render.black, white=render.white, gains=gains,
+                                 srgb_from_wb_cam=srgb_from_wb_cam)
+        else:
+            rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=render.black, white=render.white, gains=gains,
+                                 srgb_from_wb_cam=srgb_from_wb_cam)
         etag = write_preview(storage, job_id, rgb)
     except Exception:  # noqa: BLE001 - a preview is a convenience: the render goes on without it
         log.exception("job %s: fast preview failed", job_id)

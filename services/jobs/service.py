@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
 from services.db.session import execute_update
-from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Gone, NotFound
+from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Gone, NotFound, UnsupportedSensor
 from services.export.naming import sanitise, validate_template
 from services.export.recipes import resolve_recipes
 from services.jobs.cameras import resolve_camera
@@ -43,7 +43,8 @@ class Upload:
 
 @dataclass(frozen=True)
 class ReceivedFile:
-    """An upload that is a RAW file: its camera model from the file's metadata ("" if unknown)."""
+    """An upload that is a RAW file: its camera model from the file's metadata ("" if unknown); ``make`` and
+    ``camera_model`` as the file states them, ``layout`` as the probe read it ("bayer", "linear", "": unknown)."""
 
     name: str
     storage_key: str
@@ -51,6 +52,9 @@ class ReceivedFile:
     bytes: int
     model: str
     original_name: str = ""
+    make: str = ""
+    camera_model: str = ""
+    layout: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,11 +108,20 @@ def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedF
         try:
             with storage.open(u.storage_key) as f:  # ranged reads of the TIFF structure on object storage
                 probe = probe_raw(f)
-        except BadRawFile as exc:
-            raise BadRawFile(f"{u.name}: {exc.reason}") from exc
+        except (BadRawFile, UnsupportedSensor) as exc:
+            raise type(exc)(f"{u.name}: {exc.reason}") from exc
         files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip(),
-                                  u.original_name))
+                                  u.original_name, make=probe.make, camera_model=probe.model, layout=probe.layout))
+    if len(files) > 1 and any(f.layout == "linear" for f in files):
+        raise UnsupportedSensor("a stack of linear DNGs is not supported: a linear DNG renders as a single frame "
+                                "(one file per job)")
     return files
+
+
+def source_camera(files: Sequence[ReceivedFile]) -> dict[str, str]:
+    """The job's ``source_camera`` param: frame 0's Make and Model as the file states them, and its layout."""
+    first = files[0]
+    return {"make": first.make, "model": first.camera_model, "layout": first.layout}
 
 
 def submit_job(session: Session, storage: Storage, station: Station, job_id: str, uploads: Sequence[Upload],
@@ -187,7 +200,8 @@ def create_job(
     profile = resolve_camera(camera, [f.model for f in files], len(files))
     job = Job(id=job_id, station_id=station.id, status=JobStatus.QUEUED, camera=profile.name,
               recipe=chosen[0].name, recipes=[r.name for r in chosen], priority=priority, stage=Stage.QUEUED,
-              params={} if naming is None else {"naming": naming.strip()}, batch_id=batch_id,
+              params={"source_camera": source_camera(files),
+                      **({} if naming is None else {"naming": naming.strip()})}, batch_id=batch_id,
               admitted_at=None if in_batch_lane(priority, batch_id) else utcnow())
     job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key,
                         original_name=f.original_name or None) for i, f in enumerate(files)]

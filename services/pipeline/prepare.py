@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from services.errors import BadRawFile, FramesMismatch
+from services.errors import BadRawFile, FramesMismatch, UnsupportedSensor
 from services.pipeline.render import RenderParams
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import frame_shifts, pixel_shift_offsets
@@ -53,8 +53,11 @@ def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits:
 
 
 def check_frames_match(metas: Sequence[RawMeta]) -> None:
-    """Every frame of a stack has frame 0's size and CFA pattern; :class:`FramesMismatch` otherwise."""
+    """Every frame of a stack has frame 0's size and CFA pattern; :class:`FramesMismatch` otherwise. A linear
+    frame renders alone (:class:`UnsupportedSensor` in a stack; the API refuses such uploads already)."""
     ref = metas[0]
+    if len(metas) > 1 and any(m.is_linear for m in metas):
+        raise UnsupportedSensor("a stack of linear DNGs is not supported: a linear DNG renders as a single frame")
     for i, m in enumerate(metas[1:], start=1):
         if (m.width, m.height, m.cfa) != (ref.width, ref.height, ref.cfa):
             raise FramesMismatch(f"frame {i} ({m.width}x{m.height} {m.cfa}) does not match frame 0 "

@@ -88,6 +88,25 @@ def mosaic_preview(mosaic: np.ndarray, *, cfa: str, black: Sequence[float], whit
     return srgb_encode(colour_rgb(sites_to_rgb(sites, cfa, black, white), gains, srgb_from_wb_cam))
 
 
+def linear_preview(image: np.ndarray, *, black: Sequence[float], white: float, gains: Sequence[float],
+                   srgb_from_wb_cam: np.ndarray, long_edge: int = LONG_EDGE) -> np.ndarray:
+    """The fast preview of a linear DNG's (H, W, 3) image: means of ``2f x 2f`` blocks (the mosaic preview's
+    size), levels, white balance, the shot's matrix, sRGB; (h, w, 3) uint8."""
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"image must be (H, W, 3), got {image.shape}")
+    block = 2 * bin_factor(image.shape[0], image.shape[1], long_edge)
+    h, w = image.shape[0] // block, image.shape[1] // block
+    if h == 0 or w == 0:
+        raise ValueError(f"image {image.shape} is smaller than one {block}x{block} block")
+    acc = np.zeros((h, w, 3), dtype=np.float64)
+    for a in range(block):
+        for b in range(block):
+            acc += image[a::block, b::block][:h, :w]
+    levels = np.asarray(black[:3], dtype=np.float32)
+    cam = np.clip((acc.astype(np.float32) / np.float32(block * block) - levels) / (np.float32(white) - levels), 0, 1)
+    return srgb_encode(colour_rgb(cam, gains, srgb_from_wb_cam))
+
+
 def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LONG_EDGE) -> np.ndarray:
     """Box downscale of the final render's strips ((y0, (rows, W, 3) uint16 sRGB-encoded), in order) to uint8,
     by an integer factor whose result's long edge is >= ``long_edge`` where the image allows it."""

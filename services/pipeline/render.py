@@ -2,7 +2,9 @@
 (stacks: :mod:`services.pipeline.stack`).
 
 Order: normalise levels -> white balance -> enhance (the shot's model package: joint demosaic + denoise) ->
-unsharp mask -> camera -> output-space matrix -> the space's transfer function -> uint16. Every stage computes
+unsharp mask -> camera -> output-space matrix -> the space's transfer function -> uint16. A linear DNG's
+(H, W, 3) camera-RGB image skips the demosaic (:func:`render_linear_spaces`): levels -> white balance ->
+Lee denoise at the shot's noise -> unsharp mask -> the same colour and transfer. Every stage computes
 a pixel from a bounded neighbourhood (the package declares its receptive field), so a strip rendered with
 :func:`halo_rows` extra rows on each side equals the same rows of the whole-frame render.
 """
@@ -16,26 +18,37 @@ from typing import Any
 import numpy as np
 import torch
 
+from services.pipeline.models import halo_rows as radius_halo
 from services.pipeline.models import load_enhancer, package_manifest
 from services.pipeline.ops import (
     apply_matrix,
     cfa_channels,
+    denoise_lee,
     encode_transfer,
     normalize_levels,
+    normalize_linear,
     sharpen,
     sharpen_radius,
     to_uint16,
     white_balance,
+    white_balance_rgb,
 )
 from services.pipeline.transfer import download, upload
+from services.raw.meta import LAYOUT_BAYER, LAYOUT_LINEAR, LAYOUTS
 
 SHARPEN_SIGMA = 1.0
+# A linear DNG's denoise: the Lee filter's window radius (the classical package's, a 5x5 window).
+LINEAR_DENOISE_RADIUS = 2
+# The unsharp amount after it (RenderParams.sharpen_amount of a linear shot; docs/QUALITY.md, "Linear DNGs").
+LINEAR_SHARPEN = 0.0
 
 
 def halo_rows(params: RenderParams, extra: int = 0) -> int:
-    """Rows a strip reads beyond each cut: the package's receptive field + the sharpen radius (+ ``extra``, a
-    stack's blend window), rounded up to even (keeps CFA parity). Also covers fused stacks (the Lee filter's
-    radius is below any package's)."""
+    """Rows a strip reads beyond each cut: the package's receptive field (a linear image's: the Lee filter's
+    radius) + the sharpen radius (+ ``extra``, a stack's blend window), rounded up to even (keeps CFA parity).
+    Also covers fused stacks (the Lee filter's radius is below any package's)."""
+    if params.layout == LAYOUT_LINEAR:
+        return radius_halo(LINEAR_DENOISE_RADIUS, sharpen_radius(SHARPEN_SIGMA) + extra)
     return package_manifest(params.model).halo_rows(sharpen_radius(SHARPEN_SIGMA) + extra)
 
 
@@ -59,10 +72,13 @@ class SpaceColour:
 
 @dataclass(frozen=True)
 class RenderParams:
-    """Everything a shard needs to render, shared by all shards of a shot (JSON-able via :meth:`to_dict`)."""
+    """Everything a shard needs to render, shared by all shards of a shot (JSON-able via :meth:`to_dict`).
+
+    ``layout`` "linear" (a linear DNG): ``cfa`` is "", ``black`` holds R, G, B, G and ``model`` is not run
+    (the image is denoised with the Lee filter, :func:`render_linear_spaces`)."""
 
     cfa: str
-    black: tuple[float, float, float, float]  # per 2x2 CFA site, row-major
+    black: tuple[float, float, float, float]  # per 2x2 CFA site, row-major (linear: R, G, B, G)
     white: float
     gains: tuple[float, float, float]  # white-balance gains R, G, B
     rgb_cam: tuple[tuple[float, ...], ...]  # 3x3 white-balanced camera RGB -> linear sRGB
@@ -75,9 +91,13 @@ class RenderParams:
     frames: int = 1  # frames the image stands for (a stack's size): its Bayer path is told 1/frames of the noise
     space: str = "srgb"  # the primary output space (rgb_cam, transfer): the strips' main result
     extra_spaces: tuple[SpaceColour, ...] = ()  # further spaces, each a result of its own (same model pass)
+    layout: str = LAYOUT_BAYER  # "bayer" (a mosaic) or "linear" (a linear DNG's RGB image)
 
     def __post_init__(self) -> None:
-        cfa_channels(self.cfa)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == LAYOUT_BAYER or self.cfa:
+            cfa_channels(self.cfa)
         if len(self.black) != 4:
             raise ValueError(f"black must hold 4 values, got {len(self.black)}")
         if len(self.gains) != 3 or min(self.gains) <= 0:
@@ -109,7 +129,8 @@ class RenderParams:
     def from_dict(cls, d: dict[str, Any]) -> RenderParams:
         """Inverse of :meth:`to_dict`; the optional keys may be missing (older rows)."""
         optional: dict[str, Any] = {k: type(getattr(cls, k))(d[k])
-                                    for k in ("sharpen_amount", "transfer", "camera", "model", "frames") if k in d}
+                                    for k in ("sharpen_amount", "transfer", "camera", "model", "frames", "layout")
+                                    if k in d}
         return cls(
             cfa=str(d["cfa"]),
             black=tuple(float(v) for v in d["black"]),  # type: ignore[arg-type]
@@ -185,8 +206,11 @@ def render_mosaic_spaces(mosaic: np.ndarray, params: RenderParams, device: torch
     """Render a (H, W) Bayer mosaic to one (H, W, 3) uint16 image per output space (primary first).
 
     ``mosaic`` is raw counts (uint16, levels from ``params``) or, with ``normalized=True``, float values
-    already in [0, 1] (e.g. a merged stack). Row 0 and column 0 must be CFA phase (0, 0).
+    already in [0, 1] (e.g. a merged stack). Row 0 and column 0 must be CFA phase (0, 0). A linear shot's
+    (H, W, 3) image goes to :func:`render_linear_spaces`.
     """
+    if params.layout == LAYOUT_LINEAR:
+        return render_linear_spaces(mosaic, params, device, rows)
     if mosaic.ndim != 2:
         raise ValueError(f"mosaic must be (H, W), got {mosaic.shape}")
     dev = torch.device(device)
@@ -197,6 +221,25 @@ def render_mosaic_spaces(mosaic: np.ndarray, params: RenderParams, device: torch
     enhancer = load_enhancer(params.camera, dev, package=params.model)  # resident after the first call
     shot, read = noise_per_channel(params)
     rgb = enhancer.enhance(x, params.cfa, shot, read)
+    rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W) linear WB camera RGB
+    return encode_spaces(rgb, params, rows)
+
+
+@torch.inference_mode()
+def render_linear_spaces(image: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
+                         rows: RowsOut | None = None) -> list[np.ndarray]:
+    """Render a linear DNG's (H, W, 3) raw camera-RGB image (counts, levels from ``params``) to one (H, W, 3)
+    uint16 image per output space (primary first), without demosaicing: levels -> white balance -> Lee denoise
+    at the shot's noise (radius :data:`LINEAR_DENOISE_RADIUS`) -> unsharp mask -> matrix -> transfer."""
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"a linear image must be (H, W, 3), got {image.shape}")
+    dev = torch.device(device)
+    x = upload(np.ascontiguousarray(image), dev) if image.dtype == np.uint16 else \
+        torch.from_numpy(np.array(image, dtype=np.float32)).to(dev)  # (H, W, 3)
+    rgb = white_balance_rgb(normalize_linear(x, params.black, params.white), params.gains)  # (1, 3, H, W)
+    shot, read = noise_per_channel(params)
+    rgb = denoise_lee(rgb, torch.tensor(shot, device=dev), torch.tensor(read, device=dev),
+                      radius=LINEAR_DENOISE_RADIUS)
     rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W) linear WB camera RGB
     return encode_spaces(rgb, params, rows)
 
@@ -227,8 +270,8 @@ def render_strip_spaces(source: np.ndarray, y0: int, y1: int, params: RenderPara
     group accumulators: ``services.pipeline.stack.render_stack_strip``.) ``into``: one (y1 - y0, W, 3) uint16
     C-contiguous array per space (e.g. memory maps) the rows are downloaded into, after ``ready()``; returned.
     """
-    if source.ndim != 2:
-        raise ValueError(f"source must be a (H, W) mosaic, got {source.shape}")
+    if source.ndim != (3 if params.layout == LAYOUT_LINEAR else 2):
+        raise ValueError(f"source must be a (H, W) mosaic or a linear shot's (H, W, 3) image, got {source.shape}")
     check_strip(y0, y1, source.shape[0])
     top, bottom = rows_needed(y0, y1, source.shape[0], params)
     return render_mosaic_spaces(np.asarray(source[top:bottom]), params, device, normalized,
@@ -243,6 +286,8 @@ def rows_needed(y0: int, y1: int, height: int, params: RenderParams, extra: int 
 
 
 __all__ = [
+    "LINEAR_DENOISE_RADIUS",
+    "LINEAR_SHARPEN",
     "SHARPEN_SIGMA",
     "RenderParams",
     "SpaceColour",
@@ -252,6 +297,7 @@ __all__ = [
     "mosaic_tensor",
     "noise_per_channel",
     "render_mosaic",
+    "render_linear_spaces",
     "render_mosaic_spaces",
     "render_strip",
     "render_strip_spaces",

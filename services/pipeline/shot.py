@@ -12,7 +12,7 @@ import numpy as np
 
 from services.pipeline.models.architectures import post_sharpen
 from services.pipeline.models.registry import default_package, package_manifest, package_ref
-from services.pipeline.render import RenderParams, SpaceColour
+from services.pipeline.render import LINEAR_SHARPEN, RenderParams, SpaceColour
 from services.raw.colour import cfa_planes, render_colour, white_balance_neutral
 from services.raw.meta import RawMeta
 
@@ -21,12 +21,15 @@ def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:
     """Noise model (shot, read) in normalised units: the file's NoiseProfile, else a robust estimate.
 
     The estimate is a signal-independent variance from the median absolute difference of horizontally
-    adjacent same-colour sites of the green plane (robust to edges).
+    adjacent same-colour sites of the green plane (robust to edges); in a linear image, of green pixels two
+    columns apart (as in a mosaic: a converter's demosaic correlates neighbours).
     """
     if meta.noise_profile is not None:
         return (float(meta.noise_profile.shot), float(meta.noise_profile.read))
     rows = mosaic[: min(mosaic.shape[0], 2048)]
     plane = cfa_planes(rows, meta)["G"][0]
+    if meta.is_linear:
+        plane = plane[:, ::2]
     diff = np.abs(np.diff(plane, axis=1))
     sigma = 1.4826 * float(np.median(diff)) / np.sqrt(2.0)
     return (0.0, sigma * sigma)
@@ -62,7 +65,8 @@ def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", c
         transfer=colour.transfer,
         camera=camera,
         model=package,
-        sharpen_amount=post_sharpen(package_manifest(package)),
+        sharpen_amount=LINEAR_SHARPEN if meta.is_linear else post_sharpen(package_manifest(package)),
         space=space,
         extra_spaces=tuple(extras),
+        layout=meta.layout,
     )

@@ -507,6 +507,8 @@ class FrameColour(Protocol):
     @property
     def cfa(self) -> str: ...
     @property
+    def layout(self) -> str: ...
+    @property
     def black_levels(self) -> tuple[float, float, float, float]: ...
     @property
     def white_level(self) -> float: ...
@@ -521,9 +523,15 @@ class FrameColour(Protocol):
 
 
 def cfa_planes(mosaic: np.ndarray, meta: FrameColour) -> dict[str, list[np.ndarray]]:
-    """The normalised CFA sub-planes of a (subsampled) mosaic, grouped by colour letter, float32."""
+    """The normalised CFA sub-planes of a (subsampled) mosaic, grouped by colour letter, float32. A linear
+    frame's (H, W, 3) image gives its three channels, one plane each (black levels R, G, B, G)."""
     white = float(meta.white_level)
     planes: dict[str, list[np.ndarray]] = {"R": [], "G": [], "B": []}
+    if meta.layout == "linear":
+        for c, letter in enumerate("RGB"):
+            black = meta.black_levels[c]
+            planes[letter].append((mosaic[..., c].astype(np.float32) - black) / max(white - black, 1.0))
+        return planes
     for (dy, dx), letter, black in zip(_SITES, meta.cfa, meta.black_levels, strict=True):
         plane = mosaic[dy::2, dx::2].astype(np.float32)
         planes[letter].append((plane - black) / max(white - black, 1.0))

@@ -45,6 +45,15 @@ def _black_levels_from_dng(
     return (site[0], site[1], site[2], site[3])
 
 
+def _linear_black_levels(values: list[float], repeat: tuple[int, int]) -> tuple[float, float, float, float] | None:
+    """Per channel (R, G, B, G) black levels of a linear DNG from BlackLevel: one value for all samples or one
+    per sample (BlackLevelRepeatDim 1x1); None for a repeating pattern (LibRaw's reading stays)."""
+    if tuple(repeat) != (1, 1) or len(values) not in (1, 3):
+        return None
+    r, g, b = (values * 3)[:3] if len(values) == 1 else values
+    return (r, g, b, g)
+
+
 def _neutral_from_wb(wb: list[float]) -> tuple[float, float, float] | None:
     r, g, b = (float(v) for v in wb[:3])
     if min(r, g, b) <= 0:
@@ -78,6 +87,21 @@ def _dng_profile_fields(tags: dict[str, Any]) -> dict[str, Any]:
     fields["analog_balance"] = tuple(balance[:3]) if balance is not None and len(balance) >= 3 else None
     fields["illuminant_1"], fields["illuminant_2"] = tags["calibration_illuminants"]
     return fields
+
+
+def _linear_image(raw: Any) -> np.ndarray | None:
+    """The (H, W, 3) visible image of a 3-colour linear DNG (LibRaw's Stack type), None for a Flat mosaic;
+    UnsupportedSensor for other stacked layouts (4 colours, not RGB)."""
+    import rawpy
+
+    if raw.raw_type != rawpy.RawType.Stack:
+        return None
+    desc = raw.color_desc.decode("ascii", "replace")
+    image = raw.raw_image_visible
+    if raw.num_colors != 3 or desc[:3] != "RGB" or image.ndim != 3 or image.shape[2] < 3:
+        raise UnsupportedSensor(f"a linear image of colours {desc!r} ({raw.num_colors}) is not supported; "
+                                "Strata renders 2x2 RGB Bayer and 3-channel linear DNGs")
+    return np.asarray(image[..., :3])
 
 
 def _bayer_pattern(raw: Any) -> tuple[str, np.ndarray]:
@@ -138,18 +162,23 @@ def _libraw_fields(raw_path: Path, out_npy: Path) -> tuple[dict[str, Any], tuple
     import rawpy
 
     with rawpy.imread(str(raw_path)) as raw:
-        cfa, sites = _bayer_pattern(raw)
-        mosaic = raw.raw_image_visible
-        height, width = mosaic.shape
-        _save_npy_atomic(out_npy, mosaic)
+        linear = _linear_image(raw)
         per_channel = raw.black_level_per_channel  # LibRaw's black + cblack[c]
-        s00, s01, s10, s11 = (float(per_channel[int(c)]) for c in sites.ravel())
+        if linear is None:
+            cfa, sites = _bayer_pattern(raw)
+            pixels = raw.raw_image_visible
+            blacks = tuple(float(per_channel[int(c)]) for c in sites.ravel())
+        else:  # R, G, B and the second green, as LibRaw orders its channels
+            cfa, pixels, blacks = "", linear, tuple(float(per_channel[c]) for c in (0, 1, 2, 1))
+        height, width = pixels.shape[:2]
+        _save_npy_atomic(out_npy, pixels)
         rgb_xyz = np.asarray(raw.rgb_xyz_matrix, dtype=np.float64)[:3]
         fields: dict[str, Any] = {
             "width": int(width),
             "height": int(height),
             "cfa": cfa,
-            "black_levels": (s00, s01, s10, s11),
+            "layout": "bayer" if linear is None else "linear",
+            "black_levels": blacks,
             "white_level": float(raw.white_level),
             "color_matrix": rgb_xyz.tolist() if np.any(rgb_xyz) else _matrix_from_rgb_cam(raw.color_matrix),
             "as_shot_neutral": _neutral_from_wb(list(raw.camera_whitebalance)),
@@ -172,10 +201,12 @@ def _apply_dng_tags(fields: dict[str, Any], tags: dict[str, Any], margins: tuple
     if tags["noise_profile"] is not None and len(tags["noise_profile"]) >= 2:
         fields["noise_profile"] = NoiseProfile(shot=tags["noise_profile"][0], read=tags["noise_profile"][1])
     (top, left), (area_top, area_left) = margins, tags["active_area_origin"]
-    fields["black_levels"] = (
-        _black_levels_from_dng(tags["black_level"], tags["black_level_repeat"], top - area_top, left - area_left)
-        or fields["black_levels"]
-    )
+    if fields["layout"] == "linear":
+        fields["black_levels"] = _linear_black_levels(tags["black_level"], tags["black_level_repeat"]) or \
+            fields["black_levels"]
+    else:
+        fields["black_levels"] = _black_levels_from_dng(tags["black_level"], tags["black_level_repeat"],
+                                                        top - area_top, left - area_left) or fields["black_levels"]
     if tags["white_level"] is not None:
         fields["white_level"] = tags["white_level"]
     white_xy = tags["as_shot_white_xy"]

@@ -1,4 +1,5 @@
-"""Minimal uncompressed DNG 1.4 writer for Bayer mosaics (tifffile), readable by LibRaw/rawpy."""
+"""Minimal uncompressed DNG 1.4 writer for Bayer mosaics and linear (3-sample LinearRaw) images (tifffile),
+readable by LibRaw/rawpy."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ TAG_FORWARD_MATRIX_2 = 50965
 TAG_NOISE_PROFILE = 51041
 
 PHOTOMETRIC_CFA = 32803
+PHOTOMETRIC_LINEAR_RAW = 34892
 _CFA_COLOUR_CODE = {"R": 0, "G": 1, "B": 2}  # TIFF/EP CFAPattern colour codes
 
 TagTuple = tuple[int, str, int, Any, bool]
@@ -166,23 +168,26 @@ def dng_tags(
     baseline_exposure: float | None = None,
 ) -> list[TagTuple]:
     """The DNG tags of the raw IFD as tifffile ``extratags``; ``as_shot_neutral`` may be empty when
-    ``as_shot_white_xy`` is given instead."""
-    if cfa not in CFA_PATTERNS:
-        raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {cfa!r}")
+    ``as_shot_white_xy`` is given instead. ``cfa=""``: a linear (LinearRaw) image, no CFA tags."""
+    if cfa and cfa not in CFA_PATTERNS:
+        raise ValueError(f"cfa must be one of {CFA_PATTERNS} (or '' for a linear image), got {cfa!r}")
     neutral = _neutral_tag(as_shot_neutral, as_shot_white_xy)
     if not 0 <= black_level < white_level <= 65535:
         raise ValueError(f"need 0 <= black_level < white_level <= 65535, got {black_level}, {white_level}")
     cm = np.asarray(profile.color_matrix_1, dtype=np.float64)
+    cfa_tags: list[TagTuple] = [
+        (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
+        (TAG_CFA_PATTERN, "B", 4, tuple(_CFA_COLOUR_CODE[c] for c in cfa), True),
+        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True),
+        (TAG_CFA_LAYOUT, "H", 1, 1, True),
+    ] if cfa else []
     tags: list[TagTuple] = [
         _ascii_tag(TAG_MAKE, make),
         _ascii_tag(TAG_MODEL, model),
-        (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
-        (TAG_CFA_PATTERN, "B", 4, tuple(_CFA_COLOUR_CODE[c] for c in cfa), True),
+        *cfa_tags,
         (TAG_DNG_VERSION, "B", 4, (1, 4, 0, 0), True),
         (TAG_DNG_BACKWARD_VERSION, "B", 4, (1, 3, 0, 0), True),
         _ascii_tag(TAG_UNIQUE_CAMERA_MODEL, f"{make} {model}".strip()),
-        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True),
-        (TAG_CFA_LAYOUT, "H", 1, 1, True),
         (TAG_BLACK_LEVEL_REPEAT_DIM, "H", 2, (1, 1), True),
         (TAG_BLACK_LEVEL, "I", 1, int(black_level), True),
         (TAG_WHITE_LEVEL, "I", 1, int(white_level), True),
@@ -234,21 +239,46 @@ def write_dng(
         as_shot_white_xy=as_shot_white_xy,
         baseline_exposure=baseline_exposure,
     ) + capture_tags(capture)
-    path = Path(path)
+    _write_raw_ifd(Path(path), mosaic, PHOTOMETRIC_CFA, tags)
+
+
+def write_linear_dng(
+    path: Path,
+    image: np.ndarray,
+    *,
+    black_level: int,
+    white_level: int,
+    profile: CameraProfile,
+    as_shot_neutral: Sequence[float],
+    make: str,
+    model: str,
+    noise_profile: NoiseProfile | None = None,
+    as_shot_white_xy: tuple[float, float] | None = None,
+    baseline_exposure: float | None = None,
+    capture: CaptureInfo | None = None,
+) -> None:
+    """Write a (H, W, 3) uint16 linear camera-RGB image (a DNG converter's "linear DNG": demosaiced, not
+    white balanced, not colour converted) as an uncompressed DNG 1.4 with PhotometricInterpretation LinearRaw,
+    atomically. The tags are :func:`write_dng`'s without the CFA ones; the black level is one for all channels.
+    """
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint16:
+        raise ValueError(f"image must be (H, W, 3) uint16, got {image.shape} {image.dtype}")
+    tags = dng_tags(cfa="", black_level=black_level, white_level=white_level, profile=profile,
+                    as_shot_neutral=as_shot_neutral, make=make, model=model, noise_profile=noise_profile,
+                    as_shot_white_xy=as_shot_white_xy, baseline_exposure=baseline_exposure) + capture_tags(capture)
+    _write_raw_ifd(Path(path), image, PHOTOMETRIC_LINEAR_RAW, tags)
+
+
+def _write_raw_ifd(path: Path, data: np.ndarray, photometric: int, tags: list[TagTuple]) -> None:
+    """One uncompressed raw IFD (IFD0) with ``tags``, written to a temp file and renamed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    row_bytes = data.shape[1] * data.itemsize * (data.shape[2] if data.ndim == 3 else 1)
     try:
         with tifffile.TiffWriter(tmp, bigtiff=False) as tif:
-            tif.write(
-                np.ascontiguousarray(mosaic),
-                photometric=PHOTOMETRIC_CFA,
-                planarconfig="contig",
-                compression=None,
-                subfiletype=0,
-                software=False,
-                metadata=None,
-                rowsperstrip=max(1, (1 << 20) // (2 * mosaic.shape[1])),
-                extratags=tags,
-            )
+            tif.write(np.ascontiguousarray(data), photometric=photometric, planarconfig="contig", compression=None,
+                      subfiletype=0, software=False, metadata=None, rowsperstrip=max(1, (1 << 20) // row_bytes),
+                      extratags=tags)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -300,7 +330,8 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
         candidates = [ifd0]
         if ifd0.pages is not None:
             candidates += [p for p in ifd0.pages if isinstance(p, tifffile.TiffPage)]
-        raw = next((p for p in candidates if int(p.photometric) == PHOTOMETRIC_CFA and int(p.subfiletype) == 0), ifd0)
+        raw = next((p for p in candidates if int(p.photometric) in (PHOTOMETRIC_CFA, PHOTOMETRIC_LINEAR_RAW)
+                    and int(p.subfiletype) == 0), ifd0)
         pages = [raw, ifd0]
         white = _tag_floats(_find_tag([raw], TAG_WHITE_LEVEL))
         repeat = _tag_floats(_find_tag([raw], TAG_BLACK_LEVEL_REPEAT_DIM)) or [1.0, 1.0]

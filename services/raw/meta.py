@@ -1,4 +1,5 @@
-"""Metadata of a decoded Bayer RAW frame, JSON-serialisable so it can travel through storage and Redis."""
+"""Metadata of a decoded RAW frame (a Bayer mosaic or a linear DNG's RGB image), JSON-serialisable so it can
+travel through storage and Redis."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from typing import Any
 from services.raw.colour import CameraProfile, Matrix3
 
 CFA_PATTERNS = ("RGGB", "BGGR", "GRBG", "GBRG")
+LAYOUT_BAYER = "bayer"  # a (H, W) mosaic behind a 2x2 RGB CFA
+LAYOUT_LINEAR = "linear"  # a (H, W, 3) linear camera-RGB image (a LinearRaw DNG): no CFA, no demosaic
+LAYOUTS = (LAYOUT_BAYER, LAYOUT_LINEAR)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,11 @@ class CaptureInfo:
 
 @dataclass(frozen=True)
 class RawMeta:
-    """Everything the render pipeline needs to know about one Bayer frame besides its pixels.
+    """Everything the render pipeline needs to know about one frame besides its pixels.
+
+    ``layout``: "bayer" (a (H, W) mosaic, ``cfa`` its 2x2 pattern, ``black_levels`` per 2x2 site, row-major) or
+    "linear" (a (H, W, 3) camera-RGB image, ``cfa`` "", ``black_levels`` per channel in LibRaw's order R, G, B,
+    G). Dicts written before the field existed have no ``layout`` key and load as Bayer.
 
     ``profile`` holds the DNG camera-profile tags (ColorMatrix1 for ``profile.illuminant_1``, the optional
     second matrix, forward matrices, calibration, analog balance). For non-DNG files the decoder fills its
@@ -91,12 +99,22 @@ class RawMeta:
     as_shot_white_xy: tuple[float, float] | None = None
     baseline_exposure: float = 0.0
     capture: CaptureInfo | None = None  # None: decoded by a version that did not read it
+    layout: str = LAYOUT_BAYER
 
     def __post_init__(self) -> None:
-        if self.cfa not in CFA_PATTERNS:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == LAYOUT_LINEAR and self.cfa:
+            raise ValueError(f"a linear frame has no CFA pattern, got {self.cfa!r}")
+        if self.layout == LAYOUT_BAYER and self.cfa not in CFA_PATTERNS:
             raise ValueError(f"cfa must be one of {CFA_PATTERNS}, got {self.cfa!r}")
         if len(self.black_levels) != 4:
-            raise ValueError(f"black_levels needs 4 values (one per 2x2 site), got {len(self.black_levels)}")
+            raise ValueError(f"black_levels needs 4 values (one per 2x2 site or R, G, B, G), got "
+                             f"{len(self.black_levels)}")
+
+    @property
+    def is_linear(self) -> bool:
+        return self.layout == LAYOUT_LINEAR
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists), the profile's tags flattened under their stored keys."""
@@ -122,6 +140,7 @@ class RawMeta:
             "as_shot_white_xy": None if self.as_shot_white_xy is None else list(self.as_shot_white_xy),
             "baseline_exposure": self.baseline_exposure,
             "capture": None if self.capture is None else self.capture.to_dict(),
+            "layout": self.layout,
         }
 
     @classmethod
@@ -145,6 +164,7 @@ class RawMeta:
             as_shot_white_xy=None if white_xy is None else (float(white_xy[0]), float(white_xy[1])),
             baseline_exposure=float(d.get("baseline_exposure", 0.0)),
             capture=None if d.get("capture") is None else CaptureInfo.from_dict(d["capture"]),
+            layout=str(d.get("layout", LAYOUT_BAYER)),
         )
 
 

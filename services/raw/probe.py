@@ -11,11 +11,14 @@ from typing import BinaryIO, Literal
 
 import tifffile
 
-from services.errors import BadRawFile
+from services.errors import BadRawFile, UnsupportedSensor
 
 PHOTOMETRIC_CFA = 32803
 PHOTOMETRIC_LINEAR_RAW = 34892
+PHOTOMETRIC_MONOCHROME = (0, 1)  # WhiteIsZero, BlackIsZero
+TAG_CFA_REPEAT_PATTERN_DIM = 33421
 TAG_CFA_PATTERN_EP = 33422
+TAG_CFA_PLANE_COLOR = 50710
 TAG_CFA_PATTERN_EXIF = 41730
 TAG_DNG_VERSION = 50706
 _MAX_IFDS = 256  # guards against absurd or looping IFD chains
@@ -39,15 +42,27 @@ _TIFF_RAW_MAKES = {
 }
 
 
+# What Strata renders, named in every refusal of a sensor layout.
+RENDERED = "Strata renders 2x2 RGB Bayer and 3-channel linear DNGs"
+# TIFF/EP CFAPlaneColor codes.
+_PLANE_COLOURS = {0: "red", 1: "green", 2: "blue", 3: "cyan", 4: "magenta", 5: "yellow", 6: "white"}
+_BAYER = ("RGGB", "BGGR", "GRBG", "GBRG")
+
+
 @dataclass
 class RawProbe:
-    """What the probe learnt about an upload; width/height are 0 when the format is not parsed."""
+    """What the probe learnt about an upload; width/height are 0 when the format is not parsed.
+
+    ``layout``: the raw image's layout where the probe could read it ("bayer": a 2x2 RGB CFA, "linear": a
+    3-sample LinearRaw DNG), "" when it could not (non-TIFF formats, vendor TIFF-RAWs: LibRaw decides).
+    """
 
     make: str
     model: str
     width: int
     height: int
     format: str
+    layout: str = ""
 
 
 def probe_raw(source: Path | BinaryIO) -> RawProbe:
@@ -55,7 +70,9 @@ def probe_raw(source: Path | BinaryIO) -> RawProbe:
 
     ``source``: a path, or a seekable binary reader (``Storage.open``: on object storage only the bytes of the
     TIFF structure are fetched, by ranged reads, never the whole upload).
-    Raises ``BadRawFile`` ("not a RAW file: ..." or "truncated: ...") and nothing else for bad input.
+    Raises ``BadRawFile`` ("not a RAW file: ..." or "truncated: ...") for bad input, and ``UnsupportedSensor``
+    for a DNG whose sensor layout Strata does not render (X-Trans or other non-Bayer CFAs, monochrome, linear
+    DNGs of other than 3 samples, floating point): the reason names the layout. Nothing else.
     """
     if not isinstance(source, Path | str):
         return _probe_stream(source)
@@ -129,6 +146,64 @@ def _ascii_tag(page: tifffile.TiffPage, code: int) -> str:
     return value.strip("\x00 ").strip()
 
 
+def _unsupported(what: str) -> UnsupportedSensor:
+    return UnsupportedSensor(f"{what} is not supported; {RENDERED}")
+
+
+def _cfa_layout(page: tifffile.TiffPage) -> str:
+    """"bayer" for a 2x2 RGB Bayer CFA IFD; :class:`UnsupportedSensor` naming any other CFA (X-Trans 6x6, other
+    repeat sizes, CMYG or other plane colours, 2x2 patterns that are not Bayer)."""
+    tags = page.tags
+    dim = tuple(int(v) for v in (tags.valueof(TAG_CFA_REPEAT_PATTERN_DIM) or (2, 2)))
+    if dim == (6, 6):
+        raise _unsupported("X-Trans 6x6 CFA")
+    if dim != (2, 2):
+        raise _unsupported(f"a {'x'.join(str(v) for v in dim)} CFA (CFARepeatPatternDim)")
+    planes = tuple(int(v) for v in (tags.valueof(TAG_CFA_PLANE_COLOR) or (0, 1, 2)))
+    if sorted(planes) != [0, 1, 2]:
+        names = "".join(_PLANE_COLOURS.get(c, "?")[0].upper() for c in planes)
+        colours = ", ".join(_PLANE_COLOURS.get(c, f"colour {c}") for c in planes)
+        raise _unsupported(f"a 2x2 {names} CFA ({colours})")
+    pattern = tags.valueof(TAG_CFA_PATTERN_EP)
+    if pattern is None:
+        return "bayer"
+    if len(pattern) != 4 or any(int(v) >= len(planes) for v in pattern):
+        raise _unsupported(f"a CFA pattern {list(pattern)} that does not fit its 2x2 repeat")
+    name = "".join("RGB"[planes[int(v)]] for v in pattern)
+    if name not in _BAYER:
+        raise _unsupported(f"the 2x2 CFA pattern {name} (not a Bayer pattern)")
+    return "bayer"
+
+
+def _layout(page: tifffile.TiffPage) -> str:
+    """The layout of a DNG's raw IFD ("bayer" or "linear"); :class:`UnsupportedSensor` for one Strata does not
+    render (the reason names it)."""
+    photometric, samples = int(page.photometric), int(page.samplesperpixel)
+    if int(page.sampleformat) == 3:  # SampleFormat IEEE float (one value for every sample)
+        raise _unsupported("a floating-point DNG")
+    if photometric == PHOTOMETRIC_LINEAR_RAW:
+        if samples == 3:
+            return "linear"
+        raise _unsupported("a monochrome linear DNG (1 sample per pixel)" if samples == 1
+                           else f"a linear DNG with {samples} samples per pixel")
+    if samples != 1:
+        raise _unsupported(f"a CFA image with {samples} samples per pixel")
+    return _cfa_layout(page)
+
+
+def _dng_layout(ifds: list[tifffile.TiffPage], raw_ifds: list[tifffile.TiffPage]) -> str:
+    """The layout of a DNG: of its main raw IFD, or a refusal (monochrome: a full-size BlackIsZero raw IFD)."""
+    if raw_ifds:
+        return _layout(_main_ifd(raw_ifds))
+    if any(int(p.photometric) in PHOTOMETRIC_MONOCHROME and int(p.subfiletype) == 0 for p in ifds):
+        raise _unsupported("a monochrome DNG (no colour filter array)")
+    raise BadRawFile("not a RAW file: a DNG without a CFA or linear-raw image")
+
+
+def _main_ifd(raw_ifds: list[tifffile.TiffPage]) -> tifffile.TiffPage:
+    return max(raw_ifds, key=lambda p: (int(p.subfiletype) == 0, p.imagewidth * p.imagelength))
+
+
 def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
     order: Literal["little", "big"] = "little" if head[:2] == b"II" else "big"
     first_ifd = int.from_bytes(head[4:8], order)
@@ -153,7 +228,8 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
             model = _ascii_tag(first, 272) if first is not None else ""
             is_dng = any(TAG_DNG_VERSION in page.tags for page in ifds)
             raw_ifds = [p for p in ifds if _is_raw_ifd(p)]
-    except BadRawFile:
+            layout = _dng_layout(ifds, raw_ifds) if is_dng else ""
+    except (BadRawFile, UnsupportedSensor):
         raise
     except Exception as exc:  # tifffile raises many types on corrupt input
         raise BadRawFile(f"not a RAW file: unreadable TIFF structure ({type(exc).__name__}: {exc})") from exc
@@ -170,8 +246,8 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
         fmt = next((name for prefix, name in _TIFF_RAW_MAKES.items() if upper.startswith(prefix)), "TIFF-RAW")
     width = height = 0
     if raw_ifds:
-        main = max(raw_ifds, key=lambda p: (int(p.subfiletype) == 0, p.imagewidth * p.imagelength))
+        main = _main_ifd(raw_ifds)
         width, height = int(main.imagewidth), int(main.imagelength)
     elif is_cr2 and len(ifds) > 3:
         width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
-    return RawProbe(make=make, model=model, width=width, height=height, format=fmt)
+    return RawProbe(make=make, model=model, width=width, height=height, format=fmt, layout=layout)

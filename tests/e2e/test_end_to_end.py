@@ -252,16 +252,23 @@ def test_range_download(stack: Stack, shots: dict[str, list[Path]]) -> None:
 
 def test_undecodable_raw_fails_the_job_with_a_reason(stack: Stack, tmp_path: Path, shots: dict[str, list[Path]]
                                                      ) -> None:
-    """A DNG that passes the upload check but that LibRaw cannot render fails its job; workers keep serving."""
+    """A RAW that passes the upload check but that LibRaw cannot decode (a RAF: the probe reads only its
+    signature) fails its job; a DNG whose CFA the probe can read as one Strata cannot render is refused at upload
+    instead (issue 17); workers keep serving."""
     bad = tmp_path / "bad_cfa.dng"
     data = bytearray(shots["IQ3_S"][0].read_bytes())
     with tifffile.TiffFile(shots["IQ3_S"][0]) as tif:
         tag = tif.pages[0].tags["CFAPattern"]
         data[tag.valueoffset:tag.valueoffset + 4] = bytes([9, 9, 9, 9])  # colours that do not exist
-    bad.write_bytes(bytes(data))
-    job = _wait(stack, _submit(stack, [bad])["id"])
+    with httpx.Client(base_url=stack.url, headers=stack.headers, timeout=60) as c:
+        r = c.post("/v1/jobs", files=[("frames", (bad.name, bytes(data)))])
+    assert r.status_code == 422 and r.json()["type"] == "unsupported_sensor", r.text
+    broken = tmp_path / "broken.raf"
+    noise = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
+    broken.write_bytes(b"FUJIFILMCCD-RAW 0201FF383501" + b"X-T5".ljust(32, b"\0") + noise)
+    job = _wait(stack, _submit(stack, [broken])["id"])
     assert job["status"] == "failed"
-    assert job["error"].startswith("decode failed:") and "sensor layout" in job["error"]
+    assert job["error"].startswith("decode failed:") and "LibRaw" in job["error"]
     again = _wait(stack, _submit(stack, shots["IQ3_S"])["id"])
     assert again["status"] == "done"
 

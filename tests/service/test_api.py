@@ -14,7 +14,9 @@ from fastapi.testclient import TestClient
 
 from services.config import get_settings
 from services.db.session import session_scope
+from services.raw.probe import RENDERED
 from services.stations import create_station_token
+from tests.raw_layouts import REFUSED, linear_dng
 
 
 @pytest.fixture
@@ -208,3 +210,32 @@ def test_the_recipe_field_may_repeat(client: TestClient, auth: dict[str, str], s
     assert r.status_code == 202, r.text
     job = r.json()
     assert job["recipe"] == "jpeg-proof" and job["recipes"] == ["jpeg-proof", "tiff16"] and job["outputs"] == []
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_sensor_layouts_strata_cannot_render_are_refused_at_upload(client: TestClient, auth: dict[str, str],
+                                                                   case: str) -> None:
+    write, phrase = REFUSED[case]
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("odd.dng", write()))])
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["type"] == "unsupported_sensor"
+    assert body["detail"].startswith("odd.dng: ") and phrase in body["detail"] and RENDERED in body["detail"]
+    assert _storage_files() == [] and _job_count(client, auth) == 0
+
+
+def test_linear_dngs_are_single_frames_only(client: TestClient, auth: dict[str, str]) -> None:
+    data = linear_dng()
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", data)), ("frames", ("b.dng", data))])
+    assert r.status_code == 422 and r.json()["type"] == "unsupported_sensor", r.text
+    assert "stack of linear DNGs" in r.json()["detail"]
+
+
+def test_the_job_names_the_source_camera(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("lin.dng", linear_dng()))])
+    assert r.status_code == 202, r.text
+    assert r.json()["camera"] == "IQ3_S"  # the render profile: one frame in strips
+    assert r.json()["source_camera"] == {"make": "Acme", "model": "Converter", "layout": "linear"}
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("f.dng", _frame(synth_dir)))])
+    source = client.get(f"/v1/jobs/{r.json()['id']}", headers=auth).json()["source_camera"]
+    assert source["layout"] == "bayer" and source["make"] == "Phase One"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,11 @@ import tifffile
 from PIL import Image
 
 from lab.synth.synth import COLOR_MATRIX
-from services.errors import BadRawFile
+from services.errors import BadRawFile, UnsupportedSensor
 from services.raw.colour import CameraProfile
 from services.raw.dng import PHOTOMETRIC_CFA, write_dng
-from services.raw.probe import probe_raw
+from services.raw.probe import RENDERED, probe_raw
+from tests.raw_layouts import REFUSED, linear_dng
 
 
 @pytest.fixture
@@ -130,3 +132,18 @@ def test_recognises_other_raw_signatures(tmp_path: Path, head: bytes, fmt: str, 
     assert (probe.format, probe.make, probe.width, probe.height) == (fmt, make, 0, 0)
     if fmt == "RAF":
         assert probe.model == "X-T5"
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refuses_layouts_strata_does_not_render(case: str) -> None:
+    write, phrase = REFUSED[case]
+    with pytest.raises(UnsupportedSensor) as info:
+        probe_raw(io.BytesIO(write()))
+    assert phrase in info.value.reason and RENDERED in info.value.reason
+    assert info.value.status_code == 422 and info.value.type == "unsupported_sensor"
+
+
+def test_linear_and_bayer_dngs_say_their_layout(dng: Path) -> None:
+    assert probe_raw(io.BytesIO(linear_dng())).layout == "linear"
+    assert probe_raw(dng).layout == "bayer"
+

@@ -10,10 +10,11 @@ from services.pipeline.ops.colour import (
     srgb_encode,
     to_uint16,
     white_balance,
+    white_balance_rgb,
 )
 from services.pipeline.ops.demosaic import BILINEAR_RADIUS, MALVAR_RADIUS, demosaic_bilinear, demosaic_malvar
 from services.pipeline.ops.denoise import denoise_lee
-from services.pipeline.ops.levels import normalize_levels
+from services.pipeline.ops.levels import normalize_levels, normalize_linear
 from services.pipeline.ops.merge import accumulate_frames, shift_mosaic
 from services.pipeline.ops.sharpen import sharpen, sharpen_radius
 from services.raw.colour import SRGB_TO_XYZ_D65, camera_to_srgb_matrix  # the colour model, re-exported for callers
@@ -35,6 +36,7 @@ __all__ = [
     "encode_transfer",
     "estimate_shift",
     "normalize_levels",
+    "normalize_linear",
     "sharpen",
     "sharpen_radius",
     "shift_mosaic",
@@ -42,4 +44,5 @@ __all__ = [
     "srgb_encode",
     "to_uint16",
     "white_balance",
+    "white_balance_rgb",
 ]

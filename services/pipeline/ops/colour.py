@@ -28,6 +28,12 @@ def white_balance(mosaic: Tensor, gains: Tensor | Sequence[float], cfa: str) -> 
     return mosaic * site_map(per_site, *mosaic.shape[-2:])  # (B, 1, H, W)
 
 
+def white_balance_rgb(rgb: Tensor, gains: Tensor | Sequence[float]) -> Tensor:
+    """Multiply each channel of a (B, 3, H, W) linear camera-RGB image by its gain; gains are (R, G, B)."""
+    check_image(rgb, 3, "rgb")
+    return rgb * as_vector(gains, rgb, 3, "gains").view(1, 3, 1, 1)  # (B, 3, H, W)
+
+
 
 
 def _check_float(x: object, name: str) -> None:

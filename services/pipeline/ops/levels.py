@@ -27,3 +27,19 @@ def normalize_levels(raw: Tensor, black: Sequence[float], white: float) -> Tenso
     b = torch.tensor([float(v) for v in black], dtype=torch.float32, device=raw.device).view(2, 2)
     black_map = site_map(b, *raw.shape)  # (H, W)
     return ((raw.to(torch.float32) - black_map) / (float(white) - black_map)).clamp_(0.0, 1.0)
+
+
+def normalize_linear(raw: Tensor, black: Sequence[float], white: float) -> Tensor:
+    """(H, W, 3) raw counts of a linear image (any int/float dtype) -> (1, 3, H, W) float32
+    ``(raw_c - black_c) / (white - black_c)`` clipped to [0, 1]; ``black`` holds the R, G, B levels (a fourth
+    value, LibRaw's second green, is ignored)."""
+    if not isinstance(raw, Tensor) or raw.ndim != 3 or raw.shape[2] != 3:
+        shape = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
+        raise ValueError(f"raw must be a (H, W, 3) tensor, got {shape}")
+    if len(black) not in (3, 4):
+        raise ValueError(f"black must hold the R, G, B levels, got {len(black)} values")
+    if any(float(b) >= float(white) for b in black[:3]):
+        raise ValueError(f"white level {white} must exceed every black level {tuple(black)}")
+    b = torch.tensor([float(v) for v in black[:3]], dtype=torch.float32, device=raw.device).view(1, 3, 1, 1)
+    x = raw.to(torch.float32).permute(2, 0, 1)[None]  # (1, 3, H, W)
+    return ((x - b) / (float(white) - b)).clamp_(0.0, 1.0)
