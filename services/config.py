@@ -54,8 +54,13 @@ class Settings(BaseSettings):
     # Queue
     visibility_timeout_s: int = Field(default=600, description="Unacked task redelivery after a worker dies.")
     shard_max_retries: int = 3
-    reconcile_interval_s: float = Field(default=15.0, description="Coordinator's lost-work sweep; 0 = off.")
-    worker_heartbeat_s: float = 5.0
+    reconcile_interval_s: float = Field(default=3.0, description="Coordinator's lost-work sweep; 0 = off.")
+    worker_heartbeat_s: float = Field(
+        default=2.0, description="Heartbeat period; a worker is dead (its shard or job re-dispatched) after 3 missed."
+    )
+    lost_message_after_s: float = Field(
+        default=30.0, description="A queued job whose ingest message no worker holds is re-sent after this long."
+    )
     gpu_ids: str | None = Field(
         default=None,
         validation_alias=AliasChoices("STRATA_GPU_ID", "STRATA_GPU_IDS"),

@@ -24,14 +24,15 @@ from services.db.models import Job
 from services.db.session import reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
-from services.jobs.reconcile import reconcile
+from services.jobs.reconcile import Held, reconcile
 from services.jobs.retention import PruneReport, retention_pass
 from services.jobs.tickets import Repairs, ShardTicket
 from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
+from services.storage.intermediates import sweep_partials
 from workers import runtime
 from workers.app import COORDINATOR_QUEUE, PRIORITIES, broker_url, celery_app
-from workers.registry import live_workers, queue_depths, redis_client
+from workers.registry import heartbeat_ttl, leases, live_workers, queue_depths, redis_client
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,7 +110,7 @@ def ingest(job_id: str) -> None:
             n_workers, memory_mb = runtime.gpu_capacity()
             return flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers, memory_mb)
 
-    with STAGE_SECONDS.labels(stage="ingest").time():
+    with STAGE_SECONDS.labels(stage="ingest").time(), runtime.holding(job_id):
         _coordinator_step("ingest", job_id, work)
 
 
@@ -156,7 +157,7 @@ def advance(job_id: str) -> None:
         with session_scope() as session:
             return flow.advance_job(session, get_storage(), get_settings(), job_id)
 
-    with STAGE_SECONDS.labels(stage="advance").time():
+    with STAGE_SECONDS.labels(stage="advance").time(), runtime.holding(job_id):
         _coordinator_step("advance", job_id, work)
 
 
@@ -164,17 +165,28 @@ def reconcile_once() -> Repairs | None:
     """One reconciliation pass (one coordinator at a time): re-dispatch lost work."""
 
     def work(client: redis.Redis) -> Repairs:
+        settings = get_settings()
         alive = {w.name for w in live_workers(client, "gpu")}
         backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
-        stale_after_s = max(get_settings().visibility_timeout_s, 30)
+        stale_after_s = max(settings.visibility_timeout_s, 30)
+
+        def held() -> Held:
+            now = leases(client)
+            return Held(now.alive, now.shards, now.jobs)
+
         with session_scope() as session:
-            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog, stale_after_s=stale_after_s)
+            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
+                                stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
+                                grace_s=heartbeat_ttl(settings.worker_heartbeat_s))
             unsent = unsent_notifications(session, stale_after_s)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
+            sweep_partials(get_storage(), job_id)
             enqueue_ingest(job_id, priority)
         if repairs.shards:
             log.warning("reconcile: re-dispatching %d lost shard(s)", len(repairs.shards))
+            for job_id in {t.job_id for t in repairs.shards if t.job_id}:
+                sweep_partials(get_storage(), job_id, older_than_s=heartbeat_ttl(settings.worker_heartbeat_s))
             dispatch_shards(repairs.shards)
         for job_id, priority in repairs.advance:
             log.warning("reconcile: advancing stalled job %s", job_id)

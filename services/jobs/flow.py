@@ -118,9 +118,10 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     job = load_job(session, job_id)
     if job.status not in ACTIVE:
         return []
-    if job.phase >= 0:  # an earlier ingest committed its plan: re-dispatch what is still pending
+    if job.phase >= 0:  # an earlier ingest committed its plan: re-dispatch what is still pending (a running shard
+        # is held by its worker's heartbeat; the reconciler re-dispatches it if that worker dies)
         return _tickets(job, list(session.scalars(select(Shard).where(
-            Shard.job_id == job.id, Shard.phase == job.phase, Shard.status != ShardStatus.DONE))))
+            Shard.job_id == job.id, Shard.phase == job.phase, Shard.status == ShardStatus.PENDING))))
     job.status, job.stage = JobStatus.RUNNING, Stage.DECODING
     job.started_at = job.started_at or utcnow()
     session.commit()

@@ -21,7 +21,7 @@ def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600
     session.flush()
     created = utcnow() - dt.timedelta(seconds=age_s)
     job = Job(station_id=station.id, status=status, camera="IQ3_S", recipe="tiff16", priority="batch",
-              phase=phase, created_at=created, admitted_at=created if admitted else None,
+              phase=phase, created_at=created, admitted_at=created if admitted else None, updated_at=created,
               params={"plan": [{"kind": "strip"}], "n_workers": 2, "size": [100, 100]})
     session.add(job)
     session.flush()
@@ -85,6 +85,41 @@ def test_reconcile_finds_lost_shards_stalled_phases_and_lost_ingests(db: str) ->
         # A busy coordinator queue means the ingest message is probably still waiting: leave it.
         busy = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=3, stale_after_s=60)
         assert busy.ingest == []
+
+
+def test_reconcile_with_leases_redispatches_at_once_what_no_heartbeat_holds(db: str) -> None:
+    """Leases: a shard running on a worker that restarted under the same name (its heartbeat holds another shard),
+    a job decoding on a dead coordinator and a finished phase nobody advances are all repaired within seconds,
+    once each; what a live heartbeat holds is left alone."""
+    from services.jobs.reconcile import Held
+
+    recent = utcnow() - dt.timedelta(seconds=10)
+    with session_scope() as session:
+        job = _job(session)
+        lost = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="running", worker="gpu0@h",
+                     started_at=recent, attempts=1)
+        held = Shard(job_id=job.id, phase=0, index=1, kind="strip", status="running", worker="gpu1@h",
+                     started_at=recent, attempts=1)
+        session.add_all([lost, held])
+        decoding = _job(session, status="running", phase=-1)
+        decoding_held = _job(session, status="running", phase=-1)
+        stalled = _job(session)
+        session.add(Shard(job_id=stalled.id, phase=0, index=0, kind="strip", status="done", finished_at=recent))
+        session.flush()
+        ids = {"lost": lost.id, "held": held.id, "decoding": decoding.id, "stalled": stalled.id}
+        leases = Held(frozenset({"gpu0@h", "gpu1@h"}), frozenset({held.id}), frozenset({decoding_held.id}))
+    with session_scope() as session:
+        repairs = reconcile(session, alive_workers={"gpu0@h", "gpu1@h"}, coordinator_backlog=0, stale_after_s=600,
+                            held=lambda: leases, grace_s=5)
+        assert [t.shard_id for t in repairs.shards] == [ids["lost"]]
+        assert repairs.ingest == [(ids["decoding"], "batch")]
+        assert repairs.advance == [(ids["stalled"], "batch")]
+        assert session.get(Shard, ids["lost"]).status == "pending"
+        assert session.get(Shard, ids["held"]).status == "running"
+        assert session.get(Job, ids["decoding"]).status == "queued"
+        again = reconcile(session, alive_workers={"gpu0@h", "gpu1@h"}, coordinator_backlog=0, stale_after_s=600,
+                          held=lambda: leases, grace_s=5)
+        assert again.shards == [] and again.ingest == []  # sent once: no pile of duplicates
 
 
 def test_advance_waits_for_the_whole_phase_and_moves_once(db: str) -> None:
