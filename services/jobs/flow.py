@@ -21,11 +21,12 @@ from sqlalchemy.orm import Session
 from services.config import Settings
 from services.db.models import Job, Shard, job_recipes, utcnow
 from services.db.session import execute_update
-from services.errors import FramesMismatch, NotFound, RawError
+from services.errors import FramesMismatch, IntermediateLost, NotFound, RawError
 from services.export.recipes import job_spaces, resolve_recipes
 from services.jobs.cameras import PROFILES
 from services.jobs.finalize import finalize_job
 from services.jobs.plan import (
+    PLAN_VERSION,
     PLANNED_KEYS,
     JobPlan,
     ShardPayload,
@@ -175,6 +176,9 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
         if delay_s:
             time.sleep(delay_s)
         plan = JobPlan.from_params(job.params)
+        if plan.version != PLAN_VERSION:  # planned by another version of the code: start over with this one
+            raise IntermediateLost(job.id, f"plan v{plan.version}",
+                                   f"planned by layout version {plan.version}, this worker runs {PLAN_VERSION}")
         compute_shard(storage, shard_input(job.id, plan, shard.phase, shard.index,
                                            ShardPayload.from_dict(shard.payload)), device, gpu)
         seconds = time.perf_counter() - t0

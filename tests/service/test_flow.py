@@ -331,3 +331,62 @@ def test_a_stack_renders_several_spaces_in_its_strips(db: str, tmp_path: Path) -
                                                        "frame_00_tiff8.tif"]
         assert job.params["render"]["space"] == "prophoto"
         assert [s["space"] for s in job.params["render"]["extra_spaces"]] == ["srgb"]
+
+
+def test_work_of_an_older_version_is_rerendered_not_failed(db: str, tmp_path: Path) -> None:
+    """Upgrades without a drain: a stack planned by an older version (no ``plan_version``), or whose frame-group
+    accumulator has the old 4-channel layout, meets the new code: the step raises IntermediateLost, the job starts
+    over from its uploads and renders to the end with the new code (it never fails)."""
+    import numpy as np
+    import pytest
+
+    from lab.synth.stack_synth import synthesize_stack
+    from services.config import get_settings
+    from services.jobs.plan import PLAN_VERSION
+    from services.storage import get_storage
+
+    shot = synthesize_stack(tmp_path / "s", frames=3, scale=0.03, seed=5)
+    storage, settings = get_storage(), get_settings()
+    job_id = _stack_job(shot.files, "upgrade-station")
+
+    def run(tickets: list[ShardTicket]) -> None:
+        for t in tickets:
+            with session_scope() as session:
+                flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+
+    def ingest() -> list[ShardTicket]:
+        with session_scope() as session:
+            return flow.ingest_job(session, storage, settings, job_id, n_workers=2)
+
+    def rewound_by(exc: IntermediateLost) -> None:
+        with session_scope() as session:
+            assert flow.rewind_job(session, storage, job_id, str(exc))
+            assert session.get(Job, job_id).status == "queued"
+
+    groups = ingest()
+    run(groups)
+    with session_scope() as session:
+        strips = flow.advance_job(session, storage, settings, job_id)
+        assert session.get(Job, job_id).params["plan_version"] == PLAN_VERSION
+    key = shard_key(job_id, 0, "frame_group", 0)
+    old = np.array(storage.load_array(key)[:4])  # the old 4-channel layout, as an older worker wrote it
+    storage.local_path(key + ".sample").unlink(missing_ok=True)
+    storage.save_array(key, old)
+    with pytest.raises(IntermediateLost, match="unknown layout") as old_acc:
+        run(strips[:1])
+    rewound_by(old_acc.value)
+    groups = ingest()
+    with session_scope() as session:  # as an older coordinator planned it
+        job = session.get(Job, job_id)
+        job.params = {k: v for k, v in job.params.items() if k != "plan_version"}
+    with pytest.raises(IntermediateLost, match="layout version 1") as old_plan:
+        run(groups[:1])
+    rewound_by(old_plan.value)
+    run(ingest())
+    with session_scope() as session:
+        run(flow.advance_job(session, storage, settings, job_id))
+    with session_scope() as session:
+        flow.advance_job(session, storage, settings, job_id)
+        job = session.get(Job, job_id)
+        assert job.status == "done", job.error
+        assert job.params["rewinds"] == 2 and job.params["plan_version"] == PLAN_VERSION
