@@ -25,7 +25,7 @@ from services.db.session import reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
 from services.jobs.reconcile import Held, reconcile
-from services.jobs.retention import PruneReport, retention_pass
+from services.jobs.retention import PruneReport, retention_pass, sweep_recently_ended
 from services.jobs.tickets import Repairs, ShardTicket
 from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
@@ -179,6 +179,7 @@ def reconcile_once() -> Repairs | None:
                                 stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
                                 grace_s=heartbeat_ttl(settings.worker_heartbeat_s))
             unsent = unsent_notifications(session, stale_after_s)
+            sweep_recently_ended(session, get_storage(), within_s=60)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
             sweep_partials(get_storage(), job_id)

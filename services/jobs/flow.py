@@ -182,6 +182,8 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
         compute_shard(storage, shard_input(job.id, plan, shard.phase, shard.index,
                                            ShardPayload.from_dict(shard.payload)), device, gpu)
         seconds = time.perf_counter() - t0
+        if _ended_meanwhile(session, storage, job.id):
+            return ShardOutcome(job.id, job.priority, False)
         session.execute(update(Shard).where(Shard.id == shard_id, Shard.status != ShardStatus.DONE).values(
             status=ShardStatus.DONE, seconds=seconds, finished_at=utcnow(), worker=worker, gpu=gpu, error=None))
         session.commit()
@@ -194,6 +196,16 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
     session.execute(update(Job).where(Job.id == job.id, Job.progress < progress).values(progress=progress))
     session.commit()
     return ShardOutcome(job.id, job.priority, done == total)
+
+
+def _ended_meanwhile(session: Session, storage: Storage, job_id: str) -> bool:
+    """A duplicate of a shard (its worker was thought dead) that finishes after the job ended: what it just wrote
+    is an orphan, removed with the job's other intermediates."""
+    session.rollback()  # see the job as it is now
+    if session.scalar(select(Job.status).where(Job.id == job_id)) in ACTIVE:
+        return False
+    remove_intermediates(storage, job_id)
+    return True
 
 
 def record_shard_failure(session: Session, shard_id: int, reason: str, *, final: bool,
