@@ -811,6 +811,14 @@ def bench(ctx: typer.Context) -> None:
     raise typer.Exit(module.main(ctx.args[1:]) or 0)
 
 
+@app.command("chaos", context_settings=PASS_THROUGH)
+def chaos(ctx: typer.Context) -> None:
+    """Chaos drill: jobs through a real `strata serve` under random SIGKILLs (--help for options; lab/chaos.py)."""
+    from lab.chaos import main as chaos_main
+
+    raise typer.Exit(chaos_main(ctx.args) or 0)
+
+
 def main() -> None:  # pragma: no cover
     logging.basicConfig(level=get_settings().log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
