@@ -184,7 +184,7 @@ def serve(
     sup.add(specs)
     url = f"http://{host}:{port}"
     local_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    remember_local_service(local_url, token_path, data)
+    remember_local_service(local_url, token_path, data, last=settings.remember_last_service)
     console.print(f"Strata API on {url} (docs at {url}/docs); logs in {data / 'logs'}")
     console.print(f"local station token: {token_path}")
     ready = False

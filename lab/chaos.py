@@ -111,7 +111,7 @@ class Service:
         self.url = f"http://127.0.0.1:{port}"
         base = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
         self.env = {**base, "STRATA_CPU_WORKERS": "2", "STRATA_TORCH_THREADS": "1", "STRATA_LOG_LEVEL": "INFO",
-                    "PYTHONUNBUFFERED": "1", **(env or {})}
+                    "PYTHONUNBUFFERED": "1", "STRATA_REMEMBER_LAST_SERVICE": "false", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_s: float = 180) -> None:
@@ -237,6 +237,7 @@ class Drill:
     scale: float = 0.03
     timeout_s: float = 900.0  # for every job to end after the last submission
     bad_every: int = 10  # every n-th job is a bad upload
+    gap_s: float = 1.5  # mean seconds between submissions
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -476,7 +477,7 @@ def run(drill: Drill, log: Callable[[str], None] = print) -> Report:
 
 
 def _chaos_phase(driver: Driver, drill: Drill) -> None:
-    gap_s = 1.5
+    gap_s = drill.gap_s
     span = drill.minutes * 60 if drill.minutes else drill.jobs * gap_s
     driver.t0 = time.monotonic()
     stop = threading.Event()
@@ -508,6 +509,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     ap.add_argument("--data-dir", type=Path, default=None, help="where the drill's service lives (default: temp)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds for the jobs to end after the stream")
+    ap.add_argument("--gap", type=float, default=1.5, help="mean seconds between submissions")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="setting of the service, e.g. STRATA_FAULT_SHARD_DELAY_S=0.5 (repeatable)")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     return ap
 
@@ -521,7 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         data = args.data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="strata-chaos-")))
         drill = Drill(data_dir=data, port=args.port or free_port(), jobs=args.jobs, kills=args.kills,
-                      minutes=args.minutes, seed=args.seed, scale=args.scale, timeout_s=args.timeout)
+                      minutes=args.minutes, seed=args.seed, scale=args.scale, timeout_s=args.timeout, gap_s=args.gap,
+                      env=dict(e.split("=", 1) for e in args.env))
         report = run(drill, log=lambda m: print(m, file=sys.stderr, flush=True))
     text = json.dumps(report.to_dict(), indent=2)
     if args.json:

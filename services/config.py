@@ -113,6 +113,7 @@ class Settings(BaseSettings):
 
     # Failure drills: an artificial pause inside every shard, so a worker can be killed mid-shard.
     fault_shard_delay_s: float = 0.0
+    fault_ingest_delay_s: float = Field(default=0.0, description="Drills only: ingest pauses this long mid-decode.")
 
     log_level: str = "INFO"
     log_format: str = Field(default="text", description="text | json (one JSON object a line, with job/shard ids).")
@@ -122,6 +123,9 @@ class Settings(BaseSettings):
     migrate_on_start: bool = Field(default=True, description="The API upgrades the database when it starts.")
     token: str | None = Field(default=None, description="Bearer token `strata submit` uses (else the local one).")
     api_url: str = Field(default="http://127.0.0.1:8000", description="Where `strata submit` finds the API.")
+    remember_last_service: bool = Field(
+        default=True, description="`strata serve` also names itself in ~/.config/strata (drills and tests: false)."
+    )
 
     @property
     def resolved_metrics_dir(self) -> Path:

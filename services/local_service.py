@@ -21,11 +21,11 @@ def service_file(data_dir: Path) -> Path:
     return data_dir / SERVICE_FILE_NAME
 
 
-def remember_local_service(api_url: str, token_file: Path, data_dir: Path) -> None:
-    """Record the service in its data directory (and as this user's last started service)."""
+def remember_local_service(api_url: str, token_file: Path, data_dir: Path, last: bool = True) -> None:
+    """Record the service in its data directory (and, with ``last``, as this user's last started service)."""
     record = json.dumps({"api_url": api_url, "token_file": str(token_file.resolve()),
                          "data_dir": str(data_dir.resolve())})
-    for path in (service_file(data_dir), LAST_SERVICE_FILE):
+    for path in (service_file(data_dir), *([LAST_SERVICE_FILE] if last else [])):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(record)

@@ -126,6 +126,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     job.status, job.stage = JobStatus.RUNNING, Stage.DECODING
     job.started_at = job.started_at or utcnow()
     session.commit()
+    if settings.fault_ingest_delay_s:  # failure drills: a window to kill the coordinator mid-ingest
+        time.sleep(settings.fault_ingest_delay_s)
     t0 = time.perf_counter()
     stack = PROFILES[job.camera].split_strategy == "frame_group"
     spaces = job_spaces(resolve_recipes(job_recipes(job)))  # the first recipe's space is the primary one
