@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Job, Shard, as_utc, utcnow
 from services.db.session import execute_update
@@ -34,8 +34,11 @@ class Held:
 
 
 def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog: int, stale_after_s: float,
-              held: Callable[[], Held] | None = None, grace_s: float = 0.0) -> Repairs:
+              held: Callable[[], Held | None] | None = None, grace_s: float = 0.0) -> Repairs:
     """Find work that no message will ever deliver again and say what to re-dispatch.
+
+    ``held`` returns None when the heartbeats cannot be trusted yet (Redis restarted less than a heartbeat's life
+    ago): then only the timeout rules apply.
 
     Everything it returns is idempotent to run twice, so a duplicate of a message still in flight is harmless:
     - shards marked running that no live heartbeat holds (with ``held``: at once; without: running on a worker
@@ -50,8 +53,8 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
     now = utcnow()
     stale = now - dt.timedelta(seconds=stale_after_s)
     grace = now - dt.timedelta(seconds=grace_s)
-    jobs = session.scalars(select(Job).where(Job.status.in_(ACTIVE))).all()
-    leases = held() if held is not None else None
+    jobs = session.scalars(select(Job).where(Job.status.in_(ACTIVE)).options(selectinload(Job.shards))).all()
+    leases = held() if held is not None else None  # after the rows: a step started in between is seen as held
     repairs = Repairs([], [], [])
     for job in jobs:
         held_job = leases is not None and job.id in leases.jobs
