@@ -162,16 +162,15 @@ def serve(
     os.environ["STRATA_DATA_DIR"] = str(data)
     settings = get_settings()
     specs: list[ProcSpec] = []
-    redis_proc = None
+    sup = Supervisor([], log_dir=data / "logs")  # one supervisor restarts every child, the private Redis too
     if not settings.redis_url:
         rport = free_port()
-        redis_proc = Supervisor([redis_spec(data, rport)], log_dir=data / "logs")
-        redis_proc.start()
+        sup.add([redis_spec(data, rport)])
         os.environ["STRATA_REDIS_URL"] = f"redis://127.0.0.1:{rport}/0"
         get_settings.cache_clear()
         settings = get_settings()
         _wait_redis(settings.redis_url or "", 15)
-        console.print(f"started a private Redis on 127.0.0.1:{rport} (data in {data / 'redis'})")
+        console.print(f"started a private Redis on 127.0.0.1:{rport} (data in {data / 'redis'}, AOF on)")
     upgrade()
     token_path = ensure_local_token()
     specs.append(ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
@@ -182,10 +181,10 @@ def serve(
     from services.metrics import reset_multiproc_dir
 
     reset_multiproc_dir()  # counters of an earlier run's processes
-    sup = Supervisor(specs, log_dir=data / "logs")
-    sup.start()
+    sup.add(specs)
     url = f"http://{host}:{port}"
-    remember_local_service(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}", token_path)
+    local_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    remember_local_service(local_url, token_path, data, last=settings.remember_last_service)
     console.print(f"Strata API on {url} (docs at {url}/docs); logs in {data / 'logs'}")
     console.print(f"local station token: {token_path}")
     ready = False
@@ -201,8 +200,6 @@ def serve(
     try:
         sup.run_forever()
     finally:
-        if redis_proc is not None:
-            redis_proc.stop()
         console.print("stopped")
 
 
@@ -495,21 +492,22 @@ def watch(
 
 
 def _api_token(api: str | None, token: str | None, data_dir: Path | None) -> tuple[str, str]:
-    """The API URL and station token: the options, else STRATA_API_URL / STRATA_TOKEN / the token file, else the
-    local `strata serve`'s."""
+    """The API URL and station token: the options, else STRATA_API_URL / STRATA_TOKEN, else the record of the
+    `strata serve` of the data directory (--data-dir, STRATA_DATA_DIR or ./var), else of the last one started."""
     _use_data_dir(data_dir, create=False)
     settings = get_settings()
-    local = local_service()
+    given = data_dir is not None or bool(os.environ.get("STRATA_DATA_DIR"))
+    local = local_service(settings.data_dir if given else None)
     tok = token or settings.token
     if not tok and settings.token_file.exists():
         tok = settings.token_file.read_text().strip()
     if not tok and local.get("token_file") and Path(local["token_file"]).exists():
         tok = Path(local["token_file"]).read_text().strip()
-        api = api or (None if "api_url" in settings.model_fields_set else local.get("api_url"))
     if not tok:
         raise _fail(f"no token: pass --token, set STRATA_TOKEN, or run `strata serve` (it writes "
                     f"{settings.token_file})")
-    return api or settings.api_url, tok
+    return api or (settings.api_url if "api_url" in settings.model_fields_set else None) or local.get(
+        "api_url") or settings.api_url, tok
 
 
 ApiOpt = Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")]
@@ -811,6 +809,14 @@ def bench(ctx: typer.Context) -> None:
         raise _fail(escape(usage), 2)
     module = importlib.import_module(BENCH_KINDS[ctx.args[0]][0])
     raise typer.Exit(module.main(ctx.args[1:]) or 0)
+
+
+@app.command("chaos", context_settings=PASS_THROUGH)
+def chaos(ctx: typer.Context) -> None:
+    """Chaos drill: jobs through a real `strata serve` under random SIGKILLs (--help for options; lab/chaos.py)."""
+    from lab.chaos import main as chaos_main
+
+    raise typer.Exit(chaos_main(ctx.args) or 0)
 
 
 def main() -> None:  # pragma: no cover

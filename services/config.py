@@ -62,8 +62,13 @@ class Settings(BaseSettings):
     # Queue
     visibility_timeout_s: int = Field(default=600, description="Unacked task redelivery after a worker dies.")
     shard_max_retries: int = 3
-    reconcile_interval_s: float = Field(default=15.0, description="Coordinator's lost-work sweep; 0 = off.")
-    worker_heartbeat_s: float = 5.0
+    reconcile_interval_s: float = Field(default=3.0, description="Coordinator's lost-work sweep; 0 = off.")
+    worker_heartbeat_s: float = Field(
+        default=2.0, description="Heartbeat period; a worker is dead (its shard or job re-dispatched) after 3 missed."
+    )
+    lost_message_after_s: float = Field(
+        default=30.0, description="A queued job whose ingest message no worker holds is re-sent after this long."
+    )
     gpu_ids: str | None = Field(
         default=None,
         validation_alias=AliasChoices("STRATA_GPU_ID", "STRATA_GPU_IDS"),
@@ -116,6 +121,7 @@ class Settings(BaseSettings):
 
     # Failure drills: an artificial pause inside every shard, so a worker can be killed mid-shard.
     fault_shard_delay_s: float = 0.0
+    fault_ingest_delay_s: float = Field(default=0.0, description="Drills only: ingest pauses this long mid-decode.")
 
     log_level: str = "INFO"
     log_format: str = Field(default="text", description="text | json (one JSON object a line, with job/shard ids).")
@@ -125,6 +131,9 @@ class Settings(BaseSettings):
     migrate_on_start: bool = Field(default=True, description="The API upgrades the database when it starts.")
     token: str | None = Field(default=None, description="Bearer token `strata submit` uses (else the local one).")
     api_url: str = Field(default="http://127.0.0.1:8000", description="Where `strata submit` finds the API.")
+    remember_last_service: bool = Field(
+        default=True, description="`strata serve` also names itself in ~/.config/strata (drills and tests: false)."
+    )
 
     @property
     def resolved_metrics_dir(self) -> Path:

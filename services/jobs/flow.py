@@ -21,11 +21,12 @@ from sqlalchemy.orm import Session
 from services.config import Settings
 from services.db.models import Job, Shard, job_recipes, utcnow
 from services.db.session import execute_update
-from services.errors import FramesMismatch, NotFound, RawError
+from services.errors import FramesMismatch, IntermediateLost, NotFound, RawError
 from services.export.recipes import job_spaces, resolve_recipes
 from services.jobs.cameras import PROFILES
 from services.jobs.finalize import finalize_job
 from services.jobs.plan import (
+    PLAN_VERSION,
     PLANNED_KEYS,
     JobPlan,
     ShardPayload,
@@ -133,12 +134,15 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     job = load_job(session, job_id)
     if job.status not in ACTIVE:
         return []
-    if job.phase >= 0:  # an earlier ingest committed its plan: re-dispatch what is still pending
+    if job.phase >= 0:  # an earlier ingest committed its plan: re-dispatch what is still pending (a running shard
+        # is held by its worker's heartbeat; the reconciler re-dispatches it if that worker dies)
         return _tickets(job, list(session.scalars(select(Shard).where(
-            Shard.job_id == job.id, Shard.phase == job.phase, Shard.status != ShardStatus.DONE))))
+            Shard.job_id == job.id, Shard.phase == job.phase, Shard.status == ShardStatus.PENDING))))
     job.status, job.stage = JobStatus.RUNNING, Stage.DECODING
     job.started_at = job.started_at or utcnow()
     session.commit()
+    if settings.fault_ingest_delay_s:  # failure drills: a window to kill the coordinator mid-ingest
+        time.sleep(settings.fault_ingest_delay_s)
     t0 = time.perf_counter()
     stack = PROFILES[job.camera].split_strategy == "frame_group"
     spaces = job_spaces(resolve_recipes(job_recipes(job)))  # the first recipe's space is the primary one
@@ -199,9 +203,14 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
         if delay_s:
             time.sleep(delay_s)
         plan = JobPlan.from_params(job.params)
+        if plan.version != PLAN_VERSION:  # planned by another version of the code: start over with this one
+            raise IntermediateLost(job.id, f"plan v{plan.version}",
+                                   f"planned by layout version {plan.version}, this worker runs {PLAN_VERSION}")
         compute_shard(storage, shard_input(job.id, plan, shard.phase, shard.index,
                                            ShardPayload.from_dict(shard.payload)), device, gpu)
         seconds = time.perf_counter() - t0
+        if _ended_meanwhile(session, storage, job.id):
+            return ShardOutcome(job.id, job.priority, False)
         session.execute(update(Shard).where(Shard.id == shard_id, Shard.status != ShardStatus.DONE).values(
             status=ShardStatus.DONE, seconds=seconds, finished_at=utcnow(), worker=worker, gpu=gpu, error=None))
         session.commit()
@@ -214,6 +223,16 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
     session.execute(update(Job).where(Job.id == job.id, Job.progress < progress).values(progress=progress))
     session.commit()
     return ShardOutcome(job.id, job.priority, done == total)
+
+
+def _ended_meanwhile(session: Session, storage: Storage, job_id: str) -> bool:
+    """A duplicate of a shard (its worker was thought dead) that finishes after the job ended: what it just wrote
+    is an orphan, removed with the job's other intermediates."""
+    session.rollback()  # see the job as it is now
+    if session.scalar(select(Job.status).where(Job.id == job_id)) in ACTIVE:
+        return False
+    remove_intermediates(storage, job_id)
+    return True
 
 
 def record_shard_failure(session: Session, shard_id: int, reason: str, *, final: bool,

@@ -87,7 +87,12 @@ class ShardPayload:
 
 
 # What ingest adds to a job's params (removed again when the job starts over).
-PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "timings")
+PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings")
+# The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
+# (5|6, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators). A worker
+# meeting a plan of another version raises IntermediateLost: the job starts over from its uploads with the new
+# code instead of failing (upgrades without a drain, docs/OPERATIONS.md).
+PLAN_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class JobPlan:
     size: tuple[int, int]  # (H, W) of the reference frame
     gpu_memory_mb: int = 0  # the smallest live GPU worker's memory budget at ingest (0: unknown, CPU workers)
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
+    version: int = PLAN_VERSION  # the layout version of the plan, its payloads and intermediates
 
     @property
     def height(self) -> int:
@@ -118,6 +124,7 @@ class JobPlan:
             "ratios": None if self.ratios is None else list(self.ratios),
             "size": list(self.size),
             "gpu_memory_mb": self.gpu_memory_mb,
+            "plan_version": self.version,
         }
 
     @classmethod
@@ -135,6 +142,7 @@ class JobPlan:
             size=(h, w),
             gpu_memory_mb=int(params.get("gpu_memory_mb", 0)),
             extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
+            version=int(params.get("plan_version", 1)),
         )
 
 

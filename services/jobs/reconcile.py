@@ -1,15 +1,25 @@
-"""The reconciler: finds work that no queue message will deliver again and says what to re-dispatch."""
+"""The reconciler: finds work that no queue message will deliver again and says what to re-dispatch.
+
+Work is leased, not timed out: a worker's heartbeat (every few seconds, gone after about three missed beats) says
+which shard it computes and which jobs a coordinator ingests or advances. A shard or job the database shows in
+progress but that no live heartbeat holds was lost with its worker and is re-dispatched at once, not after the
+broker's visibility timeout. The broker still redelivers the dead worker's message later; every step is
+idempotent, so that duplicate finds its work done and counts nothing.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, selectinload
 
-from services.db.models import Job, as_utc, utcnow
+from services.db.models import Job, Shard, as_utc, utcnow
+from services.db.session import execute_update
 from services.jobs.plan import phase_count
-from services.jobs.states import ACTIVE, JobStatus, ShardStatus
+from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
 from services.jobs.tickets import Repairs, ShardTicket
 
 
@@ -26,37 +36,92 @@ def unsent_ingests(session: Session, grace_s: float, limit: int = 500) -> list[t
     return [(job_id, priority) for job_id, priority in rows]
 
 
-def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog: int, stale_after_s: float
-              ) -> Repairs:
+@dataclass(frozen=True)
+class Held:
+    """What the live workers hold now, read from their heartbeats (after the database rows, so that a step that
+    started in between is seen as held)."""
+
+    alive: frozenset[str]
+    shards: frozenset[int]
+    jobs: frozenset[str]
+
+
+def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog: int, stale_after_s: float,
+              held: Callable[[], Held | None] | None = None, grace_s: float = 0.0) -> Repairs:
     """Find work that no message will ever deliver again and say what to re-dispatch.
 
+    ``held`` returns None when the heartbeats cannot be trusted yet (Redis restarted less than a heartbeat's life
+    ago): then only the timeout rules apply.
+
     Everything it returns is idempotent to run twice, so a duplicate of a message still in flight is harmless:
-    - shards marked running on a worker whose heartbeat is gone (redelivered to the shared GPU queue);
+    - shards marked running that no live heartbeat holds (with ``held``: at once; without: running on a worker
+      whose heartbeat is gone for ``stale_after_s``); they are marked pending again, so one re-dispatch is sent;
     - shards pinned to a worker's own queue (split_ratio) whose worker is gone;
-    - running jobs whose current phase is complete but that did not advance;
+    - jobs whose ingest (phase -1, running) or advance/finalize no live coordinator holds: put back to queued
+      (the ingest is re-sent) or advanced again, ``grace_s`` after their last step when the coordinator queue
+      is empty;
     - queued jobs never ingested while the coordinator queue is empty (their message was lost); jobs of the batch
       lane still waiting for admission (``admitted_at`` null) were never sent and are left to admission.
     """
-    stale = utcnow() - dt.timedelta(seconds=stale_after_s)
+    now = utcnow()
+    stale = now - dt.timedelta(seconds=stale_after_s)
+    grace = now - dt.timedelta(seconds=grace_s)
+    jobs = session.scalars(select(Job).where(Job.status.in_(ACTIVE)).options(selectinload(Job.shards))).all()
+    leases = held() if held is not None else None  # after the rows: a step started in between is seen as held
     repairs = Repairs([], [], [])
-    for job in session.scalars(select(Job).where(Job.status.in_(ACTIVE))).all():
-        if job.status == JobStatus.QUEUED and job.phase < 0:
-            if job.admitted_at is None:  # waiting for admission (batch lane): no message was ever sent
-                continue
-            if coordinator_backlog == 0 and as_utc(job.admitted_at) < stale:
-                repairs.ingest.append((job.id, job.priority))
+    for job in jobs:
+        held_job = leases is not None and job.id in leases.jobs
+        if job.phase < 0:
+            _lost_ingest(session, job, repairs, leases, held_job, coordinator_backlog, stale)
             continue
-        if job.phase < 0 or job.phase >= phase_count(job.params):
-            continue
-        shards = [s for s in job.shards if s.phase == job.phase]
-        if shards and all(s.status == ShardStatus.DONE for s in shards):
+        finalizing = job.phase >= phase_count(job.params)
+        shards = [s for s in job.shards if s.phase == (job.phase - 1 if finalizing else job.phase)]
+        if finalizing or (shards and all(s.status == ShardStatus.DONE for s in shards)):
             last = max((s.finished_at for s in shards if s.finished_at), default=None)
-            if last is not None and as_utc(last) < stale:
+            cutoff = grace if leases is not None and coordinator_backlog == 0 and not held_job else stale
+            if last is not None and as_utc(last) < cutoff:
                 repairs.advance.append((job.id, job.priority))
             continue
         for s in shards:
-            lost_runner = s.status == ShardStatus.RUNNING and s.worker not in alive_workers
-            lost_pin = s.status == ShardStatus.PENDING and s.payload.get("gpu_slot") is not None
-            if (lost_runner or lost_pin) and as_utc(s.started_at or job.created_at) < stale:
-                repairs.shards.append(ShardTicket(s.id, job.priority, None))
+            if _lost_shard(session, s, job, alive_workers, leases, stale, grace):
+                repairs.shards.append(ShardTicket(s.id, job.priority, None, job.id))
+    session.commit()
     return repairs
+
+
+def _lost_ingest(session: Session, job: Job, repairs: Repairs, leases: Held | None, held_job: bool,
+                 coordinator_backlog: int, stale: dt.datetime) -> None:
+    if job.status == JobStatus.RUNNING:  # decoding: lost when no live coordinator holds it
+        if leases is None or held_job:
+            return
+        if execute_update(session, update(Job).where(Job.id == job.id, Job.status == JobStatus.RUNNING,
+                                                     Job.phase == -1)
+                          .values(status=JobStatus.QUEUED, stage=Stage.QUEUED)):
+            repairs.ingest.append((job.id, job.priority))
+        return
+    if job.admitted_at is None:  # waiting for admission (batch lane): no message was ever sent
+        return
+    sent = max(as_utc(job.admitted_at), as_utc(job.updated_at or job.admitted_at))  # a re-send touches updated_at
+    if coordinator_backlog == 0 and not held_job and sent < stale:
+        execute_update(session, update(Job).where(Job.id == job.id).values(updated_at=utcnow()))
+        repairs.ingest.append((job.id, job.priority))
+
+
+def _lost_shard(session: Session, s: Shard, job: Job, alive_workers: set[str], leases: Held | None,
+                stale: dt.datetime, grace: dt.datetime) -> bool:
+    started = as_utc(s.started_at or job.created_at)
+    if s.status == ShardStatus.PENDING:
+        return s.payload.get("gpu_slot") is not None and started < stale  # pinned to a worker that is gone
+    if s.status != ShardStatus.RUNNING:
+        return False
+    if leases is not None and s.id not in leases.shards and started < grace:
+        lost = True
+    else:
+        lost = s.worker not in alive_workers and started < stale
+    if not lost:
+        return False
+    # Pending again, for exactly this attempt: the next pass does not send it twice, and a worker that started
+    # it meanwhile keeps it.
+    return bool(execute_update(session, update(Shard).where(Shard.id == s.id, Shard.status == ShardStatus.RUNNING,
+                                                            Shard.attempts == s.attempts)
+                               .values(status=ShardStatus.PENDING)))

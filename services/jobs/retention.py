@@ -74,6 +74,18 @@ def sweep_intermediates(session: Session, storage: Storage) -> list[str]:
     return swept
 
 
+def sweep_recently_ended(session: Session, storage: Storage, within_s: float) -> list[str]:
+    """Remove what jobs that ended in the last ``within_s`` seconds may have left: intermediates (a coordinator
+    killed between marking the job done and removing them) and half-written files anywhere in the job (its
+    outputs' included). Cheap enough for the reconciler's pass; :func:`sweep_intermediates` catches the rest."""
+    since = utcnow() - dt.timedelta(seconds=within_s)
+    ended = list(session.scalars(select(Job.id).where(Job.status.not_in(ACTIVE), Job.finished_at >= since)))
+    for job_id in ended:
+        remove_intermediates(storage, job_id)
+        storage.sweep_partials(job_prefix(job_id))
+    return ended
+
+
 def _due(session: Session, before: dt.datetime) -> list[Job]:
     query = (select(Job).where(Job.finished_at.is_not(None), Job.finished_at < before, Job.pruned_at.is_(None))
              .options(selectinload(Job.outputs)).order_by(Job.finished_at))

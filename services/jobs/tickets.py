@@ -12,6 +12,7 @@ class ShardTicket:
     shard_id: int
     priority: str
     slot: int | None
+    job_id: str | None = None  # set by the reconciler (it sweeps the job's half-written files)
 
 
 @dataclass(frozen=True)

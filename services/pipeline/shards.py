@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from services.errors import IntermediateLost
 from services.pipeline.render import RenderParams, render_strip_spaces
-from services.pipeline.stack import merge_frame_group, render_stack_strip_spaces
+from services.pipeline.stack import ACCUMULATOR_CHANNELS, merge_frame_group, render_stack_strip_spaces
 from services.pipeline.transfer import prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
@@ -94,7 +95,7 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
         _merge_group(storage, shard, device)
         return shard.out
     if isinstance(shard, StackStripShard):
-        groups = [load_intermediate(storage, shard.job_id, key) for key in shard.groups]
+        groups = [load_accumulator(storage, shard.job_id, key) for key in shard.groups]
         width = groups[0].shape[2]
 
         def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None) -> None:
@@ -127,6 +128,18 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
         outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
         waits = [prefault(out) for out in outs]
         split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits])
+
+
+def load_accumulator(storage: Storage, job_id: str, key: str) -> np.ndarray:
+    """A frame group's accumulator; one of a layout this code does not know (e.g. the 4-channel accumulators of
+    an older version, written before an upgrade) is as good as lost: :class:`IntermediateLost`, so the job starts
+    over and re-renders with this code rather than failing its strips. The layout is read from the ``.npy``
+    header (shape and dtype)."""
+    acc = load_intermediate(storage, job_id, key)
+    if acc.ndim != 3 or acc.shape[0] not in ACCUMULATOR_CHANNELS or acc.dtype != np.int32:
+        raise IntermediateLost(job_id, key, f"accumulator of an unknown layout {acc.dtype}{tuple(acc.shape)}, "
+                                            f"expected int32 ({'|'.join(map(str, ACCUMULATOR_CHANNELS))}, H, W)")
+    return acc
 
 
 def split_on_oom(render: Render, y0: int, y1: int, into: list[np.ndarray],

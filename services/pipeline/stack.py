@@ -231,6 +231,8 @@ def fuse_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
 RGB_DENOISE_RADIUS = 2
 # Fused stack: camera RGB + 1 merge weight + the merged Bayer mosaic (sub-pixel) or + 3 weights (pixel shift).
 FUSED_CHANNELS = (5, 6)
+# Group accumulators have the same channels (int32 fixed point); an older layout (4 channels) is unknown.
+ACCUMULATOR_CHANNELS = FUSED_CHANNELS
 # Sub-pixel stacks are rendered twice and blended (render_fused): A, the fused camera RGB (frames demosaiced one by
 # one) through a light Lee filter; B, the fused Bayer mosaic (frames' CFA planes warped onto the reference, averaged)
 # through the package at 1/frames of the noise. Their errors are partly independent, so where they agree their

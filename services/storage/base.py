@@ -70,6 +70,11 @@ class Storage(ABC):
         backend has none (local files)."""
         return None
 
+    def sweep_partials(self, prefix: str, older_than_s: float = 0.0) -> int:
+        """Delete half-written files (``.part-*``, a writer killed before its rename) under ``prefix`` untouched for
+        ``older_than_s``; how many. Object stores write whole objects only: nothing to sweep."""
+        return 0
+
     def scratch_bytes(self) -> int:
         """Bytes in this host's local scratch cache (0 for backends without one)."""
         return 0

@@ -25,3 +25,9 @@ def remove_intermediates(storage: Storage, job_id: str) -> None:
     """Delete decoded frames and shard results; uploads and outputs stay."""
     for prefix in intermediate_prefixes(job_id):
         storage.delete_prefix(prefix)
+
+
+def sweep_partials(storage: Storage, job_id: str, older_than_s: float = 0.0) -> int:
+    """Delete the half-written files a killed step left in the job's intermediates (its re-run rewrites them)."""
+    return sum(storage.sweep_partials(prefix, older_than_s) for prefix in intermediate_prefixes(job_id))
+

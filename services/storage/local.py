@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,6 +79,16 @@ class LocalStorage(Storage):
         for path in files:
             if path.is_file() and not path.name.startswith(".part-"):
                 yield path.relative_to(self.root).as_posix(), path.stat().st_size
+
+    def sweep_partials(self, prefix: str, older_than_s: float = 0.0) -> int:
+        base = self._path(prefix)
+        cutoff, n = time.time() - older_than_s, 0
+        for path in base.rglob("*.part*") if base.is_dir() else []:
+            with contextlib.suppress(OSError):
+                if (path.name.startswith(".part-") or path.name.endswith(".part")) and path.stat().st_mtime <= cutoff:
+                    path.unlink()
+                    n += 1
+        return n
 
     def iter_chunks(self, key: str, start: int = 0, end: int | None = None, chunk: int = 1 << 20) -> Iterator[bytes]:
         with self.open(key) as f:

@@ -21,7 +21,7 @@ def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600
     session.flush()
     created = utcnow() - dt.timedelta(seconds=age_s)
     job = Job(station_id=station.id, status=status, camera="IQ3_S", recipe="tiff16", priority="batch",
-              phase=phase, created_at=created, admitted_at=created if admitted else None,
+              phase=phase, created_at=created, admitted_at=created if admitted else None, updated_at=created,
               params={"plan": [{"kind": "strip"}], "n_workers": 2, "size": [100, 100]})
     session.add(job)
     session.flush()
@@ -85,6 +85,41 @@ def test_reconcile_finds_lost_shards_stalled_phases_and_lost_ingests(db: str) ->
         # A busy coordinator queue means the ingest message is probably still waiting: leave it.
         busy = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=3, stale_after_s=60)
         assert busy.ingest == []
+
+
+def test_reconcile_with_leases_redispatches_at_once_what_no_heartbeat_holds(db: str) -> None:
+    """Leases: a shard running on a worker that restarted under the same name (its heartbeat holds another shard),
+    a job decoding on a dead coordinator and a finished phase nobody advances are all repaired within seconds,
+    once each; what a live heartbeat holds is left alone."""
+    from services.jobs.reconcile import Held
+
+    recent = utcnow() - dt.timedelta(seconds=10)
+    with session_scope() as session:
+        job = _job(session)
+        lost = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="running", worker="gpu0@h",
+                     started_at=recent, attempts=1)
+        held = Shard(job_id=job.id, phase=0, index=1, kind="strip", status="running", worker="gpu1@h",
+                     started_at=recent, attempts=1)
+        session.add_all([lost, held])
+        decoding = _job(session, status="running", phase=-1)
+        decoding_held = _job(session, status="running", phase=-1)
+        stalled = _job(session)
+        session.add(Shard(job_id=stalled.id, phase=0, index=0, kind="strip", status="done", finished_at=recent))
+        session.flush()
+        ids = {"lost": lost.id, "held": held.id, "decoding": decoding.id, "stalled": stalled.id}
+        leases = Held(frozenset({"gpu0@h", "gpu1@h"}), frozenset({held.id}), frozenset({decoding_held.id}))
+    with session_scope() as session:
+        repairs = reconcile(session, alive_workers={"gpu0@h", "gpu1@h"}, coordinator_backlog=0, stale_after_s=600,
+                            held=lambda: leases, grace_s=5)
+        assert [t.shard_id for t in repairs.shards] == [ids["lost"]]
+        assert repairs.ingest == [(ids["decoding"], "batch")]
+        assert repairs.advance == [(ids["stalled"], "batch")]
+        assert session.get(Shard, ids["lost"]).status == "pending"
+        assert session.get(Shard, ids["held"]).status == "running"
+        assert session.get(Job, ids["decoding"]).status == "queued"
+        again = reconcile(session, alive_workers={"gpu0@h", "gpu1@h"}, coordinator_backlog=0, stale_after_s=600,
+                          held=lambda: leases, grace_s=5)
+        assert again.shards == [] and again.ingest == []  # sent once: no pile of duplicates
 
 
 def test_advance_waits_for_the_whole_phase_and_moves_once(db: str) -> None:
@@ -297,3 +332,62 @@ def test_a_stack_renders_several_spaces_in_its_strips(db: str, tmp_path: Path) -
                                                        "frame_00_tiff8.tif"]
         assert job.params["render"]["space"] == "prophoto"
         assert [s["space"] for s in job.params["render"]["extra_spaces"]] == ["srgb"]
+
+
+def test_work_of_an_older_version_is_rerendered_not_failed(db: str, tmp_path: Path) -> None:
+    """Upgrades without a drain: a stack planned by an older version (no ``plan_version``), or whose frame-group
+    accumulator has the old 4-channel layout, meets the new code: the step raises IntermediateLost, the job starts
+    over from its uploads and renders to the end with the new code (it never fails)."""
+    import numpy as np
+    import pytest
+
+    from lab.synth.stack_synth import synthesize_stack
+    from services.config import get_settings
+    from services.jobs.plan import PLAN_VERSION
+    from services.storage import get_storage
+
+    shot = synthesize_stack(tmp_path / "s", frames=3, scale=0.03, seed=5)
+    storage, settings = get_storage(), get_settings()
+    job_id = _stack_job(shot.files, "upgrade-station")
+
+    def run(tickets: list[ShardTicket]) -> None:
+        for t in tickets:
+            with session_scope() as session:
+                flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+
+    def ingest() -> list[ShardTicket]:
+        with session_scope() as session:
+            return flow.ingest_job(session, storage, settings, job_id, n_workers=2)
+
+    def rewound_by(exc: IntermediateLost) -> None:
+        with session_scope() as session:
+            assert flow.rewind_job(session, storage, job_id, str(exc))
+            assert session.get(Job, job_id).status == "queued"
+
+    groups = ingest()
+    run(groups)
+    with session_scope() as session:
+        strips = flow.advance_job(session, storage, settings, job_id)
+        assert session.get(Job, job_id).params["plan_version"] == PLAN_VERSION
+    key = shard_key(job_id, 0, "frame_group", 0)
+    old = np.array(storage.load_array(key)[:4])  # the old 4-channel layout, as an older worker wrote it
+    storage.local_path(key + ".sample").unlink(missing_ok=True)
+    storage.save_array(key, old)
+    with pytest.raises(IntermediateLost, match="unknown layout") as old_acc:
+        run(strips[:1])
+    rewound_by(old_acc.value)
+    groups = ingest()
+    with session_scope() as session:  # as an older coordinator planned it
+        job = session.get(Job, job_id)
+        job.params = {k: v for k, v in job.params.items() if k != "plan_version"}
+    with pytest.raises(IntermediateLost, match="layout version 1") as old_plan:
+        run(groups[:1])
+    rewound_by(old_plan.value)
+    run(ingest())
+    with session_scope() as session:
+        run(flow.advance_job(session, storage, settings, job_id))
+    with session_scope() as session:
+        flow.advance_job(session, storage, settings, job_id)
+        job = session.get(Job, job_id)
+        assert job.status == "done", job.error
+        assert job.params["rewinds"] == 2 and job.params["plan_version"] == PLAN_VERSION
