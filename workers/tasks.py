@@ -25,6 +25,7 @@ from services.db.models import Job
 from services.db.session import reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
+from services.jobs.previews import preview_ingested
 from services.jobs.reconcile import Held, reconcile, unsent_ingests
 from services.jobs.retention import PruneReport, retention_pass, sweep_recently_ended
 from services.jobs.service import mark_enqueued
@@ -138,7 +139,7 @@ def ingest(job_id: str) -> None:
         _coordinator_step("ingest", job_id, work)
     try:  # after the shards went out: the GPUs do not wait for the preview
         with session_scope() as session:
-            flow.preview_ingested(session, get_storage(), job_id)
+            preview_ingested(session, get_storage(), job_id)
     except Exception:  # noqa: BLE001 - a preview never fails or retries a job
         log.exception("job %s: fast preview failed", job_id)
 

@@ -30,19 +30,17 @@ from services.jobs.plan import (
     PLANNED_KEYS,
     JobPlan,
     ShardPayload,
-    is_planned,
     phase_count,
     shard_input,
     single_frame_phases,
     stack_phases,
+    with_decoded_source,
 )
 from services.jobs.planner import parse_split_ratio, plan_phase_shards
-from services.jobs.previews import fast_preview
 from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
 from services.pipeline.shards import compute_shard
-from services.raw.meta import RawMeta
 from services.storage import Storage
 from services.storage.intermediates import remove_intermediates
 
@@ -99,19 +97,6 @@ def rewind_job(session: Session, storage: Storage, job_id: str, reason: str) -> 
     remove_intermediates(storage, job_id)
     log.warning("job %s starts over (%d/%d): %s", job_id, rewinds, MAX_REWINDS, reason)
     return True
-
-
-def with_decoded_source(params: dict[str, object], meta: RawMeta) -> dict[str, object]:
-    """``params`` with ``source_camera`` completed from the decoded reference frame where the upload's probe could
-    not tell (non-TIFF formats: Make/Model from the decoder's capture tags, the layout LibRaw found)."""
-    source = params.get("source_camera")
-    if not isinstance(source, dict):
-        return params
-    capture = meta.capture
-    filled = {"make": source.get("make") or meta.make or (capture.make if capture else ""),
-              "model": source.get("model") or meta.model or (capture.model if capture else ""),
-              "layout": source.get("layout") or meta.layout}
-    return {**params, "source_camera": filled}
 
 
 def _tickets(job: Job, shards: list[Shard]) -> list[ShardTicket]:
@@ -173,16 +158,6 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     log.info("job %s ingested: %d frame(s) decoded in %.2fs, planned in %.2fs, %d shard(s)", job_id,
              len(shot.frames), shot.decode_s, time.perf_counter() - t0 - shot.decode_s, len(shards))
     return _tickets(job, shards)
-
-
-def preview_ingested(session: Session, storage: Storage, job_id: str) -> None:
-    """The fast preview of a job just planned (called once its shards are dispatched); nothing for a job that
-    has a preview already, was never planned or ended."""
-    job = load_job(session, job_id)
-    if job.preview_etag is not None or job.status not in ACTIVE or not is_planned(job.params):
-        return
-    plan = JobPlan.from_params(job.params)
-    fast_preview(session, storage, job_id, plan.frames[0], plan.render)
 
 
 def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str, gpu: str, device: str,

@@ -200,3 +200,16 @@ def stack_phases(offsets: Sequence[tuple[int, int]] | None) -> tuple[Phase, ...]
 def single_frame_phases(job_id: str) -> tuple[Phase, ...]:
     """A single frame: strips of its decoded mosaic."""
     return (Phase(ShardKind.STRIP, source=raw_key(job_id, 0), normalized=False, noise_scale=1.0),)
+
+
+def with_decoded_source(params: dict[str, object], meta: RawMeta) -> dict[str, object]:
+    """``params`` with ``source_camera`` completed from the decoded reference frame where the upload's probe could
+    not tell (non-TIFF formats: Make/Model from the decoder's capture tags, the layout LibRaw found)."""
+    source = params.get("source_camera")
+    if not isinstance(source, dict):
+        return params
+    capture = meta.capture
+    filled = {"make": source.get("make") or meta.make or (capture.make if capture else ""),
+              "model": source.get("model") or meta.model or (capture.model if capture else ""),
+              "layout": source.get("layout") or meta.layout}
+    return {**params, "source_camera": filled}

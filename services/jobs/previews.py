@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session
 
 from services.db.models import Job, Output
 from services.export.preview import write_preview
+from services.jobs.plan import JobPlan, is_planned
+from services.jobs.states import ACTIVE
 from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
 from services.pipeline.preview import linear_preview, mosaic_preview, strips_preview
 from services.pipeline.render import RenderParams
@@ -73,3 +75,13 @@ def final_preview(session: Session, storage: Storage, job_id: str,
         return
     _record(session, job_id, etag, "final")
     PREVIEW_SECONDS.labels(kind="final").observe(time.perf_counter() - t0)
+
+
+def preview_ingested(session: Session, storage: Storage, job_id: str) -> None:
+    """The fast preview of a job just planned (called once its shards are dispatched); nothing for a job that
+    has a preview already, was never planned or ended."""
+    job = session.get(Job, job_id)
+    if job is None or job.preview_etag is not None or job.status not in ACTIVE or not is_planned(job.params):
+        return
+    plan = JobPlan.from_params(job.params)
+    fast_preview(session, storage, job_id, plan.frames[0], plan.render)

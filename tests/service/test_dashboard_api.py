@@ -39,13 +39,14 @@ def _run(job_id: str) -> None:
     """The job through ingest, its shards and finalize, in this process (what the workers do)."""
     from services.config import get_settings
     from services.jobs import flow
+    from services.jobs.previews import preview_ingested
     from services.storage import get_storage
 
     storage, settings = get_storage(), get_settings()
     with session_scope() as session:
         tickets = flow.ingest_job(session, storage, settings, job_id, n_workers=1)
     with session_scope() as session:  # as the ingest task does once the shards went out
-        flow.preview_ingested(session, storage, job_id)
+        preview_ingested(session, storage, job_id)
     while tickets:
         for t in tickets:
             with session_scope() as session:
@@ -120,12 +121,13 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     assert r.status_code == 404 and r.json()["type"] == "not_found"
     from services.config import get_settings
     from services.jobs import flow
+    from services.jobs.previews import preview_ingested
     from services.storage import get_storage
 
     with session_scope() as session:
         tickets = flow.ingest_job(session, get_storage(), get_settings(), job["id"], n_workers=1)
     with session_scope() as session:  # as the ingest task does once the shards went out
-        flow.preview_ingested(session, get_storage(), job["id"])
+        preview_ingested(session, get_storage(), job["id"])
     assert tickets
     fast = client.get(f"/v1/jobs/{job['id']}/preview", headers=a)
     assert fast.status_code == 200 and fast.headers["content-type"] == "image/jpeg"

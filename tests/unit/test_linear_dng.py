@@ -96,7 +96,7 @@ def test_linear_fast_preview(linear: tuple[RawMeta, np.ndarray, Path]) -> None:
 
 
 def test_the_source_camera_is_completed_from_the_decode(linear: tuple[RawMeta, np.ndarray, Path]) -> None:
-    from services.jobs.flow import with_decoded_source
+    from services.jobs.plan import with_decoded_source
 
     meta = linear[0]
     probed = {"naming": "x", "source_camera": {"make": "Canon", "model": "", "layout": ""}}  # a CR3 at upload
