@@ -49,10 +49,26 @@ RETRIES = Counter("strata_retries", "Task attempts retried (shards after a failu
                   ["task"])
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 def reset_multiproc_dir() -> None:
-    """Empty the value files of processes of an earlier run (the launcher calls it before starting them)."""
+    """Remove the value files of this host's processes that are gone (an earlier run's; the launcher calls it
+    before starting its children). Files of live processes (another service sharing the folder, the caller) and
+    of other hosts stay: they are still counting."""
+    host = socket.gethostname().replace("_", "-")
     for name in os.listdir(MULTIPROC_DIR):
-        if name.endswith(".db"):
+        stem, _, ext = name.rpartition(".")
+        owner = stem.split("_", 1)[-1]  # <kind>_<host>-<pid>
+        owner_host, _, pid = owner.rpartition("-")
+        if ext == "db" and owner_host == host and pid.isdigit() and not _alive(int(pid)):
             os.unlink(os.path.join(MULTIPROC_DIR, name))
 
 
