@@ -466,12 +466,15 @@ def watch(
 ) -> None:
     """Hot folder: send each new RAW file once completely written, save its outputs beside it or to --out."""
     import signal
+    import threading
 
     import cli.client
     from cli.client import SubmitError, connect
     from cli.watch import Watcher, watch_forever, watch_once
 
-    signal.signal(signal.SIGTERM, _interrupt)
+    stopping = threading.Event()
+    # --once ends at once on SIGTERM; the hot folder finishes the step under way (a download, its state) first.
+    signal.signal(signal.SIGTERM, _interrupt if once else lambda signum, frame: stopping.set())
 
     url, tok = _api_token(api, token, data_dir)
     fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
@@ -484,7 +487,8 @@ def watch(
                           f"{watcher.state.path}")
             if once:
                 raise typer.Exit(watch_once(watcher, timeout=timeout, retry_for=cli.client.RETRY_FOR_S))
-            watch_forever(watcher, interval)
+            watch_forever(watcher, interval, stopping)
+            console.print("stopped; state saved")
     except SubmitError as exc:
         raise _exit_for(exc) from exc
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -202,11 +203,13 @@ class Watcher:
         self.log(f"{rel}: done, saved {', '.join(p.name for p in paths)}", "green")
 
 
-def watch_forever(watcher: Watcher, interval: float, sleep: Callable[[float], None] = time.sleep) -> None:
-    """Poll and collect every ``interval`` seconds until interrupted; an unreachable API backs off (doubling up
-    to 30 s) and is reported at every try, files staying pending."""
+def watch_forever(watcher: Watcher, interval: float, stop: threading.Event | None = None) -> None:
+    """Poll and collect every ``interval`` seconds until ``stop`` is set (SIGTERM) or interrupted; an unreachable
+    API backs off (doubling up to 30 s) and is reported at every try, files staying pending. A stop lets the step
+    under way (a download and the state saved after it) finish first."""
+    stop = stop or threading.Event()
     backoff = 0.0
-    while True:
+    while not stop.is_set():
         try:
             watcher.poll()
             watcher.collect()
@@ -214,12 +217,12 @@ def watch_forever(watcher: Watcher, interval: float, sleep: Callable[[float], No
             backoff = min(max(interval, backoff * 2), 30.0)
             watcher.log(f"{exc}; {len(watcher.pending())} job(s) to collect, files stay pending; "
                         f"retrying in {backoff:.1f} s", "yellow")
-            sleep(backoff)
+            stop.wait(backoff)
             continue
         if backoff:
             watcher.log("the API answers again", "green")
             backoff = 0.0
-        sleep(interval)
+        stop.wait(interval)
 
 
 def _retrying(watcher: Watcher, step: Callable[[], object], retry_for: float) -> None:
