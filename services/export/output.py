@@ -16,7 +16,7 @@ from services.export.images import write_jpeg, write_png
 from services.export.metadata import OutputMetadata, tiff_tags
 from services.export.naming import NameTokens, render_name, unique_names
 from services.export.recipes import Format, Recipe
-from services.export.tiff import Bands, write_tiff
+from services.export.tiff import Bands, PreTiled, write_tiff
 from services.raw.colour import output_space
 from services.storage.base import Storage
 from services.storage.keys import output_key
@@ -38,8 +38,9 @@ def output_names(recipes: Sequence[Recipe], tokens: NameTokens) -> list[str]:
 
 
 def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta: OutputMetadata, *,
-                 threads: int = 0) -> tuple[str, int]:
-    """Encode one recipe's file from the 16-bit bands of its colour space; returns (sha256, bytes)."""
+                 threads: int = 0, pretiled: PreTiled = ()) -> tuple[str, int]:
+    """Encode one recipe's file from the 16-bit bands of its colour space; returns (sha256, bytes). ``pretiled``:
+    the space's GPU-compressed deflate tiles, used by a full-size 16-bit deflate TIFF."""
     space = recipe.colour_space
     out = derive_bands(bands, bits=recipe.bits, long_edge=recipe.long_edge,
                        transfer=output_space(space).transfer, sharpen_amount=recipe.sharpen)
@@ -48,7 +49,8 @@ def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta:
         return write_tiff(storage, key, out, colour_space=space, compression=recipe.compression.value,
                           threads=threads, software=stamped.software_text, ppi=recipe.ppi,
                           description=meta.original_name.encode("ascii", "replace").decode(),
-                          extratags=tiff_tags(stamped))
+                          extratags=tiff_tags(stamped),
+                          pretiled=pretiled if out is bands and recipe.bits == 16 else ())
     image = stitch(out)
     if recipe.format == Format.JPEG:
         return write_jpeg(storage, key, image, colour_space=space, quality=recipe.quality, meta=stamped)
@@ -56,7 +58,8 @@ def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta:
 
 
 def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], recipes: Sequence[Recipe],
-                  tokens: NameTokens, meta: OutputMetadata, *, threads: int = 0) -> list[WrittenOutput]:
+                  tokens: NameTokens, meta: OutputMetadata, *, threads: int = 0,
+                  pretiled: Mapping[str, PreTiled] | None = None) -> list[WrittenOutput]:
     """Write every recipe's file into the job's output folder, atomically and durably, from ``spaces`` (the
     16-bit bands of each colour space the recipes need); one :class:`WrittenOutput` per recipe, in order."""
     written = []
@@ -65,6 +68,7 @@ def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], re
             raise ValueError(f"recipe {recipe.name!r} needs a {recipe.colour_space} render; the job rendered "
                              f"{', '.join(spaces)}")
         key = output_key(job_id, name)
-        sha, size = write_recipe(storage, key, spaces[recipe.colour_space], recipe, meta, threads=threads)
+        sha, size = write_recipe(storage, key, spaces[recipe.colour_space], recipe, meta, threads=threads,
+                                 pretiled=(pretiled or {}).get(recipe.colour_space, ()))
         written.append(WrittenOutput(name, key, sha, size, recipe.name, recipe.media_type))
     return written

@@ -10,7 +10,7 @@ import hashlib
 import mmap
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
@@ -19,6 +19,7 @@ import numpy as np
 import tifffile
 
 from services.export.icc import icc_profile
+from services.pipeline import tiles
 from services.storage import Storage
 
 TILE = 256
@@ -47,16 +48,49 @@ def encode_threads(configured: int) -> int:
 Bands = Sequence[tuple[int, np.ndarray]]  # (first row, (rows, W, 3) uint16 or uint8) in order, covering the image
 
 
-def _tiles(bands: Bands, height: int, width: int) -> Iterator[np.ndarray]:
-    """The image's TILE x TILE tiles in row-major order, as views of the bands (joined where a tile straddles
-    two): tifffile copies and compresses them on its threads, so no stitched image is ever built."""
-    for ty in range(0, height, TILE):
-        y1 = min(ty + TILE, height)
-        parts = [(max(ty, top), min(y1, top + rows.shape[0]), top, rows) for top, rows in bands
-                 if top < y1 and top + rows.shape[0] > ty]
-        for tx in range(0, width, TILE):
-            views = [rows[lo - top : hi - top, tx : tx + TILE] for lo, hi, top, rows in parts]
+def _tiles(bands: Bands, height: int, width: int, tile: tuple[int, int] = (TILE, TILE),
+           rows: Iterable[int] | None = None) -> Iterator[np.ndarray]:
+    """The image's ``tile`` (height, width) tiles in row-major order (of tile rows ``rows``, default all), as
+    views of the bands (joined where a tile straddles two): tifffile copies and compresses them on its threads,
+    so no stitched image is ever built."""
+    th, tw = tile
+    for ty in (range(0, height, th) if rows is None else (r * th for r in rows)):
+        y1 = min(ty + th, height)
+        parts = [(max(ty, top), min(y1, top + band.shape[0]), top, band) for top, band in bands
+                 if top < y1 and top + band.shape[0] > ty]
+        for tx in range(0, width, tw):
+            views = [band[lo - top : hi - top, tx : tx + tw] for lo, hi, top, band in parts]
             yield views[0] if len(views) == 1 else np.concatenate(views)
+
+
+PreTiled = Sequence[tuple[np.ndarray, np.ndarray]]  # (streams, index) per strip: services.pipeline.tiles
+
+
+def _pretiled_items(bands: Bands, height: int, width: int, pretiled: PreTiled
+                    ) -> tuple[tuple[int, int], Iterator[np.ndarray | memoryview]]:
+    """The tile geometry of GPU-compressed tiles and every tile in order: the stored stream where a strip's
+    container holds its tile row, else the tile itself (a row straddling two strips), compressed by the caller."""
+    th, tw = (int(v) for v in pretiled[0][1][:2])
+    held: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+    for blob, index in pretiled:
+        if (int(index[0]), int(index[1])) != (th, tw) or int(index[4]) != -(-width // tw):
+            raise ValueError("GPU tile containers of different geometries in one image")
+        for r in range(int(index[2]), int(index[2] + index[3])):
+            held[r] = (blob, index, r - int(index[2]))
+
+    def items() -> Iterator[np.ndarray | memoryview]:
+        per_row = -(-width // tw)
+        for r in range(-(-height // th)):
+            if r in held:
+                blob, index, local = held[r]
+                offsets = index[tiles.HEADER + local * per_row : tiles.HEADER + (local + 1) * per_row + 1]
+                data = memoryview(blob)  # type: ignore[arg-type]
+                for i in range(per_row):
+                    yield data[int(offsets[i]) : int(offsets[i + 1])]
+            else:
+                yield from _tiles(bands, height, width, (th, tw), [r])
+
+    return (th, tw), items()
 
 
 def _check_bands(bands: Bands) -> tuple[int, int]:
@@ -84,6 +118,7 @@ def write_tiff(
     ppi: float | None = None,
     description: str | None = None,
     extratags: Sequence[tuple] = (),
+    pretiled: PreTiled = (),
 ) -> tuple[str, int]:
     """Write ``rgb`` (H, W, 3) uint16 or uint8 to ``key`` atomically; returns (sha256, bytes).
 
@@ -92,17 +127,23 @@ def write_tiff(
     Tiles are compressed by ``threads`` workers (tifffile's thread pool; zstd releases the GIL) straight into the
     storage file; the file is then hashed from the page cache on a second thread while the writer makes it
     durable (fsync): faster than through an in-memory buffer (docs/PERFORMANCE.md, "Choices measured").
+    ``pretiled``: deflate tiles the GPU already compressed (:mod:`services.pipeline.tiles`, one container per
+    strip that has them); they are written as they are, in their geometry, and only the rest is compressed here.
     """
     source, shape, dtype = _source(rgb)
     data: np.ndarray | Iterator[np.ndarray] | Iterator[bytes] = source
     codec, predictor, codec_args = tiff_compression(compression)
-    if codec == "adobe_deflate":  # pre-compressed with libdeflate on our own threads (tifffile writes the bytes)
-        data = _deflated_tiles(source if not isinstance(source, np.ndarray) else _tiles([(0, source)], *shape[:2]),
-                               encode_threads(threads))
+    tile = (TILE, TILE)
+    if codec == "adobe_deflate" and pretiled and not isinstance(rgb, np.ndarray) and dtype == np.uint16:
+        tile, items = _pretiled_items(rgb, shape[0], shape[1], pretiled)
+        data = _deflated_tiles(items, encode_threads(threads), tile)
+    elif codec == "adobe_deflate":  # pre-compressed with libdeflate on our own threads (tifffile writes the bytes)
+        whole = source if not isinstance(source, np.ndarray) else _tiles([(0, source)], shape[0], shape[1])
+        data = _deflated_tiles(whole, encode_threads(threads))
 
     def encode(f: BinaryIO) -> None:
         tifffile.imwrite(
-            f, data, shape=shape, dtype=dtype, photometric="rgb", tile=(TILE, TILE),
+            f, data, shape=shape, dtype=dtype, photometric="rgb", tile=tile,
             compression=codec, compressionargs=codec_args, predictor=predictor, maxworkers=encode_threads(threads),
             iccprofile=icc_profile(colour_space), software=software, description=description,
             resolution=None if ppi is None else (ppi, ppi), resolutionunit=None if ppi is None else "INCH",
@@ -112,27 +153,32 @@ def write_tiff(
     return write_hashed(storage, key, encode)
 
 
-DEFLATE_LEVEL = 6  # libdeflate: the size of zlib's level 6 at about twice its speed (docs/PERFORMANCE.md)
+DEFLATE_LEVEL = 1  # libdeflate 1: on noisy 16-bit renders both faster and smaller than 6 (docs/PERFORMANCE.md)
 
 
-def _deflate_tile(tile: np.ndarray) -> bytes:
-    """One TILE x TILE tile (edge tiles zero-padded, as TIFF stores them) through the horizontal predictor
+def _deflate_tile(tile: np.ndarray, size: tuple[int, int] = (TILE, TILE)) -> bytes:
+    """One tile of ``size`` (edge tiles zero-padded, as TIFF stores them) through the horizontal predictor
     (TIFF Predictor 2: each sample minus the same sample of the pixel to its left) and zlib-format deflate."""
-    if tile.shape[:2] != (TILE, TILE):
-        padded = np.zeros((TILE, TILE, tile.shape[2]), dtype=tile.dtype)
+    if tile.shape[:2] != size:
+        padded = np.zeros((*size, tile.shape[2]), dtype=tile.dtype)
         padded[: tile.shape[0], : tile.shape[1]] = tile
         tile = padded
     return bytes(imagecodecs.deflate_encode(imagecodecs.delta_encode(np.ascontiguousarray(tile), axis=-2),  # type: ignore[arg-type]
                                             level=DEFLATE_LEVEL))
 
 
-def _deflated_tiles(tiles: Iterator[np.ndarray], threads: int) -> Iterator[bytes]:
+def _deflated_tiles(items: Iterator[np.ndarray] | Iterator[np.ndarray | memoryview], threads: int,
+                    size: tuple[int, int] = (TILE, TILE)) -> Iterator[bytes]:
     """The tiles compressed on ``threads`` threads (libdeflate releases the GIL), in order, a bounded number
-    ahead (so a large image never has all its compressed tiles waiting in memory)."""
+    ahead (so a large image never has all its compressed tiles waiting in memory); an item that is already a
+    compressed stream (a memoryview of a stored one) passes through as bytes."""
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="strata-deflate") as pool:
         ahead: deque[Future[bytes]] = deque()
-        for tile in tiles:
-            ahead.append(pool.submit(_deflate_tile, tile))
+        for item in items:
+            if isinstance(item, memoryview):  # tifffile takes bytes (it tells pre-compressed tiles by their type)
+                ahead.append(pool.submit(bytes, item))
+            else:
+                ahead.append(pool.submit(_deflate_tile, item, size))
             if len(ahead) >= 4 * max(1, threads):
                 yield ahead.popleft().result()
         while ahead:

@@ -34,6 +34,7 @@ from services.jobs.plan import (
     shard_input,
     single_frame_phases,
     stack_phases,
+    tile_plan,
     with_decoded_source,
 )
 from services.jobs.planner import parse_split_ratio, plan_phase_shards
@@ -130,7 +131,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         time.sleep(settings.fault_ingest_delay_s)
     t0 = time.perf_counter()
     stack = PROFILES[job.camera].split_strategy == "frame_group"
-    spaces = job_spaces(resolve_recipes(job_recipes(job)))  # the first recipe's space is the primary one
+    recipes = resolve_recipes(job_recipes(job))
+    spaces = job_spaces(recipes)  # the first recipe's space is the primary one
     try:
         shot = prepare_shot(storage, job_id, [f.storage_key for f in job.frames], camera=job.camera,
                             colour_space=spaces[0], extra_spaces=spaces[1:], stack=stack,
@@ -144,7 +146,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     plan = JobPlan(frames=shot.frames, render=shot.render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(shot.frames[0].height, shot.frames[0].width),
-                   gpu_memory_mb=gpu_memory_mb, extra=with_decoded_source(job.params, shot.frames[0]))
+                   gpu_memory_mb=gpu_memory_mb, tile_spaces=tile_plan(recipes, settings.gpu_deflate),
+                   tile_level=settings.gpu_deflate_level, extra=with_decoded_source(job.params, shot.frames[0]))
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.
     if not _claim(session, job_id, -1, phase=0):
         return []

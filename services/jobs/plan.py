@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from services.export.recipes import Compression, Format, Recipe
 from services.pipeline.render import RenderParams
-from services.pipeline.shards import FrameGroupShard, ShardInput, StackStripShard, StripShard
+from services.pipeline.shards import FrameGroupShard, ShardInput, StackStripShard, StripShard, TileSpec
 from services.raw.meta import RawMeta
 from services.storage.keys import raw_key, shard_key, space_shard_key
 
@@ -87,7 +88,8 @@ class ShardPayload:
 
 
 # What ingest adds to a job's params (removed again when the job starts over).
-PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings")
+PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings",
+                "tile_spaces", "tile_level")
 # The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
 # (5|6, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators). A worker
 # meeting a plan of another version raises IntermediateLost: the job starts over from its uploads with the new
@@ -107,6 +109,8 @@ class JobPlan:
     ratios: tuple[float, ...] | None
     size: tuple[int, int]  # (H, W) of the reference frame
     gpu_memory_mb: int = 0  # the smallest live GPU worker's memory budget at ingest (0: unknown, CPU workers)
+    tile_spaces: tuple[str, ...] = ()  # spaces whose strips also get GPU-compressed TIFF tiles (:func:`tile_plan`)
+    tile_level: int = 2  # nvCOMP's deflate algorithm type for them
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
     version: int = PLAN_VERSION  # the layout version of the plan, its payloads and intermediates
 
@@ -125,6 +129,7 @@ class JobPlan:
             "size": list(self.size),
             "gpu_memory_mb": self.gpu_memory_mb,
             "plan_version": self.version,
+            **({"tile_spaces": list(self.tile_spaces), "tile_level": self.tile_level} if self.tile_spaces else {}),
         }
 
     @classmethod
@@ -141,9 +146,19 @@ class JobPlan:
             ratios=None if ratios is None else tuple(float(r) for r in ratios),
             size=(h, w),
             gpu_memory_mb=int(params.get("gpu_memory_mb", 0)),
+            tile_spaces=tuple(params.get("tile_spaces") or ()),
+            tile_level=int(params.get("tile_level", 2)),
             extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
             version=int(params.get("plan_version", 1)),
         )
+
+
+def tile_plan(recipes: Sequence[Recipe], gpu_deflate: bool) -> tuple[str, ...]:
+    """The plan's ``tile_spaces``: output spaces whose strips also get their TIFF tiles compressed on the GPU
+    (those a full-size 16-bit deflate TIFF is written from); none when switched off."""
+    spaces = [r.colour_space for r in recipes if r.format == Format.TIFF and r.bits == 16 and r.long_edge is None
+              and r.compression == Compression.DEFLATE]
+    return tuple(dict.fromkeys(spaces)) if gpu_deflate else ()
 
 
 def is_planned(params: Mapping[str, Any]) -> bool:
@@ -169,15 +184,17 @@ def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: Sha
         )
     r = plan.render
     params = replace(r, noise_shot=r.noise_shot * spec.noise_scale, noise_read=r.noise_read * spec.noise_scale)
-    extra = tuple(strip_keys(job_id, plan.render, phase, spec.kind.value, index).values())[1:]
+    keys = strip_keys(job_id, plan.render, phase, spec.kind.value, index)
+    extra = tuple(keys.values())[1:]
+    tiles = TileSpec(tuple(k for space, k in keys.items() if space in plan.tile_spaces), plan.tile_level)
     if spec.groups_phase is not None:
         groups = tuple(shard_key(job_id, spec.groups_phase, ShardKind.FRAME_GROUP.value, i)
                        for i in range(payload.groups or 0))
         return StackStripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, groups=groups,
-                               pixel_shift=spec.pixel_shift, space_outs=extra)
+                               pixel_shift=spec.pixel_shift, space_outs=extra, tiles=tiles)
     assert spec.source is not None
     return StripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, source=spec.source,
-                      normalized=spec.normalized, space_outs=extra)
+                      normalized=spec.normalized, space_outs=extra, tiles=tiles)
 
 
 def strip_keys(job_id: str, render: RenderParams, phase: int, kind: str, index: int) -> dict[str, str]:

@@ -17,15 +17,27 @@ import numpy as np
 import torch
 
 from services.errors import IntermediateLost
+from services.pipeline import tiles
 from services.pipeline.render import RenderParams, render_strip_spaces
 from services.pipeline.stack import ACCUMULATOR_CHANNELS, merge_frame_group, render_stack_strip_spaces
 from services.pipeline.transfer import prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
 from services.storage.intermediates import load_intermediate
+from services.storage.keys import tile_keys
 
 log = logging.getLogger(__name__)
 StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its metadata)
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    """Which of a strip's results (their keys) also get their TIFF tiles compressed on the GPU
+    (:mod:`services.pipeline.tiles`), with nvCOMP's deflate ``level`` (algorithm type): the spaces a full-size
+    16-bit deflate TIFF is written from. Ignored on a worker without CUDA or nvCOMP (the writer compresses)."""
+
+    results: tuple[str, ...] = ()
+    level: int = 2
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ class StripShard:
     source: str
     normalized: bool = False
     space_outs: tuple[str, ...] = ()  # where the result in each of ``params.extra_spaces`` goes, in order
+    tiles: TileSpec = TileSpec()
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,7 @@ class StackStripShard:
     groups: tuple[str, ...]
     pixel_shift: bool
     space_outs: tuple[str, ...] = ()  # as for StripShard
+    tiles: TileSpec = TileSpec()
 
 
 @dataclass(frozen=True)
@@ -96,30 +110,32 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
         return shard.out
     if isinstance(shard, StackStripShard):
         groups = [load_accumulator(storage, shard.job_id, key) for key in shard.groups]
-        width = groups[0].shape[2]
+        width, height = groups[0].shape[2], groups[0].shape[1]
 
         def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None) -> None:
             render_stack_strip_spaces(groups, y0, y1, shard.params, device=device, pixel_shift=shard.pixel_shift,
                                       into=into, ready=ready)
     else:
         source = load_intermediate(storage, shard.job_id, shard.source)
-        width = source.shape[1]
+        width, height = source.shape[1], source.shape[0]
 
         def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None) -> None:
             render_strip_spaces(source, y0, y1, shard.params, device=device, normalized=shard.normalized, into=into,
                                 ready=ready)
-    _write_rows(storage, shard, width, render)
+    _write_rows(storage, shard, width, height, render, device)
     return shard.out
 
 
 Render = Callable[[int, int, list[np.ndarray], Callable[[], object] | None], None]
 
 
-def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: int, render: Render) -> None:
+def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: int, height: int, render: Render,
+                device: str) -> None:
     """Render the strip straight into the memory-mapped ``.npy`` files it publishes (one per output space): the
     device downloads its rows through the pinned slots into the maps, whose pages are touched on threads while
     the device computes (``prefault``), so no second copy of the rows is made on the host. The extra spaces are
-    published first: the primary result's key is the one a reader checks for the whole shard."""
+    published first: the primary result's key is the one a reader checks for the whole shard. So are the GPU-compressed
+    TIFF tiles of the results ``shard.tiles`` names (where this worker can make them)."""
     keys = [shard.out, *shard.space_outs]
     if len(keys) != len(shard.params.spaces):
         raise ValueError(f"{len(shard.params.spaces)} output spaces for {len(keys)} result keys")
@@ -128,6 +144,25 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
         outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
         waits = [prefault(out) for out in outs]
         split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits])
+        if shard.tiles.results and tiles.gpu_available(device):
+            for key, out in zip(keys, outs, strict=True):
+                if key in shard.tiles.results:
+                    _write_tiles(storage, key, out, shard.y0, height, device, shard.tiles.level)
+
+
+def _write_tiles(storage: Storage, key: str, rows: np.ndarray, y0: int, height: int, device: str, level: int) -> None:
+    """The strip's TIFF tiles, compressed on the GPU, beside its result (index published last). A failure costs
+    only the speed: the writer compresses what has no tiles."""
+    try:
+        blob, index = tiles.gpu_tile_streams(rows, y0, height, device, level)
+    except Exception:  # noqa: BLE001 - an nvCOMP or driver error: the CPU writer takes these tiles
+        log.exception("GPU tile compression failed for %s; the TIFF writer compresses them", key)
+        return
+    blob_key, index_key = tile_keys(key)
+    with storage.array_writer(blob_key, blob.shape, np.uint8, durable=False) as out:
+        out[:] = blob
+    with storage.array_writer(index_key, index.shape, np.int64, durable=False) as out:
+        out[:] = index
 
 
 def load_accumulator(storage: Storage, job_id: str, key: str) -> np.ndarray:

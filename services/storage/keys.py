@@ -5,6 +5,7 @@ jobs/<id>/frames/NN_<name>          uploads (durable)
 jobs/<id>/raw/NN.npy                decoded mosaics (intermediate)
 jobs/<id>/p<phase>/<kind>_NNN.npy   shard results: strips, frame-group accumulators (intermediate)
 jobs/<id>/p<phase>/strip_NNN.<space>.npy  a strip in a further output space (a job whose recipes need several)
+jobs/<id>/p<phase>/strip_NNN[.<space>].tiles.npy / .tidx.npy  its TIFF tiles compressed on the GPU, their index
 jobs/<id>/out/<name>                outputs (durable)
 jobs/<id>/preview.jpg               the JPEG preview (durable; fast at ingest, replaced at finalize)
 ```
@@ -38,6 +39,12 @@ def shard_key(job_id: str, phase: int, kind: str, index: int) -> str:
 def space_shard_key(job_id: str, phase: int, kind: str, index: int, space: str) -> str:
     """The result of strip ``index`` of ``phase`` in the further output space ``space``."""
     return f"jobs/{job_id}/p{phase}/{kind}_{index:03d}.{space}.npy"
+
+
+def tile_keys(result_key: str) -> tuple[str, str]:
+    """Where a strip result's GPU-compressed TIFF tiles (uint8 streams) and their index (int64) are kept."""
+    stem = result_key.removesuffix(".npy")
+    return f"{stem}.tiles.npy", f"{stem}.tidx.npy"
 
 
 def output_key(job_id: str, name: str) -> str:

@@ -1,0 +1,177 @@
+"""TIFF tiles compressed on the GPU: the horizontal predictor and deflate (nvCOMP) for a rendered strip, so the
+16-bit TIFF's encode (the longest CPU step of a job: about 9 core-seconds for an 80 MP frame with libdeflate)
+leaves the CPU.
+
+A strip's tile rows that lie wholly inside it (and the image's last, partial one) are cut into
+``TILE_H x TILE_W`` tiles (edge tiles zero-padded, as TIFF stores them), each put through TIFF Predictor 2
+(each sample minus the same sample of the pixel to its left, per tile row) and compressed into one zlib stream
+(RFC 1950: a 2-byte header, nvCOMP's raw deflate, the Adler-32 of the tile, computed on the GPU too): the
+stream a TIFF reader inflates for Compression 8 (Adobe deflate). Tiles are small enough (48 KiB) for one
+nvCOMP deflate chunk. Tile rows that straddle two strips are compressed by the writer on the CPU.
+
+The result is two intermediates beside the strip (:func:`services.storage.keys.tile_keys`): the streams back to
+back (uint8) and an index: ``[TILE_H, TILE_W, first tile row, tile rows, tiles per row, offsets...]`` (int64,
+one offset per tile and the end). :func:`cpu_tile_streams` makes the same container with libdeflate (tests, and
+the reference the GPU output is checked against). Pixels are identical either way; the bytes differ by encoder.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+TILE_H, TILE_W = 64, 128  # 64 x 128 x 3 x 2 bytes = 48 KiB: one nvCOMP deflate chunk (<= 64 KiB)
+HEADER = 5  # index entries before the offsets
+_ADLER = 65521
+_ZLIB_HEADER = b"\x78\x01"  # deflate, 32 KiB window, fastest-compression flag (header check bits valid)
+_CHUNK = 24  # tile rows per nvCOMP call: 1536 image rows
+
+
+def tile_rows_in(y0: int, y1: int, height: int) -> range:
+    """The tile rows (indices) a strip of rows ``[y0, y1)`` of an image ``height`` rows tall holds whole: those
+    inside it, and the last (partial) tile row of the image when the strip ends the image."""
+    first = -(-y0 // TILE_H)
+    last = y1 // TILE_H if y1 < height else -(-height // TILE_H)
+    return range(first, max(first, last))
+
+
+def _tiled(rows: torch.Tensor, tile_rows: range, y0: int) -> torch.Tensor:
+    """(rows, W, 3) uint16 (as int32) -> (n, TILE_H, TILE_W, 3) int32 tiles of ``tile_rows``, zero-padded, with
+    the horizontal predictor applied (mod 2**16)."""
+    width = rows.shape[1]
+    top, bottom = tile_rows.start * TILE_H - y0, tile_rows.stop * TILE_H - y0
+    tx = -(-width // TILE_W)
+    block = torch.zeros((bottom - top, tx * TILE_W, 3), dtype=torch.int32, device=rows.device)
+    avail = min(bottom, rows.shape[0]) - top
+    block[:avail, :width] = rows[top : top + avail]
+    tiles = block.view(len(tile_rows), TILE_H, tx, TILE_W, 3).permute(0, 2, 1, 3, 4).reshape(-1, TILE_H, TILE_W, 3)
+    diff = tiles.clone()
+    diff[:, :, 1:] -= tiles[:, :, :-1]
+    return diff & 0xFFFF
+
+
+def _adler32(tile_bytes: torch.Tensor) -> torch.Tensor:
+    """Adler-32 of each row of ``tile_bytes`` ((n, L) uint8 on any device) as int64, in chunks of tiles."""
+    n, length = tile_bytes.shape
+    weights = torch.arange(length, 0, -1, dtype=torch.int64, device=tile_bytes.device)  # L - i
+    out = torch.empty(n, dtype=torch.int64, device=tile_bytes.device)
+    for i in range(0, n, 512):
+        b = tile_bytes[i : i + 512].to(torch.int64)
+        a = (1 + b.sum(dim=1)) % _ADLER
+        s = (length + (b * weights).sum(dim=1)) % _ADLER
+        out[i : i + 512] = (s << 16) | a
+    return out
+
+
+def _to_bytes(tiles: torch.Tensor) -> torch.Tensor:
+    """(n, TILE_H, TILE_W, 3) predictor output -> (n, L) uint8: each tile's little-endian uint16 samples."""
+    lo = (tiles & 0xFF).to(torch.uint8)
+    hi = (tiles >> 8).to(torch.uint8)
+    return torch.stack((lo, hi), dim=-1).reshape(tiles.shape[0], -1)
+
+
+def _container(streams: list[bytes], tile_rows: range, per_row: int) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(streams) + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in streams], out=offsets[1:])
+    index = np.concatenate([np.array([TILE_H, TILE_W, tile_rows.start, len(tile_rows), per_row], np.int64), offsets])
+    return np.frombuffer(b"".join(streams), dtype=np.uint8), index
+
+
+def cpu_tile_streams(rows: np.ndarray, y0: int, height: int, level: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The container of :func:`gpu_tile_streams`, made on the CPU with zlib-format libdeflate (tests, reference)."""
+    import imagecodecs
+
+    tile_rows = tile_rows_in(y0, y0 + rows.shape[0], height)
+    per_row = -(-rows.shape[1] // TILE_W)
+    if not len(tile_rows):
+        return _container([], tile_rows, per_row)
+    tiles = _tiled(torch.from_numpy(np.ascontiguousarray(rows)).to(torch.int32), tile_rows, y0)
+    data = _to_bytes(tiles).numpy()
+    streams = [bytes(imagecodecs.deflate_encode(t, level=level)) for t in data]
+    return _container(streams, tile_rows, per_row)
+
+
+@lru_cache(maxsize=4)
+def _codec(device_index: int, algorithm_type: int) -> Any:
+    from nvidia import nvcomp  # type: ignore[import-not-found]  # optional: the GPU hosts' nvidia-nvcomp wheel
+
+    return nvcomp.Codec(algorithm="Deflate", algorithm_type=algorithm_type, device_id=device_index,
+                        bitstream_kind=nvcomp.BitstreamKind.RAW, uncomp_chunk_size=TILE_H * TILE_W * 6)
+
+
+def gpu_available(device: str) -> bool:
+    """Whether tiles can be compressed on ``device``: a CUDA device and nvCOMP importable."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return False
+    try:
+        from nvidia import nvcomp  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gpu_tile_streams(rows: np.ndarray | torch.Tensor, y0: int, height: int, device: str, algorithm_type: int = 2
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The strip's whole tile rows (see the module) predicted and deflated on ``device`` with nvCOMP; returns
+    (streams, index). ``rows``: the strip's (rows, W, 3) uint16, on the host or already on the device. Works
+    through ``_CHUNK`` tile rows at a time (bounded device memory); one copy of the streams back to the host."""
+    from nvidia import nvcomp
+
+    dev = torch.device(device)
+    tile_rows = tile_rows_in(y0, y0 + rows.shape[0], height)
+    per_row = -(-rows.shape[1] // TILE_W)
+    if not len(tile_rows):
+        return _container([], tile_rows, per_row)
+    src = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
+    codec = _codec(dev.index or 0, algorithm_type)
+    raw: list[torch.Tensor] = []
+    adler: list[np.ndarray] = []
+    for first in range(tile_rows.start, tile_rows.stop, _CHUNK):
+        chunk = range(first, min(first + _CHUNK, tile_rows.stop))
+        top, bottom = chunk.start * TILE_H - y0, min(chunk.stop * TILE_H - y0, src.shape[0])
+        gpu = src[top:bottom].to(dev).to(torch.int32)
+        data = _to_bytes(_tiled(gpu, chunk, y0 + top)).contiguous()
+        adler.append(_adler32(data).cpu().numpy())
+        torch.cuda.synchronize(dev)  # nvCOMP runs on its own stream
+        encoded = codec.encode(nvcomp.as_arrays(list(data)))
+        torch.cuda.synchronize(dev)
+        raw.extend(torch.from_dlpack(e).view(torch.uint8).reshape(-1) for e in encoded)
+        del gpu, data
+    sizes = np.array([r.numel() for r in raw], dtype=np.int64) + len(_ZLIB_HEADER) + 4
+    flat = torch.cat(raw).cpu().numpy()
+    checks = np.concatenate(adler)
+    offsets = np.zeros(len(raw) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    blob = np.empty(int(offsets[-1]), dtype=np.uint8)
+    src_at = 0
+    for i, size in enumerate(sizes):
+        at, n = int(offsets[i]), int(size) - 6
+        blob[at : at + 2] = (0x78, 0x01)
+        blob[at + 2 : at + 2 + n] = flat[src_at : src_at + n]
+        blob[at + 2 + n : at + 6 + n] = np.frombuffer(int(checks[i]).to_bytes(4, "big"), dtype=np.uint8)
+        src_at += n
+    index = np.concatenate([np.array([TILE_H, TILE_W, tile_rows.start, len(tile_rows), per_row], np.int64),
+                            offsets])
+    return blob, index
+
+
+def check_streams(blob: np.ndarray, index: np.ndarray, rows: np.ndarray, y0: int, sample: int = 8) -> None:
+    """Inflate ``sample`` tiles of a container and compare them with ``rows``' predicted tiles (GPU checks)."""
+    tile_rows = range(int(index[2]), int(index[2] + index[3]))
+    tiles = _to_bytes(_tiled(torch.from_numpy(np.ascontiguousarray(rows)).to(torch.int32), tile_rows, y0)).numpy()
+    offsets = index[HEADER:]
+    for i in np.linspace(0, len(tiles) - 1, min(sample, len(tiles))).astype(int):
+        got = zlib.decompress(bytes(blob[offsets[i] : offsets[i + 1]]))
+        if got != tiles[i].tobytes():
+            raise AssertionError(f"tile {i} does not inflate to its predicted samples")
+
+
+__all__ = ["HEADER", "TILE_H", "TILE_W", "check_streams", "cpu_tile_streams", "gpu_available", "gpu_tile_streams",
+           "tile_rows_in"]

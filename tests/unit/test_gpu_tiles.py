@@ -1,0 +1,78 @@
+"""TIFF tiles compressed beside the strips (services.pipeline.tiles) and written by the TIFF writer: the
+container's layout, the Adler-32 the GPU path computes, and TIFFs mixing stored tiles with tiles the writer
+compresses (strip boundaries off the tile grid). The nvCOMP path itself needs a GPU (scripts/gpu/check_tiles.py)."""
+
+from __future__ import annotations
+
+import io
+import zlib
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from services.export.tiff import write_tiff
+from services.pipeline import tiles
+from services.storage.local import LocalStorage
+
+
+def _image(h: int, w: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = np.linspace(0, 40000, w, dtype=np.float64)[None, :, None] + np.linspace(0, 9000, h)[:, None, None]
+    return (base + rng.normal(0, 300, (h, w, 3))).clip(0, 65535).astype(np.uint16)
+
+
+@pytest.mark.parametrize(("y0", "y1", "height", "expected"), [
+    (0, 64, 200, range(0, 1)), (0, 63, 200, range(0, 0)), (10, 140, 200, range(1, 2)),
+    (128, 200, 200, range(2, 4)), (0, 200, 200, range(0, 4)), (130, 190, 200, range(3, 3)),
+])
+def test_a_strip_holds_the_tile_rows_wholly_inside_it_and_the_images_last(y0, y1, height, expected) -> None:
+    assert tiles.tile_rows_in(y0, y1, height) == expected
+
+
+def test_adler32_matches_zlib() -> None:
+    data = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (5, 49152), dtype=np.uint8))
+    got = tiles._adler32(data).numpy()
+    assert [int(v) for v in got] == [zlib.adler32(bytes(row.numpy())) for row in data]
+
+
+def test_a_container_inflates_to_the_predicted_tiles() -> None:
+    img = _image(150, 300)
+    blob, index = tiles.cpu_tile_streams(img[20:150], 20, 150)
+    assert list(index[:5]) == [tiles.TILE_H, tiles.TILE_W, 1, 2, 3]
+    assert len(index) == tiles.HEADER + 2 * 3 + 1 and index[-1] == blob.size
+    tiles.check_streams(blob, index, img[20:150], 20, sample=6)
+
+
+@pytest.mark.parametrize("cuts", [[0, 200], [0, 64, 200], [0, 90, 130, 200]])
+def test_a_tiff_of_stored_and_writer_compressed_tiles_reads_back_exact(tmp_path, cuts) -> None:
+    img = _image(200, 300, seed=3)
+    bands = [(a, img[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    pretiled = [tiles.cpu_tile_streams(rows, a, img.shape[0]) for a, rows in bands]
+    storage = LocalStorage(tmp_path)
+    write_tiff(storage, "a.tif", bands, compression="deflate", pretiled=[p for p in pretiled if p[1][3] > 0])
+    with storage.open("a.tif") as f, tifffile.TiffFile(io.BytesIO(f.read())) as tif:
+        page = tif.pages[0]
+        assert (page.tilelength, page.tilewidth) == (tiles.TILE_H, tiles.TILE_W)
+        assert page.compression == 8 and page.predictor == 2
+        np.testing.assert_array_equal(page.asarray(), img)
+
+
+def test_without_stored_tiles_the_writer_keeps_its_own_tiles(tmp_path) -> None:
+    img = _image(100, 100, seed=4)
+    storage = LocalStorage(tmp_path)
+    write_tiff(storage, "b.tif", [(0, img)], compression="deflate")
+    with storage.open("b.tif") as f, tifffile.TiffFile(io.BytesIO(f.read())) as tif:
+        assert tif.pages[0].tilelength == 256
+        np.testing.assert_array_equal(tif.pages[0].asarray(), img)
+
+
+def test_tiles_are_asked_for_only_for_full_size_16_bit_deflate_tiffs() -> None:
+    from services.export.recipes import resolve_recipes
+    from services.jobs.plan import tile_plan
+
+    recipes = resolve_recipes(["tiff16", "jpeg-proof"])
+    assert tile_plan(recipes, True) == (recipes[0].colour_space,)
+    assert tile_plan(recipes, False) == ()
+    assert tile_plan(resolve_recipes(["jpeg-proof"]), True) == ()
