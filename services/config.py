@@ -115,9 +115,10 @@ class Settings(BaseSettings):
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")
-    gpu_deflate: bool = Field(
-        default=True, description="Compress the tiles of 16-bit deflate TIFFs on the GPU workers (nvCOMP, where the "
-                                  "nvidia-nvcomp wheel is installed); the CPU compresses what they do not.")
+    gpu_encode: bool = Field(
+        default=True, description="GPU workers also compress the tiles of 16-bit deflate TIFFs (nvCOMP, where the "
+                                  "nvidia-nvcomp wheel is installed) and bin resized outputs in linear light; the "
+                                  "CPU writer does what they do not.")
     gpu_deflate_level: int = Field(default=2, ge=0, le=5, description="nvCOMP deflate algorithm type (0-5).")
     recipes_file: Path | None = Field(
         default=None, description="A studio's recipes (TOML, docs/RECIPES.md), added to the built-in ones."

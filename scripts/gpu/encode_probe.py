@@ -68,7 +68,7 @@ def main() -> None:
             ts.append(time.perf_counter() - t0)
         rows.append({"what": f"proof resize 1600 px, CPU, torch threads {nt}", "s": min(ts), "ratio": None})
     if torch.cuda.is_available():
-        from services.export.derive import _decode_lut
+        from services.pipeline.binning import decode_lut as _decode_lut
         lut = _decode_lut("srgb").cuda()
         ts = []
         for _ in range(3):

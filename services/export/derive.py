@@ -9,14 +9,15 @@ keeps its size). Pure torch on the CPU, band by band: no whole float image is he
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from services.export.tiff import Bands
-from services.pipeline.ops import decode_transfer, encode_transfer, sharpen, to_uint16
+from services.pipeline.binning import binned
+from services.pipeline.ops import encode_transfer, sharpen, to_uint16
 
 OUTPUT_SHARPEN_SIGMA = 0.8
 _ROWS = 512  # decode/encode in chunks of rows: fewer float temporaries of a whole image
@@ -46,36 +47,43 @@ def fit_long_edge(height: int, width: int, long_edge: int) -> tuple[int, int]:
     return max(1, round(height * scale)), max(1, round(width * scale))
 
 
-@lru_cache(maxsize=8)
-def _decode_lut(transfer: str) -> torch.Tensor:
-    """uint16 code -> linear light float32 for ``transfer``, all 65536 codes (the per-pixel decode as a lookup)."""
-    return decode_transfer(torch.arange(65536, dtype=torch.float32) / 65535.0, transfer).contiguous()
-
-
 def box_factor(height: int, width: int, h: int, w: int) -> int:
     """The integer box-binning done before the final filter: as much as leaves it at least a 2x reduction (an
     area average in linear light is an exact antialiasing step; the filter then only does the last factor)."""
     return max(1, int(min(height / max(h, 1), width / max(w, 1)) // 2))
 
 
-def _linear_binned(bands: Bands, transfer: str, k: int) -> torch.Tensor:
+PreBinned = Sequence[tuple[int, np.ndarray]]  # (first bin row, (n, W // k, 3) float32) made beside the strips
+
+
+def _linear_binned(bands: Bands, transfer: str, k: int, prebinned: PreBinned = ()) -> torch.Tensor:
     """The image of ``bands`` ((rows, W, 3) uint16 codes) in linear light, box-binned by ``k``: (1, 3, H//k, W//k)
-    float32. Decoded through a lookup, band by band in chunks of rows (never a whole float image)."""
-    lut = _decode_lut(transfer)
+    float32. Bin rows already made (``prebinned``, by the GPU workers) are taken as they are; the rest are decoded
+    through a lookup, band by band in chunks of rows (never a whole float image)."""
     rows = [np.asarray(b) for _, b in bands]
     height, width = sum(r.shape[0] for r in rows), rows[0].shape[1]
     hk, wk = height // k, width // k
     out = torch.empty((1, 3, hk, wk), dtype=torch.float32)
-    step = max(k, _ROWS // k * k)
+    have = np.zeros(hk, dtype=bool)
+    for first, made in prebinned:
+        n = min(made.shape[0], hk - first)
+        if n > 0 and made.shape[1] == wk:
+            out[0, :, first : first + n] = torch.from_numpy(np.asarray(made[:n])).permute(2, 0, 1)
+            have[first : first + n] = True
     stitched = rows[0] if len(rows) == 1 else None
-    for y0 in range(0, hk * k, step):
-        y1 = min(y0 + step, hk * k)
-        chunk = stitched[y0:y1] if stitched is not None else _rows_of(rows, y0, y1)
-        codes = torch.from_numpy(np.ascontiguousarray(chunk[:, : wk * k])).to(torch.int64)  # (rows, W, 3)
-        lin = lut[codes]  # (rows, W, 3) linear light
-        if k > 1:  # the k x k box mean, on the interleaved layout (no transposed copy)
-            lin = lin.view((y1 - y0) // k, k, wk, k, 3).mean(dim=(1, 3))
-        out[0, :, y0 // k : y1 // k] = lin.permute(2, 0, 1)
+    j = 0
+    while j < hk:  # each run of bin rows still missing
+        if have[j]:
+            j += 1
+            continue
+        j1 = j
+        while j1 < hk and not have[j1]:
+            j1 += 1
+        for a in range(j, j1, max(1, _ROWS // k)):
+            b = min(a + max(1, _ROWS // k), j1)
+            chunk = stitched[a * k : b * k] if stitched is not None else _rows_of(rows, a * k, b * k)
+            out[0, :, a:b] = torch.from_numpy(binned(chunk, a * k, k, transfer, bins=range(a, b))).permute(2, 0, 1)
+        j = j1
     return out
 
 
@@ -91,17 +99,19 @@ def _rows_of(rows: list[np.ndarray], y0: int, y1: int) -> np.ndarray:
 
 
 @torch.inference_mode()
-def resize_linear(bands: Bands | np.ndarray, long_edge: int, transfer: str, sharpen_amount: float = 0.0
-                  ) -> torch.Tensor:
+def resize_linear(bands: Bands | np.ndarray, long_edge: int, transfer: str, sharpen_amount: float = 0.0,
+                  prebinned: Mapping[int, PreBinned] | None = None) -> torch.Tensor:
     """Resize an image of ``transfer``-encoded uint16 codes (its row bands, or one (H, W, 3) array) to
     ``long_edge`` in linear light: box-binned by an integer factor, then a bicubic filter with antialiasing for
-    the rest; optional output sharpening. Returns the encoded result (1, 3, h, w) float32 in [0, 1]."""
+    the rest; optional output sharpening. Returns the encoded result (1, 3, h, w) float32 in [0, 1].
+    ``prebinned``: bins by factor already made beside the strips (:mod:`services.pipeline.binning`)."""
     if isinstance(bands, np.ndarray):
         bands = [(0, bands)]
     rows = [np.asarray(b) for _, b in bands]
     height, width = sum(r.shape[0] for r in rows), rows[0].shape[1]
     h, w = fit_long_edge(height, width, long_edge)
-    x = _linear_binned(bands, transfer, box_factor(height, width, h, w))
+    k = box_factor(height, width, h, w)
+    x = _linear_binned(bands, transfer, k, (prebinned or {}).get(k, ()))
     if (h, w) != tuple(x.shape[-2:]):
         x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True, align_corners=False)
     x = encode_transfer(x.clamp(0.0, 1.0), transfer)
@@ -119,9 +129,9 @@ def quantise(x: torch.Tensor, bits: int) -> np.ndarray:
 
 
 def derive_bands(bands: Bands, *, bits: int, long_edge: int | None, transfer: str,
-                 sharpen_amount: float = 0.0) -> Bands:
+                 sharpen_amount: float = 0.0, prebinned: Mapping[int, PreBinned] | None = None) -> Bands:
     """The bands a recipe writes, from the 16-bit render of its space: as they are (16-bit, full size), as
     8-bit codes, or resized in linear light (one band)."""
     if long_edge is None:
         return bands if bits == 16 else bands_8bit(bands)
-    return [(0, quantise(resize_linear(bands, long_edge, transfer, sharpen_amount), bits))]
+    return [(0, quantise(resize_linear(bands, long_edge, transfer, sharpen_amount, prebinned), bits))]

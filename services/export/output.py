@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.export.derive import derive_bands, stitch
+from services.export.derive import PreBinned, derive_bands, stitch
 from services.export.images import write_jpeg, write_png
 from services.export.metadata import OutputMetadata, tiff_tags
 from services.export.naming import NameTokens, render_name, unique_names
@@ -38,12 +38,14 @@ def output_names(recipes: Sequence[Recipe], tokens: NameTokens) -> list[str]:
 
 
 def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta: OutputMetadata, *,
-                 threads: int = 0, pretiled: PreTiled = ()) -> tuple[str, int]:
+                 threads: int = 0, pretiled: PreTiled = (), prebinned: Mapping[int, PreBinned] | None = None
+                 ) -> tuple[str, int]:
     """Encode one recipe's file from the 16-bit bands of its colour space; returns (sha256, bytes). ``pretiled``:
-    the space's GPU-compressed deflate tiles, used by a full-size 16-bit deflate TIFF."""
+    the space's GPU-compressed deflate tiles, used by a full-size 16-bit deflate TIFF; ``prebinned``: its
+    linear-light bins by factor, used by a resized output."""
     space = recipe.colour_space
     out = derive_bands(bands, bits=recipe.bits, long_edge=recipe.long_edge,
-                       transfer=output_space(space).transfer, sharpen_amount=recipe.sharpen)
+                       transfer=output_space(space).transfer, sharpen_amount=recipe.sharpen, prebinned=prebinned)
     stamped = OutputMetadata(meta.capture, meta.original_name, recipe.ppi, meta.software)
     if recipe.format == Format.TIFF:
         return write_tiff(storage, key, out, colour_space=space, compression=recipe.compression.value,
@@ -59,7 +61,8 @@ def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta:
 
 def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], recipes: Sequence[Recipe],
                   tokens: NameTokens, meta: OutputMetadata, *, threads: int = 0,
-                  pretiled: Mapping[str, PreTiled] | None = None) -> list[WrittenOutput]:
+                  pretiled: Mapping[str, PreTiled] | None = None,
+                  prebinned: Mapping[str, Mapping[int, PreBinned]] | None = None) -> list[WrittenOutput]:
     """Write every recipe's file into the job's output folder, atomically and durably, from ``spaces`` (the
     16-bit bands of each colour space the recipes need); one :class:`WrittenOutput` per recipe, in order."""
     written = []
@@ -69,6 +72,7 @@ def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], re
                              f"{', '.join(spaces)}")
         key = output_key(job_id, name)
         sha, size = write_recipe(storage, key, spaces[recipe.colour_space], recipe, meta, threads=threads,
-                                 pretiled=(pretiled or {}).get(recipe.colour_space, ()))
+                                 pretiled=(pretiled or {}).get(recipe.colour_space, ()),
+                                 prebinned=(prebinned or {}).get(recipe.colour_space))
         written.append(WrittenOutput(name, key, sha, size, recipe.name, recipe.media_type))
     return written

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,36 +22,48 @@ from services.export.metadata import OutputMetadata
 from services.export.naming import NameTokens
 from services.export.output import WrittenOutput, write_outputs
 from services.export.recipes import resolve_recipes
-from services.export.tiff import Bands, PreTiled
 from services.jobs.plan import JobPlan, strip_keys
 from services.jobs.previews import final_preview
 from services.jobs.states import ACTIVE, JobStatus, Stage
 from services.raw.meta import CaptureInfo
 from services.storage import Storage
 from services.storage.intermediates import load_intermediate, remove_intermediates
-from services.storage.keys import tile_keys
+from services.storage.keys import bin_key, tile_keys
 
 log = logging.getLogger(__name__)
 
 
-def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard]
-                 ) -> tuple[dict[str, Bands], dict[str, PreTiled]]:
+@dataclass
+class _Strips:
+    """The last phase's results per output space, with what the GPU workers made beside them."""
+
+    bands: dict[str, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
+    pretiled: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # TIFF tiles
+    prebinned: dict[str, dict[int, list[tuple[int, np.ndarray]]]] = field(default_factory=dict)  # proof bins
+
+
+def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard]) -> _Strips:
     """The last phase's strips of every output space, memory-mapped (tiles are cut from them, no stitched copy),
-    and the TIFF tiles the GPU compressed beside them (per space, the strips that have them)."""
-    spaces: dict[str, list[tuple[int, np.ndarray]]] = {}
-    pretiled: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    and the TIFF tiles and linear-light bins the GPU made beside them (per space, the strips that have them)."""
+    found = _Strips()
+    spaces = found.bands
     for s in strips:
+        y0 = int(s.payload["y0"])
         for space, key in strip_keys(job.id, plan.render, s.phase, s.kind, s.index).items():
-            spaces.setdefault(space, []).append((int(s.payload["y0"]), load_intermediate(storage, job.id, key)))
+            spaces.setdefault(space, []).append((y0, load_intermediate(storage, job.id, key)))
             blob_key, index_key = tile_keys(key)
             if storage.exists(index_key):
-                pretiled.setdefault(space, []).append((load_intermediate(storage, job.id, blob_key),
-                                                       load_intermediate(storage, job.id, index_key)))
+                found.pretiled.setdefault(space, []).append((load_intermediate(storage, job.id, blob_key),
+                                                             load_intermediate(storage, job.id, index_key)))
+            for bin_space, k in plan.bin_specs:
+                if bin_space == space and storage.exists(bin_key(key, k)):
+                    found.prebinned.setdefault(space, {}).setdefault(k, []).append(
+                        (-(-y0 // k), load_intermediate(storage, job.id, bin_key(key, k))))
     for space, bands in spaces.items():
         covered = sum(rows.shape[0] for _, rows in bands)
         if covered != plan.height:  # the writer checks their widths and order
             raise ValueError(f"{space} strips cover {covered} of the image's {plan.height} rows")
-    return dict(spaces), dict(pretiled)
+    return found
 
 
 def _name_tokens(session: Session, job: Job, capture: CaptureInfo) -> NameTokens:
@@ -86,7 +99,8 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     plan = JobPlan.from_params(job.params)
     strips = list(session.scalars(select(Shard).where(Shard.job_id == job_id, Shard.phase == len(plan.phases) - 1)
                                   .order_by(Shard.index)))
-    spaces, pretiled = _space_bands(storage, job, plan, strips)
+    found = _space_bands(storage, job, plan, strips)
+    spaces = found.bands
     t0 = time.perf_counter()
     recipes = resolve_recipes(job_recipes(job))
     naming = job.params.get("naming")
@@ -95,7 +109,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     capture = plan.frames[0].capture or CaptureInfo(make=plan.frames[0].make, model=plan.frames[0].model)
     outs = write_outputs(storage, job_id, spaces, recipes, _name_tokens(session, job, capture),
                          OutputMetadata(capture, job.frames[0].name), threads=settings.tiff_threads,
-                         pretiled=pretiled)
+                         pretiled=found.pretiled, prebinned=found.prebinned)
     _record_outputs(session, job_id, outs)
     timings = {**job.params.get("timings", {}), "encode_s": round(time.perf_counter() - t0, 4)}
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(

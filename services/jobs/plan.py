@@ -11,9 +11,11 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from services.export.derive import box_factor, fit_long_edge
 from services.export.recipes import Compression, Format, Recipe
 from services.pipeline.render import RenderParams
-from services.pipeline.shards import FrameGroupShard, ShardInput, StackStripShard, StripShard, TileSpec
+from services.pipeline.shards import FrameGroupShard, PreEncode, ShardInput, StackStripShard, StripShard
+from services.raw.colour import output_space
 from services.raw.meta import RawMeta
 from services.storage.keys import raw_key, shard_key, space_shard_key
 
@@ -89,7 +91,7 @@ class ShardPayload:
 
 # What ingest adds to a job's params (removed again when the job starts over).
 PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings",
-                "tile_spaces", "tile_level")
+                "tile_spaces", "tile_level", "bin_specs")
 # The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
 # (5|6, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators). A worker
 # meeting a plan of another version raises IntermediateLost: the job starts over from its uploads with the new
@@ -111,6 +113,7 @@ class JobPlan:
     gpu_memory_mb: int = 0  # the smallest live GPU worker's memory budget at ingest (0: unknown, CPU workers)
     tile_spaces: tuple[str, ...] = ()  # spaces whose strips also get GPU-compressed TIFF tiles (:func:`tile_plan`)
     tile_level: int = 2  # nvCOMP's deflate algorithm type for them
+    bin_specs: tuple[tuple[str, int], ...] = ()  # (space, factor): linear-light bins made on the GPU (:func:`bin_plan`)
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
     version: int = PLAN_VERSION  # the layout version of the plan, its payloads and intermediates
 
@@ -130,6 +133,7 @@ class JobPlan:
             "gpu_memory_mb": self.gpu_memory_mb,
             "plan_version": self.version,
             **({"tile_spaces": list(self.tile_spaces), "tile_level": self.tile_level} if self.tile_spaces else {}),
+            **({"bin_specs": [list(b) for b in self.bin_specs]} if self.bin_specs else {}),
         }
 
     @classmethod
@@ -148,6 +152,7 @@ class JobPlan:
             gpu_memory_mb=int(params.get("gpu_memory_mb", 0)),
             tile_spaces=tuple(params.get("tile_spaces") or ()),
             tile_level=int(params.get("tile_level", 2)),
+            bin_specs=tuple((str(s), int(k)) for s, k in params.get("bin_specs") or ()),
             extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
             version=int(params.get("plan_version", 1)),
         )
@@ -159,6 +164,19 @@ def tile_plan(recipes: Sequence[Recipe], gpu_deflate: bool) -> tuple[str, ...]:
     spaces = [r.colour_space for r in recipes if r.format == Format.TIFF and r.bits == 16 and r.long_edge is None
               and r.compression == Compression.DEFLATE]
     return tuple(dict.fromkeys(spaces)) if gpu_deflate else ()
+
+
+def bin_plan(recipes: Sequence[Recipe], height: int, width: int, gpu_encode: bool) -> tuple[tuple[str, int], ...]:
+    """The plan's ``bin_specs``: (space, factor) of every resized output's linear-light bins (the factor its
+    resize bins by, :func:`services.export.derive.box_factor`), made on the GPU beside the strips."""
+    specs = []
+    for r in recipes:
+        if r.long_edge is not None:
+            h, w = fit_long_edge(height, width, r.long_edge)
+            k = box_factor(height, width, h, w)
+            if k > 1:
+                specs.append((r.colour_space, k))
+    return tuple(dict.fromkeys(specs)) if gpu_encode else ()
 
 
 def is_planned(params: Mapping[str, Any]) -> bool:
@@ -186,15 +204,17 @@ def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: Sha
     params = replace(r, noise_shot=r.noise_shot * spec.noise_scale, noise_read=r.noise_read * spec.noise_scale)
     keys = strip_keys(job_id, plan.render, phase, spec.kind.value, index)
     extra = tuple(keys.values())[1:]
-    tiles = TileSpec(tuple(k for space, k in keys.items() if space in plan.tile_spaces), plan.tile_level)
+    ahead = PreEncode(tiles=tuple(k for space, k in keys.items() if space in plan.tile_spaces), level=plan.tile_level,
+                      bins=tuple((keys[space], k, output_space(space).transfer) for space, k in plan.bin_specs
+                                 if space in keys))
     if spec.groups_phase is not None:
         groups = tuple(shard_key(job_id, spec.groups_phase, ShardKind.FRAME_GROUP.value, i)
                        for i in range(payload.groups or 0))
         return StackStripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, groups=groups,
-                               pixel_shift=spec.pixel_shift, space_outs=extra, tiles=tiles)
+                               pixel_shift=spec.pixel_shift, space_outs=extra, ahead=ahead)
     assert spec.source is not None
     return StripShard(job_id=job_id, out=out, params=params, y0=payload.y0, y1=payload.y1, source=spec.source,
-                      normalized=spec.normalized, space_outs=extra, tiles=tiles)
+                      normalized=spec.normalized, space_outs=extra, ahead=ahead)
 
 
 def strip_keys(job_id: str, render: RenderParams, phase: int, kind: str, index: int) -> dict[str, str]:

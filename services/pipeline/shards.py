@@ -18,26 +18,30 @@ import torch
 
 from services.errors import IntermediateLost
 from services.pipeline import tiles
+from services.pipeline.binning import binned
 from services.pipeline.render import RenderParams, render_strip_spaces
 from services.pipeline.stack import ACCUMULATOR_CHANNELS, merge_frame_group, render_stack_strip_spaces
 from services.pipeline.transfer import prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
 from services.storage.intermediates import load_intermediate
-from services.storage.keys import tile_keys
+from services.storage.keys import bin_key, tile_keys
 
 log = logging.getLogger(__name__)
 StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its metadata)
 
 
 @dataclass(frozen=True)
-class TileSpec:
-    """Which of a strip's results (their keys) also get their TIFF tiles compressed on the GPU
-    (:mod:`services.pipeline.tiles`), with nvCOMP's deflate ``level`` (algorithm type): the spaces a full-size
-    16-bit deflate TIFF is written from. Ignored on a worker without CUDA or nvCOMP (the writer compresses)."""
+class PreEncode:
+    """Output work a GPU worker does beside a strip, for the writer: the TIFF tiles of ``tiles`` (result keys: the
+    spaces a full-size 16-bit deflate TIFF is written from) compressed with nvCOMP's deflate ``level``
+    (:mod:`services.pipeline.tiles`), and the linear-light bins of ``bins`` ((result key, factor, transfer): the
+    resized outputs, :mod:`services.pipeline.binning`). Tiles need a GPU with nvCOMP; what a worker does not make,
+    the writer does."""
 
-    results: tuple[str, ...] = ()
+    tiles: tuple[str, ...] = ()
     level: int = 2
+    bins: tuple[tuple[str, int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class StripShard:
     source: str
     normalized: bool = False
     space_outs: tuple[str, ...] = ()  # where the result in each of ``params.extra_spaces`` goes, in order
-    tiles: TileSpec = TileSpec()
+    ahead: PreEncode = PreEncode()
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class StackStripShard:
     groups: tuple[str, ...]
     pixel_shift: bool
     space_outs: tuple[str, ...] = ()  # as for StripShard
-    tiles: TileSpec = TileSpec()
+    ahead: PreEncode = PreEncode()
 
 
 @dataclass(frozen=True)
@@ -134,8 +138,8 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     """Render the strip straight into the memory-mapped ``.npy`` files it publishes (one per output space): the
     device downloads its rows through the pinned slots into the maps, whose pages are touched on threads while
     the device computes (``prefault``), so no second copy of the rows is made on the host. The extra spaces are
-    published first: the primary result's key is the one a reader checks for the whole shard. So are the GPU-compressed
-    TIFF tiles of the results ``shard.tiles`` names (where this worker can make them)."""
+    published first: the primary result's key is the one a reader checks for the whole shard. So is the output work
+    ``shard.ahead`` asks of a GPU worker (:class:`PreEncode`)."""
     keys = [shard.out, *shard.space_outs]
     if len(keys) != len(shard.params.spaces):
         raise ValueError(f"{len(shard.params.spaces)} output spaces for {len(keys)} result keys")
@@ -144,10 +148,22 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
         outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
         waits = [prefault(out) for out in outs]
         split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits])
-        if shard.tiles.results and tiles.gpu_available(device):
-            for key, out in zip(keys, outs, strict=True):
-                if key in shard.tiles.results:
-                    _write_tiles(storage, key, out, shard.y0, height, device, shard.tiles.level)
+        _pre_encode(storage, shard.ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device)
+
+
+def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarray], y0: int, height: int,
+                device: str) -> None:
+    """The writer's work this worker does for the strip's results: proof bins (on any device: the same code the
+    writer would run), then TIFF tiles (a GPU with nvCOMP only)."""
+    for key, k, transfer in ahead.bins:
+        if key in results:
+            rows = binned(results[key], y0, k, transfer, device)
+            with storage.array_writer(bin_key(key, k), rows.shape, np.float32, durable=False) as out:
+                out[:] = rows
+    if ahead.tiles and tiles.gpu_available(device):
+        for key in ahead.tiles:
+            if key in results:
+                _write_tiles(storage, key, results[key], y0, height, device, ahead.level)
 
 
 def _write_tiles(storage: Storage, key: str, rows: np.ndarray, y0: int, height: int, device: str, level: int) -> None:

@@ -106,6 +106,15 @@ def _codec(device_index: int, algorithm_type: int) -> Any:
                         bitstream_kind=nvcomp.BitstreamKind.RAW, uncomp_chunk_size=TILE_H * TILE_W * 6)
 
 
+class _Interface:
+    """Only the CUDA array interface of ``obj`` (a torch tensor, an nvCOMP array), kept alive with it: arrays
+    cross between torch and nvCOMP as views, never by DLPack (whose hand-over of ownership freed memory twice)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.__cuda_array_interface__ = obj.__cuda_array_interface__
+
+
 def gpu_available(device: str) -> bool:
     """Whether tiles can be compressed on ``device``: a CUDA device and nvCOMP importable."""
     if not device.startswith("cuda") or not torch.cuda.is_available():
@@ -140,9 +149,9 @@ def gpu_tile_streams(rows: np.ndarray | torch.Tensor, y0: int, height: int, devi
         data = _to_bytes(_tiled(gpu, chunk, y0 + top)).contiguous()
         adler.append(_adler32(data).cpu().numpy())
         torch.cuda.synchronize(dev)  # nvCOMP runs on its own stream
-        encoded = codec.encode(nvcomp.as_arrays(list(data)))
+        encoded = codec.encode([nvcomp.as_array(_Interface(t)) for t in data])
         torch.cuda.synchronize(dev)
-        raw.extend(torch.from_dlpack(e).view(torch.uint8).reshape(-1) for e in encoded)
+        raw.extend(torch.as_tensor(_Interface(e), device=dev).view(torch.uint8).reshape(-1) for e in encoded)
         del gpu, data
     sizes = np.array([r.numel() for r in raw], dtype=np.int64) + len(_ZLIB_HEADER) + 4
     flat = torch.cat(raw).cpu().numpy()

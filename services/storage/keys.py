@@ -6,6 +6,7 @@ jobs/<id>/raw/NN.npy                decoded mosaics (intermediate)
 jobs/<id>/p<phase>/<kind>_NNN.npy   shard results: strips, frame-group accumulators (intermediate)
 jobs/<id>/p<phase>/strip_NNN.<space>.npy  a strip in a further output space (a job whose recipes need several)
 jobs/<id>/p<phase>/strip_NNN[.<space>].tiles.npy / .tidx.npy  its TIFF tiles compressed on the GPU, their index
+jobs/<id>/p<phase>/strip_NNN[.<space>].bin<k>.npy  its linear-light k x k bins, made on the GPU (resized outputs)
 jobs/<id>/out/<name>                outputs (durable)
 jobs/<id>/preview.jpg               the JPEG preview (durable; fast at ingest, replaced at finalize)
 ```
@@ -45,6 +46,11 @@ def tile_keys(result_key: str) -> tuple[str, str]:
     """Where a strip result's GPU-compressed TIFF tiles (uint8 streams) and their index (int64) are kept."""
     stem = result_key.removesuffix(".npy")
     return f"{stem}.tiles.npy", f"{stem}.tidx.npy"
+
+
+def bin_key(result_key: str, factor: int) -> str:
+    """Where a strip result's linear-light bins by ``factor`` (float32, for resized outputs) are kept."""
+    return f"{result_key.removesuffix('.npy')}.bin{factor}.npy"
 
 
 def output_key(job_id: str, name: str) -> str:

@@ -76,3 +76,28 @@ def test_tiles_are_asked_for_only_for_full_size_16_bit_deflate_tiffs() -> None:
     assert tile_plan(recipes, True) == (recipes[0].colour_space,)
     assert tile_plan(recipes, False) == ()
     assert tile_plan(resolve_recipes(["jpeg-proof"]), True) == ()
+
+
+@pytest.mark.parametrize("cuts", [[0, 301], [0, 90, 200, 301]])
+def test_a_proof_from_bins_made_beside_the_strips_equals_the_one_the_writer_bins_itself(cuts) -> None:
+    from services.export.derive import box_factor, fit_long_edge, resize_linear
+    from services.pipeline.binning import bin_rows_in, binned
+
+    img = _image(301, 407, seed=5)
+    h, w = fit_long_edge(301, 407, 60)
+    k = box_factor(301, 407, h, w)
+    assert k == 3
+    bands = [(a, img[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    made = [(bin_rows_in(a, a + rows.shape[0], k).start, binned(rows, a, k, "srgb")) for a, rows in bands]
+    ref = resize_linear(bands, 60, "srgb")
+    np.testing.assert_array_equal(resize_linear(bands, 60, "srgb", prebinned={k: made}).numpy(), ref.numpy())
+    np.testing.assert_array_equal(resize_linear(bands, 60, "srgb", prebinned={k: made[:1]}).numpy(), ref.numpy())
+
+
+def test_bins_are_planned_for_resized_outputs_only() -> None:
+    from services.export.recipes import resolve_recipes
+    from services.jobs.plan import bin_plan
+
+    recipes = resolve_recipes(["tiff16", "jpeg-proof"])
+    assert bin_plan(recipes, 7728, 10304, True) == ((recipes[1].colour_space, 3),)
+    assert bin_plan(recipes, 7728, 10304, False) == () and bin_plan(recipes[:1], 7728, 10304, True) == ()
