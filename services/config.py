@@ -116,9 +116,12 @@ class Settings(BaseSettings):
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")
     gpu_encode: bool = Field(
-        default=True, description="GPU workers also compress the tiles of 16-bit deflate TIFFs (nvCOMP, where the "
-                                  "nvidia-nvcomp wheel is installed) and bin resized outputs in linear light; the "
-                                  "CPU writer does what they do not.")
+        default=True, description="Workers bin resized outputs (proofs) in linear light beside each strip they "
+                                  "render; the writer bins only rows that straddle two strips.")
+    gpu_deflate: bool = Field(
+        default=False, description="Experimental, not yet verified on a GPU host: GPU workers also compress the "
+                                   "tiles of 16-bit deflate TIFFs with nvCOMP (the nvidia-nvcomp wheel); check a "
+                                   "host with scripts/gpu/check_tiles.py before turning it on.")
     gpu_deflate_level: int = Field(default=2, ge=0, le=5, description="nvCOMP deflate algorithm type (0-5).")
     recipes_file: Path | None = Field(
         default=None, description="A studio's recipes (TOML, docs/RECIPES.md), added to the built-in ones."

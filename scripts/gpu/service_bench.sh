@@ -8,7 +8,7 @@ mkdir -p "$OUT"
 DATA=$(mktemp -d /tmp/strata-svc-XXXX)
 python3 -m cli.main serve --port 8765 --data-dir "$DATA" > "$OUT/serve.log" 2>&1 &
 SERVE=$!
-for _ in $(seq 1 120); do grep -q "ready" "$OUT/serve.log" && break; kill -0 "$SERVE" 2>/dev/null || break; sleep 1; done
+for _ in $(seq 1 120); do grep -qx "ready" "$OUT/serve.log" && break; kill -0 "$SERVE" 2>/dev/null || break; sleep 1; done
 python3 -m cli.main bench service --json "$OUT/bench-service.json" "$@" 2>&1 | tee "$OUT/bench-service.log"
 kill "$SERVE"; sleep 5
 cp -r "$DATA/logs" "$OUT/service-logs" 2>/dev/null || true

@@ -147,7 +147,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     plan = JobPlan(frames=shot.frames, render=shot.render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(shot.frames[0].height, shot.frames[0].width),
-                   gpu_memory_mb=gpu_memory_mb, tile_spaces=tile_plan(recipes, settings.gpu_encode),
+                   gpu_memory_mb=gpu_memory_mb, tile_spaces=tile_plan(recipes, settings.gpu_deflate),
                    tile_level=settings.gpu_deflate_level, extra=with_decoded_source(job.params, shot.frames[0]),
                    bin_specs=bin_plan(recipes, shot.frames[0].height, shot.frames[0].width, settings.gpu_encode))
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.

@@ -13,6 +13,9 @@ The result is two intermediates beside the strip (:func:`services.storage.keys.t
 back (uint8) and an index: ``[TILE_H, TILE_W, first tile row, tile rows, tiles per row, offsets...]`` (int64,
 one offset per tile and the end). :func:`cpu_tile_streams` makes the same container with libdeflate (tests, and
 the reference the GPU output is checked against). Pixels are identical either way; the bytes differ by encoder.
+
+Status: off by default (``STRATA_GPU_DEFLATE``): the nvCOMP calls have not yet run through on a GPU host (the
+first try of the batch call failed on its argument type; scripts/gpu/check_tiles.py is the check to run there).
 """
 
 from __future__ import annotations
@@ -149,9 +152,9 @@ def gpu_tile_streams(rows: np.ndarray | torch.Tensor, y0: int, height: int, devi
         data = _to_bytes(_tiled(gpu, chunk, y0 + top)).contiguous()
         adler.append(_adler32(data).cpu().numpy())
         torch.cuda.synchronize(dev)  # nvCOMP runs on its own stream
-        encoded = codec.encode([nvcomp.as_array(_Interface(t)) for t in data])
+        encoded = codec.encode(nvcomp.as_arrays([_Interface(t) for t in data]))  # a batch: one BatchArray
         torch.cuda.synchronize(dev)
-        raw.extend(torch.as_tensor(_Interface(e), device=dev).view(torch.uint8).reshape(-1) for e in encoded)
+        raw.extend(torch.as_tensor(_Interface(e), device=dev).view(torch.uint8).reshape(-1) for e in list(encoded))
         del gpu, data
     sizes = np.array([r.numel() for r in raw], dtype=np.int64) + len(_ZLIB_HEADER) + 4
     flat = torch.cat(raw).cpu().numpy()
