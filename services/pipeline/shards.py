@@ -33,7 +33,7 @@ StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its met
 
 @dataclass(frozen=True)
 class PreEncode:
-    """Output work a GPU worker does beside a strip, for the writer: the TIFF tiles of ``tiles`` (result keys: the
+    """Output work the worker does beside a strip, for the writer: the TIFF tiles of ``tiles`` (result keys: the
     spaces a full-size 16-bit deflate TIFF is written from) compressed with nvCOMP's deflate ``level``
     (:mod:`services.pipeline.tiles`), and the linear-light bins of ``bins`` ((result key, factor, transfer): the
     resized outputs, :mod:`services.pipeline.binning`). Tiles need a GPU with nvCOMP; what a worker does not make,
@@ -139,7 +139,7 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     device downloads its rows through the pinned slots into the maps, whose pages are touched on threads while
     the device computes (``prefault``), so no second copy of the rows is made on the host. The extra spaces are
     published first: the primary result's key is the one a reader checks for the whole shard. So is the output work
-    ``shard.ahead`` asks of a GPU worker (:class:`PreEncode`)."""
+    ``shard.ahead`` asks of the worker (:class:`PreEncode`)."""
     keys = [shard.out, *shard.space_outs]
     if len(keys) != len(shard.params.spaces):
         raise ValueError(f"{len(shard.params.spaces)} output spaces for {len(keys)} result keys")
