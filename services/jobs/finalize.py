@@ -52,7 +52,7 @@ def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard])
         for space, key in strip_keys(job.id, plan.render, s.phase, s.kind, s.index).items():
             spaces.setdefault(space, []).append((y0, load_intermediate(storage, job.id, key)))
             blob_key, index_key = tile_keys(key)
-            if storage.exists(index_key):
+            if space in plan.tile_spaces and storage.exists(index_key):  # no lookups a plan did not ask for
                 found.pretiled.setdefault(space, []).append((load_intermediate(storage, job.id, blob_key),
                                                              load_intermediate(storage, job.id, index_key)))
             for bin_space, k in plan.bin_specs:
