@@ -68,7 +68,7 @@ def _linear_binned(bands: Bands, transfer: str, k: int, prebinned: PreBinned = (
     for first, made in prebinned:
         n = min(made.shape[0], hk - first)
         if n > 0 and made.shape[1] == wk:
-            out[0, :, first : first + n] = torch.from_numpy(np.asarray(made[:n])).permute(2, 0, 1)
+            out[0, :, first : first + n] = torch.from_numpy(np.array(made[:n])).permute(2, 0, 1)  # small: a copy
             have[first : first + n] = True
     stitched = rows[0] if len(rows) == 1 else None
     j = 0

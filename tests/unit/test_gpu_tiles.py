@@ -101,3 +101,44 @@ def test_bins_are_planned_for_resized_outputs_only() -> None:
     recipes = resolve_recipes(["tiff16", "jpeg-proof"])
     assert bin_plan(recipes, 7728, 10304, True) == ((recipes[1].colour_space, 3),)
     assert bin_plan(recipes, 7728, 10304, False) == () and bin_plan(recipes[:1], 7728, 10304, True) == ()
+
+
+def test_a_worker_bins_its_strips_and_the_proof_written_from_them_is_the_same_file(tmp_path, synth_dir) -> None:
+    """compute_shard (CPU worker) with PreEncode bins: the bins land beside each strip; the proof the writer makes
+    from strips + bins is byte for byte the one it makes from the strips alone."""
+    from services.export.derive import box_factor, fit_long_edge
+    from services.export.metadata import OutputMetadata
+    from services.export.output import write_recipe
+    from services.export.recipes import Recipe
+    from services.pipeline.binning import bin_rows_in
+    from services.pipeline.shards import PreEncode, StripShard, compute_shard
+    from services.pipeline.shot import shot_render_params
+    from services.raw.decode import decode_raw
+    from services.raw.meta import CaptureInfo
+    from services.storage.keys import bin_key
+
+    storage = LocalStorage(tmp_path)
+    meta = decode_raw(synth_dir / "iq3s" / "frame_00.dng", tmp_path / "raw.npy")
+    mosaic = np.load(tmp_path / "raw.npy")
+    with storage.array_writer("raw.npy", mosaic.shape, mosaic.dtype) as out:
+        out[:] = mosaic
+    params = shot_render_params(meta, mosaic, "srgb")
+    height, width = mosaic.shape
+    recipe = Recipe(name="small-proof", format="jpeg", bits=8, long_edge=max(height, width) // 5, quality=90)
+    k = box_factor(height, width, *fit_long_edge(height, width, recipe.long_edge))
+    assert k >= 2
+    cut = height // 3 // 2 * 2  # an even row (strips keep the CFA phase)
+    bands = []
+    for i, (y0, y1) in enumerate([(0, cut), (cut, height)]):
+        key = f"p0/strip_{i:03d}.npy"
+        shard = StripShard(job_id="j", out=key, params=params, y0=y0, y1=y1, source="raw.npy",
+                           ahead=PreEncode(bins=((key, k, "srgb"),)))
+        compute_shard(storage, shard, "cpu")
+        bins = storage.load_array(bin_key(key, k))
+        assert bins.shape == (len(bin_rows_in(y0, y1, k)), width // k, 3)
+        bands.append((y0, storage.load_array(key), (bin_rows_in(y0, y1, k).start, bins)))
+    meta_out = OutputMetadata(CaptureInfo(make="Phase One", model="IQ3"), "frame_00.dng")
+    strips = [(y0, rows) for y0, rows, _ in bands]
+    with_bins = write_recipe(storage, "a.jpg", strips, recipe, meta_out, prebinned={k: [b for *_, b in bands]})
+    without = write_recipe(storage, "b.jpg", strips, recipe, meta_out)
+    assert with_bins == without
