@@ -35,13 +35,21 @@ from services.storage import get_storage
 from services.storage.intermediates import sweep_partials
 from workers import runtime
 from workers.app import COORDINATOR_QUEUE, PRIORITIES, REPAIR_PRIORITY, broker_url, celery_app
-from workers.registry import heartbeat_ttl, leases, live_workers, queue_depths, redis_client
+from workers.registry import (
+    ADMISSION_LOCK,
+    RECONCILE_LOCK,
+    RETENTION_LOCK,
+    abandoned,
+    forget_abandoned,
+    heartbeat_ttl,
+    leases,
+    live_workers,
+    queue_depths,
+    redis_client,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-RECONCILE_LOCK = "strata:reconcile-lock"
-ADMISSION_LOCK = "strata:admission-lock"
-RETENTION_LOCK = "strata:retention-lock"
 
 
 def _priority(name: str, repair: bool) -> int:
@@ -200,12 +208,15 @@ def reconcile_once() -> Repairs | None:
         backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
         stale_after_s = max(settings.visibility_timeout_s, 30)
         ttl = heartbeat_ttl(settings.worker_heartbeat_s)
+        judged: list[tuple[frozenset[str], frozenset[int]]] = []
 
         def held() -> Held | None:
             if int(client.info("server").get("uptime_in_seconds", 0)) < ttl:
                 return None  # a restarted Redis: live workers have not all beaten again yet
+            jobs, shards = abandoned(client)  # before the heartbeats: a lease handed back is not live again
             now = leases(client)
-            return Held(now.alive, now.shards, now.jobs)
+            judged.append((jobs, shards))
+            return Held(now.alive, now.shards, now.jobs, jobs, shards)
 
         with session_scope() as session:
             repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
@@ -228,6 +239,8 @@ def reconcile_once() -> Repairs | None:
         for batch_id in unsent:
             log.warning("reconcile: re-sending the lost webhook of batch %s", batch_id)
             notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)
+        for jobs, shards in judged:  # after the re-dispatches: a send that failed is judged again next pass
+            forget_abandoned(client, jobs, shards)
         return repairs
 
     return _exclusive(RECONCILE_LOCK, 30, work)

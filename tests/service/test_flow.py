@@ -122,6 +122,42 @@ def test_reconcile_with_leases_redispatches_at_once_what_no_heartbeat_holds(db: 
         assert again.shards == [] and again.ingest == []  # sent once: no pile of duplicates
 
 
+def test_leases_handed_back_by_a_supervisor_are_repaired_at_once(db: str) -> None:
+    """A worker its supervisor saw die handed back its leases (``abandoned``): its shard started a moment ago, the
+    finalize it was running while the coordinator queue is busy, and the ingest it had taken off the queue before
+    marking the job running are all re-dispatched at the next pass, not after the heartbeat grace or the lost-
+    message timeout; the same rows without the hand-back wait, and a job another live coordinator holds is left
+    alone."""
+    from services.jobs.reconcile import Held
+
+    just_now = utcnow() - dt.timedelta(seconds=1)
+    with session_scope() as session:
+        job = _job(session)
+        shard = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="running", worker="gpu0@h",
+                      started_at=just_now, attempts=1)
+        session.add(shard)
+        finalizing = _job(session, phase=1)
+        session.add(Shard(job_id=finalizing.id, phase=0, index=0, kind="strip", status="done", finished_at=just_now))
+        taken = _job(session, status="queued", phase=-1, age_s=2)
+        retaken = _job(session, status="queued", phase=-1, age_s=2)
+        session.flush()
+        ids = {"shard": shard.id, "finalizing": finalizing.id, "taken": taken.id, "retaken": retaken.id}
+    alive = frozenset({"gpu1@h", "coordinator2@h"})
+    plain = Held(alive, frozenset(), frozenset({ids["retaken"]}))
+    handed_back = Held(alive, frozenset(), frozenset({ids["retaken"]}),
+                       frozenset({ids["finalizing"], ids["taken"], ids["retaken"]}), frozenset({ids["shard"]}))
+    with session_scope() as session:
+        waits = reconcile(session, alive_workers=set(alive), coordinator_backlog=4, stale_after_s=30,
+                          held=lambda: plain, grace_s=6)
+        assert waits.shards == [] and waits.advance == [] and waits.ingest == []
+        repairs = reconcile(session, alive_workers=set(alive), coordinator_backlog=4, stale_after_s=30,
+                            held=lambda: handed_back, grace_s=6)
+        assert [t.shard_id for t in repairs.shards] == [ids["shard"]]
+        assert repairs.advance == [(ids["finalizing"], "batch")]
+        assert repairs.ingest == [(ids["taken"], "batch")]  # "retaken": a live coordinator holds it again
+        assert session.get(Shard, ids["shard"]).status == "pending"
+
+
 def test_advance_waits_for_the_whole_phase_and_moves_once(db: str) -> None:
     with session_scope() as session:
         job = _job(session)
