@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ RECONCILE_LOCK = "strata:reconcile-lock"
 ADMISSION_LOCK = "strata:admission-lock"
 RETENTION_LOCK = "strata:retention-lock"
 LOCKS = (RECONCILE_LOCK, ADMISSION_LOCK, RETENTION_LOCK)
+_TOKEN = re.compile(rb".+-[0-9a-f]{32}")  # workers.tasks._exclusive: node name, "-", uuid4 hex
 _DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
@@ -103,7 +105,7 @@ def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], i
             pipe.execute()
     for lock in LOCKS:
         token = client.get(lock)
-        if isinstance(token, bytes) and token.startswith(name.encode() + b"-"):
+        if isinstance(token, bytes) and _TOKEN.fullmatch(token) and token.rsplit(b"-", 1)[0] == name.encode():
             client.eval(_DELETE_IF, 1, lock, token)
     return jobs, shard
 

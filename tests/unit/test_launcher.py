@@ -77,13 +77,13 @@ def test_a_dead_workers_leases_are_handed_back_by_its_supervisor(tmp_path: Path,
         pid = sup.procs["coordinator2@t"].pid
         client.set(PREFIX + "coordinator2@t", json.dumps({"name": "coordinator2@t", "pid": pid, "jobs": ["j1", "j2"],
                                                           "current_shard": None}), ex=60)
-        client.set(RECONCILE_LOCK, b"coordinator2@t-abc", ex=60)
-        client.set(RETENTION_LOCK, b"other@t-abc", ex=60)
+        client.set(RECONCILE_LOCK, b"coordinator2@t-" + b"a" * 32, ex=60)
+        client.set(RETENTION_LOCK, b"coordinator2@t-x-" + b"a" * 32, ex=60)  # host "t-x": another coordinator
         os.kill(pid, signal.SIGKILL)
         sup.procs["coordinator2@t"].wait()
         sup.poll()
         assert client.get(PREFIX + "coordinator2@t") is None
-        assert client.get(RECONCILE_LOCK) is None and client.get(RETENTION_LOCK) == b"other@t-abc"
+        assert client.get(RECONCILE_LOCK) is None and client.get(RETENTION_LOCK) == b"coordinator2@t-x-" + b"a" * 32
         assert abandoned(client) == (frozenset({"j1", "j2"}), frozenset())
         sup.poll()  # reported once: a second poll hands back nothing more
         forget_abandoned(client, frozenset({"j1", "j2"}), frozenset())
