@@ -123,6 +123,24 @@ class Service:
                                      start_new_session=True)
         if not self.wait_ready(ready_s):
             raise RuntimeError(f"strata serve not ready after {ready_s:.0f} s; see {self.data_dir / 'serve.log'}")
+        self.check_private_redis()
+
+    def check_private_redis(self, timeout: float = 30) -> None:
+        """The drill kills the service's own Redis: its workers must be using that one (their heartbeats in it),
+        not some other Redis of the machine."""
+        import re
+
+        import redis
+
+        ports = re.findall(r"started a private Redis on 127\.0\.0\.1:(\d+)", (self.data_dir / "serve.log").read_text())
+        if not ports:
+            raise RuntimeError("strata serve started no private Redis (is STRATA_REDIS_URL set?)")
+        client = redis.Redis(port=int(ports[-1]), socket_timeout=2)
+        deadline = time.monotonic() + timeout
+        while not any(True for _ in client.scan_iter(match="strata:workers:*", count=100)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no worker heartbeat in the service's private Redis (port {ports[-1]})")
+            time.sleep(0.25)
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -93,7 +93,7 @@ class Supervisor:
     def __init__(self, specs: list[ProcSpec], env: dict[str, str] | None = None, log_dir: Path | None = None,
                  restart: bool = True, on_exit: Callable[[ProcSpec, int], None] | None = None) -> None:
         self.specs = specs
-        self.base_env = {**os.environ, **(env or {})}
+        self.env = dict(env or {})  # over os.environ as it is when a child starts (see _start)
         self.log_dir = log_dir
         self.restart = restart
         self.on_exit = on_exit
@@ -107,7 +107,9 @@ class Supervisor:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{spec.name.split('@')[0]}.log", "ab")  # noqa: SIM115 - owned by child
-        self.procs[spec.name] = subprocess.Popen(spec.argv, env={**self.base_env, **spec.env}, stdout=out,
+        # os.environ read now, not when the supervisor was made: `strata serve` sets STRATA_REDIS_URL (its private
+        # Redis) after creating the supervisor that starts that Redis, and every later child must see it.
+        self.procs[spec.name] = subprocess.Popen(spec.argv, env={**os.environ, **self.env, **spec.env}, stdout=out,
                                                  stderr=subprocess.STDOUT if out else None,
                                                  start_new_session=True, preexec_fn=_die_with_parent)
         log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)

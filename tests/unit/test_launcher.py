@@ -96,3 +96,20 @@ def test_a_dead_workers_leases_are_handed_back_by_its_supervisor(tmp_path: Path,
     assert client.get(PREFIX + "gpu0@t") is not None and abandoned(client)[1] == frozenset()
     assert release_dead(client, "gpu0@t", 999999) == ([], 7) and abandoned(client)[1] == frozenset({7})
     client.delete(ABANDONED_JOBS, ABANDONED_SHARDS, RETENTION_LOCK, *(PREFIX + n for n in names))
+
+
+def test_children_see_the_environment_as_it_is_when_they_start(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`strata serve` makes its supervisor, starts the private Redis with it, and only then sets STRATA_REDIS_URL:
+    the API and workers started (and restarted) after that must get it, or they talk to another Redis."""
+    import sys
+
+    from workers.launcher import ProcSpec
+
+    out = tmp_path / "env.txt"
+    sup = Supervisor([], env={"STRATA_FROM_SUPERVISOR": "a"})
+    monkeypatch.setenv("STRATA_REDIS_URL", "redis://127.0.0.1:1/0")  # set after the supervisor was made
+    code = (f"import os; open({str(out)!r}, 'w').write(os.environ.get('STRATA_REDIS_URL', '') + ' ' + "
+            "os.environ.get('STRATA_FROM_SUPERVISOR', '') + ' ' + os.environ.get('STRATA_FROM_SPEC', ''))")
+    sup.add([ProcSpec("child", [sys.executable, "-c", code], {"STRATA_FROM_SPEC": "b"})])
+    sup.procs["child"].wait(30)
+    assert out.read_text() == "redis://127.0.0.1:1/0 a b"
