@@ -34,7 +34,7 @@ from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SEC
 from services.storage import get_storage
 from services.storage.intermediates import sweep_partials
 from workers import runtime
-from workers.app import COORDINATOR_QUEUE, PRIORITIES, REPAIR_PRIORITY, broker_url, celery_app
+from workers.app import COORDINATOR_QUEUE, GPU_QUEUE, PRIORITIES, REPAIR_PRIORITY, broker_url, celery_app
 from workers.registry import (
     ADMISSION_LOCK,
     RECONCILE_LOCK,
@@ -205,7 +205,8 @@ def reconcile_once() -> Repairs | None:
     def work(client: redis.Redis) -> Repairs:
         settings = get_settings()
         alive = {w.name for w in live_workers(client, "gpu")}
-        backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
+        depths = queue_depths(client, [COORDINATOR_QUEUE, GPU_QUEUE])
+        backlog = depths[COORDINATOR_QUEUE]
         stale_after_s = max(settings.visibility_timeout_s, 30)
         ttl = heartbeat_ttl(settings.worker_heartbeat_s)
         judged: list[tuple[frozenset[str], frozenset[int]]] = []
@@ -221,7 +222,7 @@ def reconcile_once() -> Repairs | None:
         with session_scope() as session:
             repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
                                 stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
-                                grace_s=ttl)
+                                grace_s=ttl, gpu_backlog=depths[GPU_QUEUE])
             unsent = unsent_notifications(session, stale_after_s)
             sweep_recently_ended(session, get_storage(), within_s=60)
         for job_id, priority in repairs.ingest:

@@ -52,7 +52,8 @@ class Held:
 
 
 def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog: int, stale_after_s: float,
-              held: Callable[[], Held | None] | None = None, grace_s: float = 0.0) -> Repairs:
+              held: Callable[[], Held | None] | None = None, grace_s: float = 0.0,
+              gpu_backlog: int | None = None) -> Repairs:
     """Find work that no message will ever deliver again and say what to re-dispatch.
 
     ``held`` returns None when the heartbeats cannot be trusted yet (Redis restarted less than a heartbeat's life
@@ -62,6 +63,10 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
     - shards marked running that no live heartbeat holds (with ``held``: at once; without: running on a worker
       whose heartbeat is gone for ``stale_after_s``); they are marked pending again, so one re-dispatch is sent;
     - shards pinned to a worker's own queue (split_ratio) whose worker is gone;
+    - pending shards of the shared queue that no message will deliver: their job's coordinator died between
+      committing the phase and sending them (``abandoned_jobs``: at once), or the shared queue is empty
+      (``gpu_backlog`` 0) ``grace_s`` after the phase was planned or last repaired (a send the broker refused
+      while it restarted, a GPU worker killed after taking the message but before starting the shard);
     - jobs whose ingest (phase -1, running) or advance/finalize no live coordinator holds: put back to queued
       (the ingest is re-sent) or advanced again, ``grace_s`` after their last step when the coordinator queue
       is empty; at once when the coordinator that held it was seen dying (``abandoned_jobs``);
@@ -90,9 +95,15 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
             if last is not None and as_utc(last) <= cutoff:
                 repairs.advance.append((job.id, job.priority))
             continue
-        for s in shards:
-            if _lost_shard(session, s, job, alive_workers, leases, stale, grace):
-                repairs.shards.append(ShardTicket(s.id, job.priority, None, job.id))
+        lost = [s for s in shards if _lost_shard(session, s, job, alive_workers, leases, stale, grace)]
+        repairs.shards += [ShardTicket(s.id, job.priority, None, job.id) for s in lost]
+        unsent = [s for s in shards if s.status == ShardStatus.PENDING and s.payload.get("gpu_slot") is None
+                  and s not in lost]
+        if unsent and leases is not None and not held_job and (dropped or (
+                gpu_backlog == 0 and as_utc(job.updated_at or job.created_at) < grace)):
+            # Touched: the next pass waits another grace before sending them again (the queue is no longer empty).
+            execute_update(session, update(Job).where(Job.id == job.id).values(updated_at=utcnow()))
+            repairs.shards += [ShardTicket(s.id, job.priority, None, job.id) for s in unsent]
     session.commit()
     return repairs
 
