@@ -99,8 +99,10 @@ def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], i
             pipe = client.pipeline()
             if jobs:
                 pipe.sadd(ABANDONED_JOBS, *jobs)
+                pipe.expire(ABANDONED_JOBS, 3600)  # with no reconciler running (interval 0) they go by themselves
             if shard is not None:
                 pipe.sadd(ABANDONED_SHARDS, shard)
+                pipe.expire(ABANDONED_SHARDS, 3600)
             pipe.eval(_DELETE_IF, 1, key, raw)
             pipe.execute()
     for lock in LOCKS:
