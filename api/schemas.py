@@ -263,6 +263,7 @@ class WorkerOut(BaseModel):
     device: str
     busy: bool
     current_shard: int | None
+    jobs: list[str] = Field(default=[], description="Jobs a coordinator is ingesting or advancing now (its leases).")
     memory_mb: float
     last_heartbeat: dt.datetime | None
 

@@ -156,7 +156,7 @@ def serve(
     import httpx
 
     from services.db.migrate import upgrade
-    from workers.launcher import ProcSpec, Supervisor, free_port, redis_spec, worker_specs
+    from workers.launcher import ProcSpec, Supervisor, free_port, lease_releaser, redis_spec, worker_specs
 
     data = _use_data_dir(data_dir).resolve()
     os.environ["STRATA_DATA_DIR"] = str(data)
@@ -171,6 +171,7 @@ def serve(
         settings = get_settings()
         _wait_redis(settings.redis_url or "", 15)
         console.print(f"started a private Redis on 127.0.0.1:{rport} (data in {data / 'redis'}, AOF on)")
+    sup.on_exit = lease_releaser(settings)  # a dead worker's work is re-dispatched at once, not when its beat ends
     upgrade()
     token_path = ensure_local_token()
     specs.append(ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
@@ -225,7 +226,7 @@ def workers_cmd(
     data_dir: DataDir = None,
 ) -> None:
     """Start one Celery worker per GPU (pinned with CUDA_VISIBLE_DEVICES), supervised; CPU worker(s) without GPUs."""
-    from workers.launcher import Supervisor, worker_specs
+    from workers.launcher import Supervisor, lease_releaser, worker_specs
 
     _use_data_dir(data_dir)
     settings = get_settings()
@@ -233,7 +234,7 @@ def workers_cmd(
     specs = worker_specs(settings, gpus=ids, coordinator=coordinator, gpu_workers=gpu_workers)
     for s in specs:
         console.print(f"{s.name}: CUDA_VISIBLE_DEVICES={s.env.get('CUDA_VISIBLE_DEVICES', '-')}")
-    Supervisor(specs).run_forever()
+    Supervisor(specs, on_exit=lease_releaser(settings)).run_forever()
 
 
 @app.command()

@@ -1,14 +1,15 @@
-"""Chaos drill: a real `strata serve` (API, private Redis with AOF, coordinator, CPU workers) renders a stream of
-small jobs of both cameras while a driver SIGKILLs GPU workers, the coordinator, the API and Redis at random and
+"""Chaos drill: a real `strata serve` (API, private Redis with AOF, two coordinators, CPU workers) renders a stream
+of small jobs of both cameras while a driver SIGKILLs GPU workers, a coordinator, the API and Redis at random and
 restarts the whole service; afterwards every job must be done (failed only for bad input), byte-identical to a
 fault-free run of the same shots, with no job stuck and no orphan files.
 
     strata chaos --minutes 10 --kills 40          # the operator's long run (docs/OPERATIONS.md)
     strata chaos --jobs 24 --kills 8 --json r.json  # about what CI runs (tests/chaos)
 
-Recovery is measured per kill: for a GPU worker, until the shard it held is done; for the coordinator, until the
-ingest or finalize it held moved on; for the API, Redis and a whole restart, until ``/readyz`` answers 200. The
-longest stall is the longest time with work in flight but no shard or job finishing.
+Recovery is measured per kill: for a GPU worker, until the shard it held is done; for a coordinator (a busy one,
+by the jobs its heartbeat holds), until the ingests or finalizes it held moved on; for the API, Redis and a whole
+restart, until ``/readyz`` answers 200. The longest stall is the longest time with work in flight but no shard or
+job finishing.
 """
 
 from __future__ import annotations
@@ -122,6 +123,24 @@ class Service:
                                      start_new_session=True)
         if not self.wait_ready(ready_s):
             raise RuntimeError(f"strata serve not ready after {ready_s:.0f} s; see {self.data_dir / 'serve.log'}")
+        self.check_private_redis()
+
+    def check_private_redis(self, timeout: float = 30) -> None:
+        """The drill kills the service's own Redis: its workers must be using that one (their heartbeats in it),
+        not some other Redis of the machine."""
+        import re
+
+        import redis
+
+        ports = re.findall(r"started a private Redis on 127\.0\.0\.1:(\d+)", (self.data_dir / "serve.log").read_text())
+        if not ports:
+            raise RuntimeError("strata serve started no private Redis (is STRATA_REDIS_URL set?)")
+        client = redis.Redis(port=int(ports[-1]), socket_timeout=2)
+        deadline = time.monotonic() + timeout
+        while not any(True for _ in client.scan_iter(match="strata:workers:*", count=100)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no worker heartbeat in the service's private Redis (port {ports[-1]})")
+            time.sleep(0.25)
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -134,6 +153,16 @@ class Service:
 
     def token(self) -> str:
         return (self.data_dir / "local-token").read_text().strip()
+
+    def coordinator_jobs(self) -> dict[str, list[str]]:
+        """What each live coordinator's heartbeat holds (its leases), from `GET /v1/workers`; {} when unknown."""
+        with contextlib.suppress(httpx.HTTPError, OSError, ValueError, KeyError):
+            resp = httpx.get(f"{self.url}/v1/workers", headers={"Authorization": f"Bearer {self.token()}"},
+                             timeout=2)
+            if resp.status_code == 200:
+                return {w["name"]: list(w.get("jobs") or []) for w in resp.json()["workers"]
+                        if w["kind"] == "coordinator"}
+        return {}
 
     def children(self, kind: str) -> list[psutil.Process]:
         if self.proc is None:
@@ -176,7 +205,7 @@ def _kind_of(proc: psutil.Process) -> str | None:
         return "api"
     if "-n" in argv and "celery" in text:
         name = argv[argv.index("-n") + 1]
-        return "coordinator" if name.startswith("coordinator@") else "gpu"
+        return "coordinator" if name.startswith("coordinator") else "gpu"  # coordinator@h, coordinator2@h, ...
     return None
 
 
@@ -201,17 +230,20 @@ class Db:
         with self.session() as s:
             return set(s.scalars(select(Shard.worker).where(Shard.status == "running")))
 
-    def held_by(self, kind: str, target: str) -> Callable[[], bool] | None:
-        """What a GPU worker or the coordinator holds now, as a test that says when someone else has finished it
-        (None: it holds nothing)."""
+    def held_by(self, target: str) -> Callable[[], bool] | None:
+        """The shards a GPU worker holds now (``*``: any worker), as a test that says when someone else has finished
+        them (None: it holds nothing)."""
         with self.session() as s:
-            if kind == "gpu":  # target "*": any worker
-                who = Shard.worker.is_not(None) if target == "*" else Shard.worker == target
-                ids = list(s.scalars(select(Shard.id).where(Shard.status == "running", who)))
-                return (lambda: self._shards_moved(ids)) if ids else None
-            jobs = {j.id: j.phase for j in s.scalars(select(Job).where(Job.status == "running"))
-                    if j.phase < 0 or j.phase >= len(j.params.get("plan", []))}  # decoding or encoding
-            return (lambda: self._jobs_moved(jobs)) if jobs else None
+            who = Shard.worker.is_not(None) if target == "*" else Shard.worker == target
+            ids = list(s.scalars(select(Shard.id).where(Shard.status == "running", who)))
+        return (lambda: self._shards_moved(ids)) if ids else None
+
+    def jobs_held(self, job_ids: list[str]) -> Callable[[], bool] | None:
+        """Jobs a coordinator holds (ingesting or advancing), as a test that says when they moved on: to another
+        phase or ended (None: none of them is still running)."""
+        with self.session() as s:
+            jobs = {j.id: j.phase for j in s.scalars(select(Job).where(Job.id.in_(job_ids), Job.status.in_(ACTIVE)))}
+        return (lambda: self._jobs_moved(jobs)) if jobs else None
 
     def _shards_moved(self, ids: list[int]) -> bool:
         with self.session() as s:
@@ -291,7 +323,8 @@ class Driver:
         kind = self.next_kind()
         if kind in ("gpu", "coordinator"):  # aim at work in progress (a few seconds at most), to measure recovery
             deadline = time.monotonic() + 5
-            while self.db.held_by(kind, "*") is None and time.monotonic() < deadline:
+            while time.monotonic() < deadline and not (
+                    self.db.held_by("*") if kind == "gpu" else any(self.service.coordinator_jobs().values())):
                 time.sleep(0.1)
         at = time.monotonic() - self.t0
         if kind == "service":
@@ -305,10 +338,12 @@ class Driver:
         procs = self.service.children(kind)
         if not procs:
             return
-        busy = self.db.busy_workers() if kind == "gpu" else set()
+        leases = self.service.coordinator_jobs() if kind == "coordinator" else {}
+        busy = self.db.busy_workers() if kind == "gpu" else {n for n, jobs in leases.items() if jobs}
         proc = self.rng.choice([p for p in procs if _node_name(p) in busy] or procs)  # a busy one if any
         target = _node_name(proc)
-        held = self.db.held_by(kind, target) if kind in ("gpu", "coordinator") else None
+        held = (self.db.held_by(target) if kind == "gpu"
+                else self.db.jobs_held(leases.get(target, [])) if kind == "coordinator" else None)
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGKILL)
         kill = Kill(kind, at, target)

@@ -75,6 +75,10 @@ class Settings(BaseSettings):
         description="Comma list of GPU ids to use (STRATA_GPU_ID=0,1); default all visible.",
     )
     cpu_workers: int = Field(default=1, description="GPU-queue workers to start when no GPU is present.")
+    coordinators: int = Field(
+        default=2, description="Coordinator processes a launcher starts (serve, coordinator); a survivor takes over "
+        "the ingest or finalize of one that dies at once, without waiting for its restart.",
+    )
     coordinator_concurrency: int = 2
     torch_threads: int = Field(default=0, description="Torch CPU threads per worker; 0 = cores / workers.")
     # Set by the launcher for each worker process it starts.

@@ -1,4 +1,4 @@
-"""Start and supervise worker processes: one Celery worker per GPU (pinned), plus the coordinator."""
+"""Start and supervise worker processes: one Celery worker per GPU (pinned), plus the coordinators."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ class ProcSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     stop_last: bool = False  # stopped after the others (the private Redis the workers talk to)
+    worker: bool = False  # a Celery worker with a heartbeat (its leases are handed back when it dies)
 
 
 def detect_gpus(settings: Settings) -> list[str]:
@@ -47,15 +49,16 @@ def _celery(name: str, queues: list[str], pool: str, concurrency: int, settings:
 
 def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinator: bool = True,
                  gpu_workers: bool = True) -> list[ProcSpec]:
-    """The processes to run: a coordinator and one GPU-queue worker per GPU (CPU workers without GPUs)."""
+    """The processes to run: STRATA_COORDINATORS coordinators (``coordinator@host``, ``coordinator2@host``, ...)
+    and one GPU-queue worker per GPU (CPU workers without GPUs)."""
     from workers.runtime import SHARED_GPU_QUEUE, own_queue
 
     host = settings.host_name  # STRATA_NODE_NAME, else the hostname
     specs: list[ProcSpec] = []
-    if coordinator:
-        name = f"coordinator@{host}"
+    for i in range(max(settings.coordinators, 1) if coordinator else 0):
+        name = f"coordinator{i + 1 if i else ''}@{host}"
         specs.append(ProcSpec(name, _celery(name, ["coordinator"], "threads", settings.coordinator_concurrency,
-                                            settings), {"STRATA_WORKER_KIND": "coordinator"}))
+                                            settings), {"STRATA_WORKER_KIND": "coordinator"}, worker=True))
     if gpu_workers:
         ids = detect_gpus(settings) if gpus is None else gpus
         slots = [(f"gpu{g}", g) for g in ids] or [(f"cpu{i}", "cpu") for i in range(max(settings.cpu_workers, 1))]
@@ -67,7 +70,7 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
             specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)], "solo", 1, settings),
-                                  env))
+                                  env, worker=True))
     return specs
 
 
@@ -82,16 +85,21 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    """Runs child processes, restarts one that dies (with back-off), stops them all on request."""
+    """Runs child processes, restarts one that dies (with back-off), stops them all on request.
+
+    ``on_exit(spec, pid)`` is called once for each child found dead (before its restart), e.g.
+    :func:`lease_releaser`: a dead worker's leases are handed back at once instead of when its heartbeat expires."""
 
     def __init__(self, specs: list[ProcSpec], env: dict[str, str] | None = None, log_dir: Path | None = None,
-                 restart: bool = True) -> None:
+                 restart: bool = True, on_exit: Callable[[ProcSpec, int], None] | None = None) -> None:
         self.specs = specs
-        self.base_env = {**os.environ, **(env or {})}
+        self.env = dict(env or {})  # over os.environ as it is when a child starts (see _start)
         self.log_dir = log_dir
         self.restart = restart
+        self.on_exit = on_exit
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, list[float]] = {}
+        self._reported: set[int] = set()  # pids whose exit on_exit has seen
         self._stopping = False
 
     def _start(self, spec: ProcSpec) -> None:
@@ -99,7 +107,9 @@ class Supervisor:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{spec.name.split('@')[0]}.log", "ab")  # noqa: SIM115 - owned by child
-        self.procs[spec.name] = subprocess.Popen(spec.argv, env={**self.base_env, **spec.env}, stdout=out,
+        # os.environ read now, not when the supervisor was made: `strata serve` sets STRATA_REDIS_URL (its private
+        # Redis) after creating the supervisor that starts that Redis, and every later child must see it.
+        self.procs[spec.name] = subprocess.Popen(spec.argv, env={**os.environ, **self.env, **spec.env}, stdout=out,
                                                  stderr=subprocess.STDOUT if out else None,
                                                  start_new_session=True, preexec_fn=_die_with_parent)
         log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
@@ -118,7 +128,15 @@ class Supervisor:
         """Restart children that exited (at most 5 times a minute each)."""
         for spec in self.specs:
             proc = self.procs.get(spec.name)
-            if proc is None or proc.poll() is None or self._stopping or not self.restart:
+            if proc is None or proc.poll() is None or self._stopping:
+                continue
+            if self.on_exit is not None and proc.pid not in self._reported:
+                self._reported.add(proc.pid)
+                try:
+                    self.on_exit(spec, proc.pid)
+                except Exception:  # noqa: BLE001 - the restart matters more; the heartbeat expires anyway
+                    log.exception("after %s exited", spec.name)
+            if not self.restart:
                 continue
             now = time.monotonic()
             recent = [t for t in self.restarts.get(spec.name, []) if now - t < 60]
@@ -163,6 +181,34 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def lease_releaser(settings: Settings) -> Callable[[ProcSpec, int], None]:
+    """An ``on_exit`` for :class:`Supervisor`: a worker that died hands back its leases (heartbeat key, held jobs
+    and shard, exclusive passes) through :func:`workers.registry.release_dead`, so that the reconciler re-dispatches
+    its work at its next pass (a surviving coordinator's, within STRATA_RECONCILE_INTERVAL_S)."""
+    redis_url = settings.redis_url or "redis://127.0.0.1:6379/0"  # workers.app.broker_url, without Celery
+
+    def release(spec: ProcSpec, pid: int) -> None:
+        if not spec.worker:
+            return
+        import redis
+
+        from workers.registry import release_dead
+
+        client = redis.Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            jobs, shard = release_dead(client, spec.name, pid)
+        except redis.RedisError as exc:  # Redis away too: the heartbeat expires by itself
+            log.warning("%s died; its leases could not be handed back (%s)", spec.name, exc)
+            return
+        finally:
+            client.close()
+        if jobs or shard is not None:
+            log.warning("%s died holding jobs %s, shard %s: handed back to the reconciler", spec.name,
+                        ", ".join(jobs) or "-", shard if shard is not None else "-")
+
+    return release
 
 
 def redis_server_binary() -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,17 @@ import redis
 
 log = logging.getLogger(__name__)
 PREFIX = "strata:workers:"
+# Leases a supervisor handed back for a child it saw die (SIGKILL, OOM): the reconciler re-dispatches them at its
+# next pass, without waiting for the dead heartbeat to expire or for the coordinator queue to drain.
+ABANDONED_JOBS = "strata:abandoned:jobs"
+ABANDONED_SHARDS = "strata:abandoned:shards"
+# The coordinators' exclusive passes (redis-py Locks; a holder's token starts with its node name and "-").
+RECONCILE_LOCK = "strata:reconcile-lock"
+ADMISSION_LOCK = "strata:admission-lock"
+RETENTION_LOCK = "strata:retention-lock"
+LOCKS = (RECONCILE_LOCK, ADMISSION_LOCK, RETENTION_LOCK)
+_TOKEN = re.compile(rb".+-[0-9a-f]{32}")  # workers.tasks._exclusive: node name, "-", uuid4 hex
+_DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
 @dataclass(frozen=True)
@@ -30,10 +42,12 @@ class WorkerInfo:
     beat_at: float = 0.0  # Unix time of the last heartbeat
     jobs: tuple[str, ...] = ()  # jobs a coordinator is ingesting or advancing now (its leases)
 
+    strip_budget_mb: int = 0  # GPU memory a strip may plan for (0: unknown, a CPU worker)
+
     @property
     def busy(self) -> bool:
-        return self.current_shard is not None
-    strip_budget_mb: int = 0  # GPU memory a strip may plan for (0: unknown, a CPU worker)
+        """Computing a shard (a GPU worker) or holding a job's ingest or advance (a coordinator)."""
+        return self.current_shard is not None or bool(self.jobs)
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -68,6 +82,48 @@ def leases(client: redis.Redis) -> Leases:
     return Leases(frozenset(w.name for w in workers),
                   frozenset(w.current_shard for w in workers if w.current_shard is not None),
                   frozenset(j for w in workers for j in w.jobs))
+
+
+def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], int | None]:
+    """A supervisor saw its child ``name`` (process ``pid``) die: end its leases now rather than when its heartbeat
+    expires. Its heartbeat key goes (if it is still that process's), the jobs and shard it held are marked
+    abandoned for the reconciler, and the exclusive passes it held are unlocked. Returns (jobs, shard) held."""
+    key = PREFIX + name
+    raw = client.get(key)
+    jobs: list[str] = []
+    shard: int | None = None
+    if raw:
+        fields = json.loads(raw)
+        if int(fields.get("pid", -1)) == pid:
+            jobs, shard = list(fields.get("jobs") or ()), fields.get("current_shard")
+            pipe = client.pipeline()
+            if jobs:
+                pipe.sadd(ABANDONED_JOBS, *jobs)
+                pipe.expire(ABANDONED_JOBS, 3600)  # with no reconciler running (interval 0) they go by themselves
+            if shard is not None:
+                pipe.sadd(ABANDONED_SHARDS, shard)
+                pipe.expire(ABANDONED_SHARDS, 3600)
+            pipe.eval(_DELETE_IF, 1, key, raw)
+            pipe.execute()
+    for lock in LOCKS:
+        token = client.get(lock)
+        if isinstance(token, bytes) and _TOKEN.fullmatch(token) and token.rsplit(b"-", 1)[0] == name.encode():
+            client.eval(_DELETE_IF, 1, lock, token)
+    return jobs, shard
+
+
+def abandoned(client: redis.Redis) -> tuple[frozenset[str], frozenset[int]]:
+    """The jobs and shards whose holders' supervisors saw them die (see :func:`release_dead`)."""
+    return (frozenset(j.decode() if isinstance(j, bytes) else str(j) for j in client.smembers(ABANDONED_JOBS)),
+            frozenset(int(s) for s in client.smembers(ABANDONED_SHARDS)))
+
+
+def forget_abandoned(client: redis.Redis, jobs: frozenset[str], shards: frozenset[int]) -> None:
+    """The reconciler has judged these (re-dispatched, or found them moved on)."""
+    if jobs:
+        client.srem(ABANDONED_JOBS, *jobs)
+    if shards:
+        client.srem(ABANDONED_SHARDS, *shards)
 
 
 def heartbeat_ttl(interval: float) -> int:

@@ -34,14 +34,22 @@ from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SEC
 from services.storage import get_storage
 from services.storage.intermediates import sweep_partials
 from workers import runtime
-from workers.app import COORDINATOR_QUEUE, PRIORITIES, REPAIR_PRIORITY, broker_url, celery_app
-from workers.registry import heartbeat_ttl, leases, live_workers, queue_depths, redis_client
+from workers.app import COORDINATOR_QUEUE, GPU_QUEUE, PRIORITIES, REPAIR_PRIORITY, broker_url, celery_app
+from workers.registry import (
+    ADMISSION_LOCK,
+    RECONCILE_LOCK,
+    RETENTION_LOCK,
+    abandoned,
+    forget_abandoned,
+    heartbeat_ttl,
+    leases,
+    live_workers,
+    queue_depths,
+    redis_client,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-RECONCILE_LOCK = "strata:reconcile-lock"
-ADMISSION_LOCK = "strata:admission-lock"
-RETENTION_LOCK = "strata:retention-lock"
 
 
 def _priority(name: str, repair: bool) -> int:
@@ -197,20 +205,24 @@ def reconcile_once() -> Repairs | None:
     def work(client: redis.Redis) -> Repairs:
         settings = get_settings()
         alive = {w.name for w in live_workers(client, "gpu")}
-        backlog = queue_depths(client, [COORDINATOR_QUEUE])[COORDINATOR_QUEUE]
+        depths = queue_depths(client, [COORDINATOR_QUEUE, GPU_QUEUE])
+        backlog = depths[COORDINATOR_QUEUE]
         stale_after_s = max(settings.visibility_timeout_s, 30)
         ttl = heartbeat_ttl(settings.worker_heartbeat_s)
+        judged: list[tuple[frozenset[str], frozenset[int]]] = []
 
         def held() -> Held | None:
             if int(client.info("server").get("uptime_in_seconds", 0)) < ttl:
                 return None  # a restarted Redis: live workers have not all beaten again yet
+            jobs, shards = abandoned(client)  # before the heartbeats: a lease handed back is not live again
             now = leases(client)
-            return Held(now.alive, now.shards, now.jobs)
+            judged.append((jobs, shards))
+            return Held(now.alive, now.shards, now.jobs, jobs, shards)
 
         with session_scope() as session:
             repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
                                 stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
-                                grace_s=ttl)
+                                grace_s=ttl, gpu_backlog=depths[GPU_QUEUE])
             unsent = unsent_notifications(session, stale_after_s)
             sweep_recently_ended(session, get_storage(), within_s=60)
         for job_id, priority in repairs.ingest:
@@ -228,6 +240,8 @@ def reconcile_once() -> Repairs | None:
         for batch_id in unsent:
             log.warning("reconcile: re-sending the lost webhook of batch %s", batch_id)
             notify_batch.apply_async((batch_id,), queue=COORDINATOR_QUEUE)
+        for jobs, shards in judged:  # after the re-dispatches: a send that failed is judged again next pass
+            forget_abandoned(client, jobs, shards)
         return repairs
 
     return _exclusive(RECONCILE_LOCK, 30, work)

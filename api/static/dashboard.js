@@ -140,7 +140,7 @@
       $("workers").querySelector("tbody").replaceChildren(...w.workers.map((x) => {
         const tr = el("tr");
         const beat = x.last_heartbeat ? fmtDuration((Date.now() - Date.parse(x.last_heartbeat)) / 1000) + " ago" : "–";
-        tr.append(el("td", x.name), el("td", x.host), el("td", x.gpu), el("td", x.kind === "coordinator" ? "coordinator" : (x.busy ? "busy" : "idle")),
+        tr.append(el("td", x.name), el("td", x.host), el("td", x.gpu), el("td", x.kind === "coordinator" ? "coordinator, " + (x.busy ? (x.jobs || []).length + " job(s)" : "idle") : (x.busy ? "busy" : "idle")),
           el("td", x.current_shard === null ? "–" : x.current_shard), el("td", Math.round(x.memory_mb) + " MB"), el("td", beat));
         return tr;
       }));

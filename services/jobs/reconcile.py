@@ -3,7 +3,9 @@
 Work is leased, not timed out: a worker's heartbeat (every few seconds, gone after about three missed beats) says
 which shard it computes and which jobs a coordinator ingests or advances. A shard or job the database shows in
 progress but that no live heartbeat holds was lost with its worker and is re-dispatched at once, not after the
-broker's visibility timeout. The broker still redelivers the dead worker's message later; every step is
+broker's visibility timeout. When the supervisor of a dead worker saw it die, it hands its leases back at once
+(``abandoned``): those are re-dispatched at the next pass, without waiting for the heartbeat to expire or for the
+coordinator queue to drain. The broker still redelivers the dead worker's message later; every step is
 idempotent, so that duplicate finds its work done and counts nothing.
 """
 
@@ -44,10 +46,14 @@ class Held:
     alive: frozenset[str]
     shards: frozenset[int]
     jobs: frozenset[str]
+    # Held by a worker whose supervisor saw it die (its leases handed back): lost now, whatever the timing rules.
+    abandoned_jobs: frozenset[str] = frozenset()
+    abandoned_shards: frozenset[int] = frozenset()
 
 
 def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog: int, stale_after_s: float,
-              held: Callable[[], Held | None] | None = None, grace_s: float = 0.0) -> Repairs:
+              held: Callable[[], Held | None] | None = None, grace_s: float = 0.0,
+              gpu_backlog: int | None = None) -> Repairs:
     """Find work that no message will ever deliver again and say what to re-dispatch.
 
     ``held`` returns None when the heartbeats cannot be trusted yet (Redis restarted less than a heartbeat's life
@@ -57,9 +63,13 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
     - shards marked running that no live heartbeat holds (with ``held``: at once; without: running on a worker
       whose heartbeat is gone for ``stale_after_s``); they are marked pending again, so one re-dispatch is sent;
     - shards pinned to a worker's own queue (split_ratio) whose worker is gone;
+    - pending shards of the shared queue that no message will deliver: their job's coordinator died between
+      committing the phase and sending them (``abandoned_jobs``: at once), or the shared queue is empty
+      (``gpu_backlog`` 0) ``grace_s`` after the phase was planned or last repaired (a send the broker refused
+      while it restarted, a GPU worker killed after taking the message but before starting the shard);
     - jobs whose ingest (phase -1, running) or advance/finalize no live coordinator holds: put back to queued
       (the ingest is re-sent) or advanced again, ``grace_s`` after their last step when the coordinator queue
-      is empty;
+      is empty; at once when the coordinator that held it was seen dying (``abandoned_jobs``);
     - queued jobs never ingested while the coordinator queue is empty (their message was lost); jobs of the batch
       lane still waiting for admission (``admitted_at`` null) were never sent and are left to admission.
     """
@@ -71,26 +81,35 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
     repairs = Repairs([], [], [])
     for job in jobs:
         held_job = leases is not None and job.id in leases.jobs
+        dropped = leases is not None and not held_job and job.id in leases.abandoned_jobs
         if job.phase < 0:
-            _lost_ingest(session, job, repairs, leases, held_job, coordinator_backlog, stale)
+            _lost_ingest(session, job, repairs, leases, held_job, coordinator_backlog, stale, dropped)
             continue
         finalizing = job.phase >= phase_count(job.params)
         shards = [s for s in job.shards if s.phase == (job.phase - 1 if finalizing else job.phase)]
         if finalizing or (shards and all(s.status == ShardStatus.DONE for s in shards)):
             last = max((s.finished_at for s in shards if s.finished_at), default=None)
             cutoff = grace if leases is not None and coordinator_backlog == 0 and not held_job else stale
-            if last is not None and as_utc(last) < cutoff:
+            if dropped:  # its coordinator died while advancing it: no advance message is on its way
+                cutoff = now
+            if last is not None and as_utc(last) <= cutoff:
                 repairs.advance.append((job.id, job.priority))
             continue
-        for s in shards:
-            if _lost_shard(session, s, job, alive_workers, leases, stale, grace):
-                repairs.shards.append(ShardTicket(s.id, job.priority, None, job.id))
+        lost = [s for s in shards if _lost_shard(session, s, job, alive_workers, leases, stale, grace)]
+        repairs.shards += [ShardTicket(s.id, job.priority, None, job.id) for s in lost]
+        unsent = [s for s in shards if s.status == ShardStatus.PENDING and s.payload.get("gpu_slot") is None
+                  and s not in lost]
+        if unsent and leases is not None and not held_job and (dropped or (
+                gpu_backlog == 0 and as_utc(job.updated_at or job.created_at) < grace)):
+            # Touched: the next pass waits another grace before sending them again (the queue is no longer empty).
+            execute_update(session, update(Job).where(Job.id == job.id).values(updated_at=utcnow()))
+            repairs.shards += [ShardTicket(s.id, job.priority, None, job.id) for s in unsent]
     session.commit()
     return repairs
 
 
 def _lost_ingest(session: Session, job: Job, repairs: Repairs, leases: Held | None, held_job: bool,
-                 coordinator_backlog: int, stale: dt.datetime) -> None:
+                 coordinator_backlog: int, stale: dt.datetime, dropped: bool = False) -> None:
     if job.status == JobStatus.RUNNING:  # decoding: lost when no live coordinator holds it
         if leases is None or held_job:
             return
@@ -102,7 +121,7 @@ def _lost_ingest(session: Session, job: Job, repairs: Repairs, leases: Held | No
     if job.admitted_at is None:  # waiting for admission (batch lane): no message was ever sent
         return
     sent = max(as_utc(job.admitted_at), as_utc(job.updated_at or job.admitted_at))  # a re-send touches updated_at
-    if coordinator_backlog == 0 and not held_job and sent < stale:
+    if not held_job and (dropped or (coordinator_backlog == 0 and sent < stale)):
         execute_update(session, update(Job).where(Job.id == job.id).values(updated_at=utcnow()))
         repairs.ingest.append((job.id, job.priority))
 
@@ -114,7 +133,7 @@ def _lost_shard(session: Session, s: Shard, job: Job, alive_workers: set[str], l
         return s.payload.get("gpu_slot") is not None and started < stale  # pinned to a worker that is gone
     if s.status != ShardStatus.RUNNING:
         return False
-    if leases is not None and s.id not in leases.shards and started < grace:
+    if leases is not None and s.id not in leases.shards and (started < grace or s.id in leases.abandoned_shards):
         lost = True
     else:
         lost = s.worker not in alive_workers and started < stale

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from sqlalchemy import update
+
 from services.db.models import Job, Shard, Station, utcnow
 from services.db.session import session_scope
 from services.errors import IntermediateLost
@@ -120,6 +122,72 @@ def test_reconcile_with_leases_redispatches_at_once_what_no_heartbeat_holds(db: 
         again = reconcile(session, alive_workers={"gpu0@h", "gpu1@h"}, coordinator_backlog=0, stale_after_s=600,
                           held=lambda: leases, grace_s=5)
         assert again.shards == [] and again.ingest == []  # sent once: no pile of duplicates
+
+
+def test_leases_handed_back_by_a_supervisor_are_repaired_at_once(db: str) -> None:
+    """A worker its supervisor saw die handed back its leases (``abandoned``): its shard started a moment ago, the
+    finalize it was running while the coordinator queue is busy, and the ingest it had taken off the queue before
+    marking the job running are all re-dispatched at the next pass, not after the heartbeat grace or the lost-
+    message timeout; the same rows without the hand-back wait, and a job another live coordinator holds is left
+    alone."""
+    from services.jobs.reconcile import Held
+
+    just_now = utcnow() - dt.timedelta(seconds=1)
+    with session_scope() as session:
+        job = _job(session)
+        shard = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="running", worker="gpu0@h",
+                      started_at=just_now, attempts=1)
+        session.add(shard)
+        finalizing = _job(session, phase=1)
+        session.add(Shard(job_id=finalizing.id, phase=0, index=0, kind="strip", status="done", finished_at=just_now))
+        taken = _job(session, status="queued", phase=-1, age_s=2)
+        retaken = _job(session, status="queued", phase=-1, age_s=2)
+        session.flush()
+        ids = {"shard": shard.id, "finalizing": finalizing.id, "taken": taken.id, "retaken": retaken.id}
+    alive = frozenset({"gpu1@h", "coordinator2@h"})
+    plain = Held(alive, frozenset(), frozenset({ids["retaken"]}))
+    handed_back = Held(alive, frozenset(), frozenset({ids["retaken"]}),
+                       frozenset({ids["finalizing"], ids["taken"], ids["retaken"]}), frozenset({ids["shard"]}))
+    with session_scope() as session:
+        waits = reconcile(session, alive_workers=set(alive), coordinator_backlog=4, stale_after_s=30,
+                          held=lambda: plain, grace_s=6)
+        assert waits.shards == [] and waits.advance == [] and waits.ingest == []
+        repairs = reconcile(session, alive_workers=set(alive), coordinator_backlog=4, stale_after_s=30,
+                            held=lambda: handed_back, grace_s=6)
+        assert [t.shard_id for t in repairs.shards] == [ids["shard"]]
+        assert repairs.advance == [(ids["finalizing"], "batch")]
+        assert repairs.ingest == [(ids["taken"], "batch")]  # "retaken": a live coordinator holds it again
+        assert session.get(Shard, ids["shard"]).status == "pending"
+
+
+def test_pending_shards_no_message_will_deliver_are_sent_again(db: str) -> None:
+    """A coordinator killed (or refused by a restarting broker) between committing a phase and sending its shards
+    leaves them pending with no message: sent at once when its lease was handed back, else once the shared GPU
+    queue is empty a grace after the phase was planned; once each, and never while the queue still holds work."""
+    from services.jobs.reconcile import Held
+
+    with session_scope() as session:
+        dropped = _job(session)
+        quiet = _job(session)
+        ids = {}
+        for name, job in (("dropped", dropped), ("quiet", quiet)):
+            shard = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="pending", payload={})
+            session.add(shard)
+            session.flush()
+            ids[name], ids[name + "_job"] = shard.id, job.id
+        session.execute(update(Job).where(Job.id == dropped.id).values(updated_at=utcnow()))  # planned just now
+    alive = frozenset({"gpu0@h"})
+    leases = Held(alive, frozenset(), frozenset(), frozenset({ids["dropped_job"]}))
+    with session_scope() as session:
+        busy = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                         held=lambda: leases, grace_s=6, gpu_backlog=5)
+        assert [t.shard_id for t in busy.shards] == [ids["dropped"]]  # the queue's work may include "quiet"'s
+        idle = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                         held=lambda: Held(alive, frozenset(), frozenset()), grace_s=6, gpu_backlog=0)
+        assert [t.shard_id for t in idle.shards] == [ids["quiet"]]  # "dropped" was planned a moment ago
+        again = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                          held=lambda: Held(alive, frozenset(), frozenset()), grace_s=6, gpu_backlog=0)
+        assert again.shards == []  # sent once: the touch makes the next pass wait another grace
 
 
 def test_advance_waits_for_the_whole_phase_and_moves_once(db: str) -> None:

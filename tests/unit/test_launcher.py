@@ -44,3 +44,72 @@ def test_the_private_redis_is_restarted_after_a_sigkill_with_its_aof(tmp_path: P
     finally:
         sup.stop(timeout=5)
     assert all(p.poll() is not None for p in sup.procs.values())
+
+
+def test_a_dead_workers_leases_are_handed_back_by_its_supervisor(tmp_path: Path, redis_url: str) -> None:
+    """SIGKILLed, a worker cannot clear its heartbeat: its supervisor does, at once. The jobs and shard the key
+    held are marked abandoned for the reconciler, the exclusive passes it held are unlocked, and nothing of
+    another process (a restart under the same name, another coordinator's lock) is touched."""
+    import json
+    import sys
+
+    from services.config import Settings
+    from workers.launcher import ProcSpec, lease_releaser
+    from workers.registry import (
+        ABANDONED_JOBS,
+        ABANDONED_SHARDS,
+        PREFIX,
+        RECONCILE_LOCK,
+        RETENTION_LOCK,
+        abandoned,
+        forget_abandoned,
+        release_dead,
+    )
+
+    client = redis.Redis.from_url(redis_url)
+    names = ["coordinator2@t", "gpu0@t", "other@t"]
+    client.delete(ABANDONED_JOBS, ABANDONED_SHARDS, RECONCILE_LOCK, RETENTION_LOCK, *(PREFIX + n for n in names))
+    sup = Supervisor([ProcSpec("coordinator2@t", [sys.executable, "-c", "import time; time.sleep(60)"], worker=True),
+                      ProcSpec("plain", [sys.executable, "-c", "import time; time.sleep(60)"])],
+                     restart=False, on_exit=lease_releaser(Settings(redis_url=redis_url)))
+    try:
+        sup.start()
+        pid = sup.procs["coordinator2@t"].pid
+        client.set(PREFIX + "coordinator2@t", json.dumps({"name": "coordinator2@t", "pid": pid, "jobs": ["j1", "j2"],
+                                                          "current_shard": None}), ex=60)
+        client.set(RECONCILE_LOCK, b"coordinator2@t-" + b"a" * 32, ex=60)
+        client.set(RETENTION_LOCK, b"coordinator2@t-x-" + b"a" * 32, ex=60)  # host "t-x": another coordinator
+        os.kill(pid, signal.SIGKILL)
+        sup.procs["coordinator2@t"].wait()
+        sup.poll()
+        assert client.get(PREFIX + "coordinator2@t") is None
+        assert client.get(RECONCILE_LOCK) is None and client.get(RETENTION_LOCK) == b"coordinator2@t-x-" + b"a" * 32
+        assert abandoned(client) == (frozenset({"j1", "j2"}), frozenset())
+        sup.poll()  # reported once: a second poll hands back nothing more
+        forget_abandoned(client, frozenset({"j1", "j2"}), frozenset())
+        assert abandoned(client) == (frozenset(), frozenset())
+    finally:
+        sup.stop(timeout=5)
+    # A key written by a later process of the same name (a restart) is not the dead one's: kept.
+    client.set(PREFIX + "gpu0@t", json.dumps({"name": "gpu0@t", "pid": 999999, "current_shard": 7}), ex=60)
+    assert release_dead(client, "gpu0@t", 123) == ([], None)
+    assert client.get(PREFIX + "gpu0@t") is not None and abandoned(client)[1] == frozenset()
+    assert release_dead(client, "gpu0@t", 999999) == ([], 7) and abandoned(client)[1] == frozenset({7})
+    client.delete(ABANDONED_JOBS, ABANDONED_SHARDS, RETENTION_LOCK, *(PREFIX + n for n in names))
+
+
+def test_children_see_the_environment_as_it_is_when_they_start(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`strata serve` makes its supervisor, starts the private Redis with it, and only then sets STRATA_REDIS_URL:
+    the API and workers started (and restarted) after that must get it, or they talk to another Redis."""
+    import sys
+
+    from workers.launcher import ProcSpec
+
+    out = tmp_path / "env.txt"
+    sup = Supervisor([], env={"STRATA_FROM_SUPERVISOR": "a"})
+    monkeypatch.setenv("STRATA_REDIS_URL", "redis://127.0.0.1:1/0")  # set after the supervisor was made
+    code = (f"import os; open({str(out)!r}, 'w').write(os.environ.get('STRATA_REDIS_URL', '') + ' ' + "
+            "os.environ.get('STRATA_FROM_SUPERVISOR', '') + ' ' + os.environ.get('STRATA_FROM_SPEC', ''))")
+    sup.add([ProcSpec("child", [sys.executable, "-c", code], {"STRATA_FROM_SPEC": "b"})])
+    sup.procs["child"].wait(30)
+    assert out.read_text() == "redis://127.0.0.1:1/0 a b"

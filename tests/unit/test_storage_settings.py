@@ -31,4 +31,6 @@ def test_node_name_names_this_host(tmp_path: Path) -> None:
     from workers.launcher import worker_specs
 
     specs = worker_specs(Settings(data_dir=tmp_path, node_name="hostb", cpu_workers=2), gpus=[])
-    assert [s.name for s in specs] == ["coordinator@hostb", "cpu0@hostb", "cpu1@hostb"]
+    assert [s.name for s in specs] == ["coordinator@hostb", "coordinator2@hostb", "cpu0@hostb", "cpu1@hostb"]
+    one = worker_specs(Settings(data_dir=tmp_path, node_name="hostb", coordinators=1), gpus=[], gpu_workers=False)
+    assert [s.name for s in one] == ["coordinator@hostb"]
