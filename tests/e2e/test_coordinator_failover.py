@@ -45,7 +45,8 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
     root = tmp_path_factory.mktemp("failover")
     url = backend_url(BACKENDS[0], root)
     base, _, db_number = redis_url.rpartition("/")
-    own_redis = f"{base}/{int(db_number or 0) + 3}"  # apart from the other e2e modules' (+1, +2)
+    n = int(db_number or 0)
+    own_redis = f"{base}/{n + 3 if n + 3 < 16 else n - 1}"  # apart from the other e2e modules' (+1, +2), in 0-15
     redis.Redis.from_url(own_redis).flushdb()
     env = {"STRATA_DATABASE_URL": url, "STRATA_DATA_DIR": str(root / "var"), "STRATA_REDIS_URL": own_redis,
            "STRATA_COORDINATORS": "2", "STRATA_CPU_WORKERS": "1", "STRATA_TORCH_THREADS": "1",
