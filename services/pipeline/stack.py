@@ -398,7 +398,9 @@ def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, pa
     check_groups(groups)
     h = groups[0].shape[1]
     check_strip(y0, y1, h)
-    top, bottom = rows_needed(y0, y1, h, params, 0 if pixel_shift else BLEND_RADIUS)
+    # the blend windows: B's, and the raw merge's on top of it (its difference to the A/B result)
+    blends = 0 if pixel_shift else 2 if groups[0].shape[0] == 11 else 1
+    top, bottom = rows_needed(y0, y1, h, params, blends * BLEND_RADIUS)
     fused = fuse_rows(groups, top, bottom, device)
     return render_fused_spaces(fused, params, stack_noise_factors(pixel_shift),
                                RowsOut(y0 - top, y1 - top, into, ready))
