@@ -127,6 +127,10 @@ class Settings(BaseSettings):
                                    "tiles of 16-bit deflate TIFFs with nvCOMP (the nvidia-nvcomp wheel); check a "
                                    "host with scripts/gpu/check_tiles.py before turning it on.")
     gpu_deflate_level: int = Field(default=2, ge=0, le=5, description="nvCOMP deflate algorithm type (0-5).")
+    stack_raw_merge: bool = Field(
+        default=False, description="Sub-pixel stacks also merge the frames' raw samples per colour onto the output "
+                                   "grid (multi-frame demosaicking, docs/QUALITY.md); accumulators 44 bytes a pixel "
+                                   "instead of 20, and 4 more model passes per stack strip.")
     recipes_file: Path | None = Field(
         default=None, description="A studio's recipes (TOML, docs/RECIPES.md), added to the built-in ones."
     )

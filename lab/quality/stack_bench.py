@@ -142,8 +142,8 @@ def _merge(reference: tuple[np.ndarray, RawMeta], frames: list[tuple[np.ndarray,
 
 def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: float, device: str,
              content: str = "dead_leaves", photos_dir: Path | None = None, cfa: str = "RGGB",
-             max_shift: float = 1.5) -> CaseResult:
-    """Synthesize, decode, render single and stacked, and measure one case."""
+             max_shift: float = 1.5, raw_merge: bool = False) -> CaseResult:
+    """Synthesize, decode, render single and stacked, and measure one case (``raw_merge``: RenderParams')."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     folder = work / f"{content.replace(':', '_').replace('/', '_')}-{case.name.replace(' ', '_').replace(',', '')}"
@@ -159,7 +159,8 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
         frames.append((np.load(npy), meta))
     timings["decode"] = time.perf_counter() - t0
     truth = tifffile.imread(shot.ground_truth)
-    params = replace(shot_render_params(frames[0][1], frames[0][0]), frames=len(frames))
+    params = replace(shot_render_params(frames[0][1], frames[0][0]), frames=len(frames),
+                     raw_merge=raw_merge and not case.pixel_shift)
 
     t0 = time.perf_counter()
     single = render_mosaic(frames[0][0], params, device)
@@ -222,13 +223,14 @@ DEFAULT_CASES = (
 def run_benchmark(cases: Sequence[StackCase] = DEFAULT_CASES, *, scale: float = 0.1, seed: int = 3,
                   noise: float = 0.002, device: str = "cpu", work_dir: Path | None = None,
                   contents: Sequence[str] = ("dead_leaves",), photos_dir: Path | None = None, cfa: str = "RGGB",
-                  max_shift: float = 1.5) -> list[CaseResult]:
+                  max_shift: float = 1.5, raw_merge: bool = False) -> list[CaseResult]:
     """Run every case on every content in a scratch directory (``cfa``: the frames' CFA pattern; ``max_shift``:
     the largest random shift of a frame, px)."""
     with tempfile.TemporaryDirectory(prefix="strata-stack-bench-") as tmp:
         work = Path(work_dir or tmp)
         return [run_case(c, work, scale=scale, seed=seed, noise=noise, device=device, content=content,
-                         photos_dir=photos_dir, cfa=cfa, max_shift=max_shift) for content in contents for c in cases]
+                         photos_dir=photos_dir, cfa=cfa, max_shift=max_shift, raw_merge=raw_merge)
+                for content in contents for c in cases]
 
 
 def _fmt(v: float | None) -> str:
@@ -267,15 +269,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--photos", type=Path, default=None, help="directory of photo:NNN (../shared/data/photos)")
     parser.add_argument("--cfa", default="RGGB", choices=CFA_PATTERNS, help="the frames' CFA pattern")
     parser.add_argument("--max-shift", type=float, default=1.5, help="largest random frame shift (px)")
+    parser.add_argument("--raw-merge", action="store_true",
+                        help="also merge the frames' raw samples per colour (STRATA_STACK_RAW_MERGE)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     contents = args.content or ["dead_leaves"]
     results = run_benchmark(scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
-                            contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift)
+                            contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift,
+                            raw_merge=args.raw_merge)
     print(format_table(results))
     if args.json:
         payload: dict[str, Any] = {"scale": args.scale, "seed": args.seed, "noise": args.noise, "cfa": args.cfa,
-                                   "max_shift": args.max_shift,
+                                   "max_shift": args.max_shift, "raw_merge": args.raw_merge,
                                    "device": args.device, "contents": contents, "cases": [r.__dict__ for r in results]}
         args.json.write_text(json.dumps(payload, indent=2))
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -144,7 +145,9 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
                  storage)
         return []
     ratios = parse_split_ratio(settings.split_ratio)
-    plan = JobPlan(frames=shot.frames, render=shot.render, n_workers=n_workers,
+    render = replace(shot.render, raw_merge=True) if stack and settings.stack_raw_merge and not shot.pixel_shift \
+        else shot.render
+    plan = JobPlan(frames=shot.frames, render=render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(shot.frames[0].height, shot.frames[0].width),
                    gpu_memory_mb=gpu_memory_mb, tile_spaces=tile_plan(recipes, settings.gpu_deflate),

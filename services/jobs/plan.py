@@ -93,10 +93,11 @@ class ShardPayload:
 PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings",
                 "tile_spaces", "tile_level", "bin_specs")
 # The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
-# (5|6, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators). A worker
-# meeting a plan of another version raises IntermediateLost: the job starts over from its uploads with the new
-# code instead of failing (upgrades without a drain, docs/OPERATIONS.md).
-PLAN_VERSION = 2
+# (5|6|11, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators); version 2 had
+# no raw-sample merge (``RenderParams.raw_merge``, 11-channel accumulators). A worker meeting a plan of another
+# version raises IntermediateLost: the job starts over from its uploads with the new code instead of failing
+# (upgrades without a drain, docs/OPERATIONS.md).
+PLAN_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,9 @@ class RenderParams:
     space: str = "srgb"  # the primary output space (rgb_cam, transfer): the strips' main result
     extra_spaces: tuple[SpaceColour, ...] = ()  # further spaces, each a result of its own (same model pass)
     layout: str = LAYOUT_BAYER  # "bayer" (a mosaic) or "linear" (a linear DNG's RGB image)
+    # Sub-pixel stacks: also merge the frames' raw samples per colour onto the output grid (multi-frame
+    # demosaicking, services.pipeline.stack); set once per job by the coordinator (STRATA_STACK_RAW_MERGE)
+    raw_merge: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -129,7 +132,8 @@ class RenderParams:
     def from_dict(cls, d: dict[str, Any]) -> RenderParams:
         """Inverse of :meth:`to_dict`; the optional keys may be missing (older rows)."""
         optional: dict[str, Any] = {k: type(getattr(cls, k))(d[k])
-                                    for k in ("sharpen_amount", "transfer", "camera", "model", "frames", "layout")
+                                    for k in ("sharpen_amount", "transfer", "camera", "model", "frames", "layout",
+                                              "raw_merge")
                                     if k in d}
         return cls(
             cfa=str(d["cfa"]),

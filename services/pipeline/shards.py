@@ -20,7 +20,12 @@ from services.errors import IntermediateLost
 from services.pipeline import tiles
 from services.pipeline.binning import binned
 from services.pipeline.render import RenderParams, render_strip_spaces
-from services.pipeline.stack import ACCUMULATOR_CHANNELS, merge_frame_group, render_stack_strip_spaces
+from services.pipeline.stack import (
+    ACCUMULATOR_CHANNELS,
+    accumulator_channels,
+    merge_frame_group,
+    render_stack_strip_spaces,
+)
 from services.pipeline.transfer import prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
@@ -217,7 +222,7 @@ def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:
     frames = [(load_intermediate(storage, shard.job_id, key), meta) for key, meta in shard.frames]
     ref_key, ref_meta = shard.reference
     reference = (load_intermediate(storage, shard.job_id, ref_key), ref_meta)
-    channels = 6 if shard.pixel_shift else 5
+    channels = accumulator_channels(shard.params, pixel_shift=bool(shard.pixel_shift))
     with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out:
         merge_frame_group(reference, frames, device=device, stack_size=shard.stack_size, positions=shard.positions,
                           params=shard.params, pixel_shift=list(shard.pixel_shift) if shard.pixel_shift else None,

@@ -2,7 +2,11 @@
 
 A group's result is an int32 fixed-point accumulator (units of 2**-20, see :mod:`services.pipeline.ops.merge`):
 - sub-pixel stacks: (5, H, W) = [weighted sums R, G, B, weight, weighted sum of the warped Bayer mosaic];
-- pixel-shift stacks: (6, H, W) = [weighted sums R, G, B, weights R, G, B].
+- pixel-shift stacks: (6, H, W) = [weighted sums R, G, B, weights R, G, B];
+- sub-pixel stacks with the raw-sample merge (``RenderParams.raw_merge``, off by default): (11, H, W) = the 5
+  above, then the frames' raw samples kernel-regressed per colour onto the output grid (sums R, G, B, kernel
+  weights R, G, B; :func:`services.pipeline.ops.merge.raw_kernel_sums`), blended in at render time where they
+  agree (:data:`RAW_MERGE_SHARE`).
 Every frame's contribution depends only on that frame, the reference (frame 0) and the shot's shared
 parameters, and the reference is counted by the one group that holds frame 0, so sums from any partition of
 the frames add up to the same integer totals: fusing 2 groups of 4 is bit-identical to 1 group of 8.
@@ -11,8 +15,9 @@ The merge works on normalised camera values before white balance: the gains only
 group gets the same gains from the coordinator (``RenderParams``), so groups cannot disagree on colour. White
 balance proper is applied once, after fusion, by the strip renderer (:func:`render_fused`, here: the
 single-frame path is :mod:`services.pipeline.render`). Fusion happens in the strips themselves
-(:func:`render_stack_strip` reads its rows of every group's accumulator): the fused stack (5|6, H, W) float32,
-camera RGB, the merge weight(s) and (sub-pixel) the merged Bayer mosaic, only exists strip by strip on the GPUs.
+(:func:`render_stack_strip` reads its rows of every group's accumulator): the fused stack (5|6|11, H, W) float32,
+camera RGB, the merge weight(s) and (sub-pixel) the merged Bayer mosaic (and the raw merge), only exists strip
+by strip on the GPUs.
 """
 
 from __future__ import annotations
@@ -130,6 +135,11 @@ def pixel_shift_offsets(shifts: Sequence[tuple[float, float]]) -> list[tuple[int
     return offsets if near and small and offsets[0] == (0, 0) and len(phases) == 4 else None
 
 
+def accumulator_channels(params: RenderParams, *, pixel_shift: bool) -> int:
+    """Channels of a frame group's accumulator: 6 in pixel shift, 11 with the raw-sample merge, else 5."""
+    return 6 if pixel_shift else 11 if params.raw_merge else 5
+
+
 def merge_frame_group(
     reference: Frame,
     frames: Sequence[Frame],
@@ -142,7 +152,8 @@ def merge_frame_group(
     out: np.ndarray | None = None,
     out_ready: Callable[[], object] | None = None,
 ) -> np.ndarray:
-    """Align ``frames`` to the shared reference and accumulate them: int32 (5, H, W), or (6, H, W) in pixel shift.
+    """Align ``frames`` to the shared reference and accumulate them: int32 (5, H, W), (11, H, W) with the raw-sample
+    merge (``params.raw_merge``), or (6, H, W) in pixel shift.
 
     ``stack_size`` is the number of frames in the whole stack (all groups): every group demosaics with the same
     noise level, so groups stay interchangeable (:func:`merge_params`). ``positions``: each frame's index in the
@@ -165,7 +176,7 @@ def merge_frame_group(
         ref = prepare_reference(_normalised(*reference, dev), mp)
         mosaics = [_normalised(raw, meta, dev) for raw, meta in frames]
         if pixel_shift is None:
-            acc = accumulate_frames(ref, mosaics, mp, positions)  # (5, H, W)
+            acc = accumulate_frames(ref, mosaics, mp, positions, raw_merge=shared.raw_merge)  # (5|11, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
     h, w = np.asarray(reference[0]).shape
@@ -190,12 +201,12 @@ def merge_frame_group(
 
 
 def check_groups(groups: Sequence[np.ndarray]) -> None:
-    """Group accumulators must be int32 fixed point of one (5|6, H, W) shape."""
+    """Group accumulators must be int32 fixed point of one (5|6|11, H, W) shape."""
     if not groups:
         raise ValueError("no frame groups to fuse")
     shapes = {g.shape for g in groups}
-    if len(shapes) != 1 or groups[0].ndim != 3 or groups[0].shape[0] not in (5, 6):
-        raise ValueError(f"group accumulators must share one (5|6, H, W) shape, got {sorted(shapes)}")
+    if len(shapes) != 1 or groups[0].ndim != 3 or groups[0].shape[0] not in ACCUMULATOR_CHANNELS:
+        raise ValueError(f"group accumulators must share one (5|6|11, H, W) shape, got {sorted(shapes)}")
     if any(g.dtype != np.int32 for g in groups):
         raise ValueError(f"group accumulators must be int32 fixed point, got {sorted({str(g.dtype) for g in groups})}")
 
@@ -203,9 +214,10 @@ def check_groups(groups: Sequence[np.ndarray]) -> None:
 def fuse_rows(groups: Sequence[np.ndarray], top: int, bottom: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """Fuse rows [top, bottom) of the group accumulators (arrays or memory maps) on ``device``.
 
-    Returns the fused stack (1, 5|6, rows, W) float32: camera RGB = sums / weights, then the total merge
+    Returns the fused stack (1, 5|6|11, rows, W) float32: camera RGB = sums / weights, then the total merge
     weight(s) in frames (1 channel, or R, G, B in pixel shift), which set the fused noise level, and (sub-pixel)
-    the merged Bayer mosaic = its sum / the weight. The sums are
+    the merged Bayer mosaic = its sum / the weight; with the raw-sample merge (11 channels) then the raw-merged
+    camera RGB = its kernel sums / kernel weights and those weights R, G, B (in samples). The sums are
     added as integers and divided in float64 (IEEE-exact on every device), so any grouping, any device and any
     strip cut give the same bits.
     """
@@ -217,22 +229,38 @@ def fuse_rows(groups: Sequence[np.ndarray], top: int, bottom: int, device: str |
     weights = total[3:6] if total.shape[0] == 6 else total[3:4]  # (3|1, rows, W)
     divisor = weights.clamp(min=1).to(torch.float64)
     parts = [total[:3].to(torch.float64) / divisor, weights.to(torch.float64) / 2.0**FIXED_POINT_BITS]
-    if total.shape[0] == 5:
+    if total.shape[0] in (5, 11):
         parts.append(total[4:5].to(torch.float64) / divisor)  # (1, rows, W) merged Bayer mosaic
+    if total.shape[0] == 11:
+        raw = total[8:11]  # (3, rows, W) kernel weights
+        parts += [total[5:8].to(torch.float64) / raw.clamp(min=1).to(torch.float64),
+                  raw.to(torch.float64) / 2.0**FIXED_POINT_BITS]
     return torch.cat(parts).to(torch.float32)[None]
 
 
 def fuse_groups(groups: Sequence[np.ndarray]) -> np.ndarray:
-    """The whole fused stack (5|6, H, W) float32 on the CPU (see :func:`fuse_rows`)."""
+    """The whole fused stack (5|6|11, H, W) float32 on the CPU (see :func:`fuse_rows`)."""
     check_groups(groups)
     return fuse_rows(groups, 0, groups[0].shape[1])[0].numpy()
 
 
 RGB_DENOISE_RADIUS = 2
-# Fused stack: camera RGB + 1 merge weight + the merged Bayer mosaic (sub-pixel) or + 3 weights (pixel shift).
-FUSED_CHANNELS = (5, 6)
+# Fused stack: camera RGB + 1 merge weight + the merged Bayer mosaic (sub-pixel) or + 3 weights (pixel shift);
+# with the raw-sample merge (sub-pixel, RenderParams.raw_merge) + the raw-merged camera RGB + its 3 kernel weights.
+FUSED_CHANNELS = (5, 6, 11)
 # Group accumulators have the same channels (int32 fixed point); an older layout (4 channels) is unknown.
 ACCUMULATOR_CHANNELS = FUSED_CHANNELS
+# Raw-sample merge (multi-frame demosaicking, RenderParams.raw_merge, off by default): the frames' raw samples are
+# kernel-regressed per colour onto the output grid (ops.merge.raw_kernel_sums), so sub-pixel shifts sample every
+# colour at more places than one mosaic. That image, D, is noisy (few samples per pixel), so it is rendered like a
+# pixel-shift image (the package on its four re-mosaicked phases, told RAW_MERGE_NOISE_SHARE of the stack's noise)
+# and blended into the A/B result where the two agree (the same rule as B, share up to RAW_MERGE_SHARE), where
+# every colour has at least RAW_MERGE_MIN_WEIGHT of kernel weight (less: D's share falls to 0 in proportion) and
+# only where the motion test kept every frame (merge weight above frames - 1: D is told the whole stack's noise, and
+# where motion was rejected it cost up to 0.27 dB inside the moving object, docs/QUALITY.md).
+RAW_MERGE_NOISE_SHARE = 0.5
+RAW_MERGE_SHARE = 0.5
+RAW_MERGE_MIN_WEIGHT = 1.0
 # Sub-pixel stacks are rendered twice and blended (render_fused): A, the fused camera RGB (frames demosaiced one by
 # one) through a light Lee filter; B, the fused Bayer mosaic (frames' CFA planes warped onto the reference, averaged)
 # through the package at 1/frames of the noise. Their errors are partly independent, so where they agree their
@@ -259,6 +287,30 @@ def _remosaic_enhance(x: torch.Tensor, params: RenderParams, shot: torch.Tensor,
     return out / len(_PHASES)
 
 
+def _agreement_share(a: torch.Tensor, b: torch.Tensor, noise: torch.Tensor, top: float) -> torch.Tensor:
+    """(1, 1, H, W) share of ``b`` in a blend with ``a``: ``top`` where they agree, falling to 0 as their local
+    squared difference (window radius BLEND_RADIUS) reaches BLEND_TOLERANCE x ``noise`` (a variance)."""
+    spread = box_mean((b - a).square().sum(dim=1, keepdim=True), BLEND_RADIUS)  # (1, 1, H, W)
+    return top * (1.0 - spread / (BLEND_TOLERANCE * noise).clamp(min=1e-12)).clamp(0.0, 1.0)
+
+
+def _blend_raw(x: torch.Tensor, raw: torch.Tensor, raw_weight: torch.Tensor, weight: torch.Tensor,
+               params: RenderParams) -> torch.Tensor:
+    """Blend the rendered stack ``x`` (1, 3, H, W, white-balanced) with the raw-sample merge ``raw`` (1, 3, H, W,
+    camera RGB) rendered through the package (:data:`RAW_MERGE_NOISE_SHARE`) where they agree, where every
+    colour has enough kernel weight ``raw_weight`` (1, 3, H, W) (:data:`RAW_MERGE_MIN_WEIGHT`) and where the merge
+    weight ``weight`` (1, 1, H, W, frames) says no frame moved."""
+    dev = x.device
+    shot, read = (torch.tensor(v, dtype=torch.float32, device=dev) / params.frames for v in noise_per_channel(params))
+    gains = torch.tensor(params.gains, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    d = _remosaic_enhance(raw * gains, params, shot * RAW_MERGE_NOISE_SHARE, read * RAW_MERGE_NOISE_SHARE)
+    d = sharpen(d, params.sharpen_amount, SHARPEN_SIGMA)
+    noise = (shot.view(1, 3, 1, 1) * x.clamp(min=0.0) + read.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
+    confidence = (raw_weight.amin(dim=1, keepdim=True) / RAW_MERGE_MIN_WEIGHT).clamp(0.0, 1.0)  # (1, 1, H, W)
+    confidence = confidence * (weight - (params.frames - 1)).clamp(0.0, 1.0)
+    return x + confidence * _agreement_share(x, d, noise, RAW_MERGE_SHARE) * (d - x)
+
+
 def _blend_bayer(a: torch.Tensor, bayer: torch.Tensor, params: RenderParams) -> torch.Tensor:
     """Blend the sharpened RGB path ``a`` (1, 3, H, W) with the package's render of the fused Bayer mosaic
     (1, 1, H, W, normalised camera values) where the two agree (see :data:`BLEND_TOLERANCE`)."""
@@ -267,10 +319,8 @@ def _blend_bayer(a: torch.Tensor, bayer: torch.Tensor, params: RenderParams) -> 
     enhancer = load_enhancer(params.camera, dev, package=params.model)
     b = enhancer.enhance(white_balance(bayer, params.gains, params.cfa), params.cfa, shot, read)
     b = sharpen(b, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W)
-    spread = box_mean((b - a).square().sum(dim=1, keepdim=True), BLEND_RADIUS)  # (1, 1, H, W)
     noise = (shot.view(1, 3, 1, 1) * a.clamp(min=0.0) + read.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
-    share = 0.5 * (1.0 - spread / (BLEND_TOLERANCE * noise).clamp(min=1e-12)).clamp(0.0, 1.0)
-    return a + share * (b - a)
+    return a + _agreement_share(a, b, noise, 0.5) * (b - a)
 
 
 def render_fused(fused: torch.Tensor, params: RenderParams,
@@ -283,7 +333,7 @@ def render_fused(fused: torch.Tensor, params: RenderParams,
 def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
                         noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0), rows: RowsOut | None = None
                         ) -> list[np.ndarray]:
-    """Render a fused stack (1, 5|6, H, W) float32 on its device to one (H, W, 3) uint16 image per output space
+    """Render a fused stack (1, 5|6|11, H, W) float32 on its device to one (H, W, 3) uint16 image per output space
     (primary first, :func:`~services.pipeline.render.encode_spaces`): camera RGB in [0, 1], the
     merge weight of each pixel in frames and the merged Bayer mosaic (sub-pixel stacks), or R, G, B weights
     (pixel shift).
@@ -292,12 +342,13 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
     per-sample noise model per channel (see :func:`stack_noise_factors`). Sub-pixel stacks
     (5 channels): the Lee filter at that noise over each pixel's merge weight (fewer frames where motion was
     rejected, so more smoothing there), blended with the package's render of the merged Bayer mosaic where the
-    two agree (:data:`BLEND_TOLERANCE`). Pixel shift (6 channels): the package on the four re-mosaicked phases
-    (:data:`PIXEL_SHIFT_NOISE_SHARE`).
+    two agree (:data:`BLEND_TOLERANCE`); with the raw-sample merge (11 channels) that result is blended with the
+    package's render of the raw-merged image where they agree (:func:`_blend_raw`). Pixel shift (6 channels): the
+    package on the four re-mosaicked phases (:data:`PIXEL_SHIFT_NOISE_SHARE`).
     """
     if fused.ndim != 4 or fused.shape[0] != 1 or fused.shape[1] not in FUSED_CHANNELS:
-        raise ValueError(f"fused stack must be (1, 5|6, H, W): RGB + merge weights (+ Bayer), got "
-                         f"{tuple(fused.shape)}")
+        raise ValueError(f"fused stack must be (1, 5|6|11, H, W): RGB + merge weights (+ Bayer (+ raw merge)), "
+                         f"got {tuple(fused.shape)}")
     dev = fused.device
     gains = torch.tensor(params.gains, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
     pixel_shift = fused.shape[1] == 6
@@ -310,15 +361,18 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
     else:
         x = denoise_lee(x, shot, read, radius=RGB_DENOISE_RADIUS, noise_scale=1.0 / weight.clamp(min=1.0))
         x = _blend_bayer(sharpen(x, params.sharpen_amount, SHARPEN_SIGMA), fused[:, 4:5].float(), params)
+        if fused.shape[1] == 11:
+            x = _blend_raw(x, fused[:, 5:8].float(), fused[:, 8:11].float(), weight, params)
     return encode_spaces(x, params, rows)  # matrix, transfer and codes per output space
 
 
 def render_rgb(fused: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
                noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
-    """Render a whole fused stack (5|6, H, W) float32 (:func:`fuse_groups`) to (H, W, 3)
+    """Render a whole fused stack (5|6|11, H, W) float32 (:func:`fuse_groups`) to (H, W, 3)
     uint16; see :func:`render_fused`."""
     if fused.ndim != 3 or fused.shape[0] not in FUSED_CHANNELS:
-        raise ValueError(f"fused stack must be (5|6, H, W): RGB + merge weights (+ Bayer), got {fused.shape}")
+        raise ValueError(f"fused stack must be (5|6|11, H, W): RGB + merge weights (+ Bayer (+ raw merge)), got "
+                         f"{fused.shape}")
     x = torch.from_numpy(np.ascontiguousarray(fused, dtype=np.float32)).to(torch.device(device))[None]
     return render_fused(x, params, noise_factors)
 
@@ -344,7 +398,9 @@ def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, pa
     check_groups(groups)
     h = groups[0].shape[1]
     check_strip(y0, y1, h)
-    top, bottom = rows_needed(y0, y1, h, params, 0 if pixel_shift else BLEND_RADIUS)
+    # the blend windows: B's, and the raw merge's on top of it (its difference to the A/B result)
+    blends = 0 if pixel_shift else 2 if groups[0].shape[0] == 11 else 1
+    top, bottom = rows_needed(y0, y1, h, params, blends * BLEND_RADIUS)
     fused = fuse_rows(groups, top, bottom, device)
     return render_fused_spaces(fused, params, stack_noise_factors(pixel_shift),
                                RowsOut(y0 - top, y1 - top, into, ready))
@@ -373,8 +429,12 @@ __all__ = [
     "FUSED_CHANNELS",
     "MERGE_NOISE_FACTOR",
     "PIXEL_SHIFT_NOISE_SHARE",
+    "RAW_MERGE_MIN_WEIGHT",
+    "RAW_MERGE_NOISE_SHARE",
+    "RAW_MERGE_SHARE",
     "RGB_DENOISE_RADIUS",
     "STACK_RESIDUAL_NOISE",
+    "accumulator_channels",
     "check_groups",
     "fuse_groups",
     "fuse_rows",

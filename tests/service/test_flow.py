@@ -459,3 +459,32 @@ def test_work_of_an_older_version_is_rerendered_not_failed(db: str, tmp_path: Pa
         job = session.get(Job, job_id)
         assert job.status == "done", job.error
         assert job.params["rewinds"] == 2 and job.params["plan_version"] == PLAN_VERSION
+
+
+def test_a_raw_merge_stack_runs_through_the_flow(db: str, tmp_path: Path) -> None:
+    """STRATA_STACK_RAW_MERGE: the plan carries it (RenderParams.raw_merge), the frame groups write 11-channel
+    accumulators and the strips render them to the end."""
+    from lab.synth.stack_synth import synthesize_stack
+    from services.config import get_settings
+    from services.pipeline.shards import load_accumulator
+    from services.storage import get_storage
+
+    shot = synthesize_stack(tmp_path / "s", frames=3, scale=0.03, seed=4)
+    storage, settings = get_storage(), get_settings().model_copy(update={"stack_raw_merge": True})
+    job_id = _stack_job(shot.files, "raw-merge-station")
+    with session_scope() as session:
+        tickets = flow.ingest_job(session, storage, settings, job_id, n_workers=2)
+        assert session.get(Job, job_id).params["render"]["raw_merge"] is True
+    for t in tickets:
+        with session_scope() as session:
+            flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+    assert load_accumulator(storage, job_id, shard_key(job_id, 0, "frame_group", 1)).shape[0] == 11
+    with session_scope() as session:
+        strips = flow.advance_job(session, storage, settings, job_id)
+    for t in strips:
+        with session_scope() as session:
+            flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+    with session_scope() as session:
+        flow.advance_job(session, storage, settings, job_id)
+        job = session.get(Job, job_id)
+        assert job.status == "done", job.error

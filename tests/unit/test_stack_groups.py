@@ -92,9 +92,9 @@ def test_pixel_shift_offsets() -> None:
 
 def test_render_rgb_checks_shape(stack: list[Frame]) -> None:
     params = shot_render_params(stack[0][1], stack[0][0])
-    with pytest.raises(ValueError, match=r"\(5\|6, H, W\)"):
+    with pytest.raises(ValueError, match=r"\(5\|6\|11, H, W\)"):
         render_rgb(np.zeros((8, 8), np.float32), params)
-    with pytest.raises(ValueError, match=r"\(5\|6, H, W\)"):
+    with pytest.raises(ValueError, match=r"\(5\|6\|11, H, W\)"):
         render_rgb(np.full((4, 16, 16), 0.2, np.float32), params)  # RGB + weight without the merged Bayer
     fused = np.concatenate([np.full((3, 64, 64), 0.2, np.float32), np.full((1, 64, 64), 4.0, np.float32),
                             np.full((1, 64, 64), 0.2, np.float32)])
@@ -129,10 +129,37 @@ def test_merge_fills_a_memory_mapped_result_in_place(stack: list[Frame], tmp_pat
                           out=np.empty((5, 2, 2), np.int32))
 
 
-@pytest.mark.parametrize("pixel_shift", [False, True])
-def test_stack_strips_fuse_their_rows_exactly(stack: list[Frame], pixel_shift: bool) -> None:
+def test_raw_merge_groups_fuse_exactly(stack: list[Frame]) -> None:
+    # The raw-sample merge's kernel sums are fixed point per frame too: any grouping, the same bits.
+    params = replace(shot_render_params(stack[0][1], stack[0][0]), raw_merge=True, frames=4)
+    one = _fused(stack, 1, params=params)
+    assert one.shape == (11, 146, 138) and one.dtype == np.float32
+    np.testing.assert_array_equal(one[:5], _fused(stack, 1, params=replace(params, raw_merge=False)))
+    assert one[8:].min() > 0 and np.median(one[8:]) > 0.5  # every colour has kernel weight (less at edges)
+    for n in (2, 4):
+        np.testing.assert_array_equal(_fused(stack, n, params=params), one)
+    np.testing.assert_array_equal(render_rgb(_fused(stack, 2, params=params), params), render_rgb(one, params))
+
+
+def test_raw_merge_of_the_reference_alone_is_its_own_samples(stack: list[Frame]) -> None:
+    import torch
+
+    from services.pipeline.ops.cfa import cfa_masks
+    from services.pipeline.ops.merge import raw_kernel_sums
+
+    mosaic = torch.rand(16, 20)
+    sums = raw_kernel_sums(mosaic, None, "RGGB")  # (6, H, W)
+    own = cfa_masks("RGGB", 16, 20)
+    merged = sums[:3] / sums[3:]
+    torch.testing.assert_close((merged * own).sum(0), mosaic, atol=0.2, rtol=0)  # the site's own sample dominates
+    shifted = raw_kernel_sums(mosaic, torch.full((2, 16, 20), 0.0), "RGGB")
+    torch.testing.assert_close(shifted, sums)
+
+
+@pytest.mark.parametrize(("pixel_shift", "raw_merge"), [(False, False), (True, False), (False, True)])
+def test_stack_strips_fuse_their_rows_exactly(stack: list[Frame], pixel_shift: bool, raw_merge: bool) -> None:
     # Strips fuse their own rows of every group's accumulator: stitched, they equal the whole fused render.
-    params = shot_render_params(stack[0][1], stack[0][0])
+    params = replace(shot_render_params(stack[0][1], stack[0][0]), raw_merge=raw_merge)
     offsets = [(0, 0), (0, 1), (1, 1), (1, 0)] if pixel_shift else None
     groups = [merge_frame_group(stack[0], [stack[i] for i in g], stack_size=4, positions=g, params=params,
                                 pixel_shift=[offsets[i] for i in g] if offsets else None)

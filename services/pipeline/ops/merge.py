@@ -18,7 +18,9 @@ samples the scene at another CFA phase).
 Accumulators are int64 fixed point (units of ``2**-FIXED_POINT_BITS``): sub-pixel stacks (5, H, W) = the
 weighted sums of R, G, B, the weight, and the weighted sum of each frame's Bayer mosaic warped onto the reference
 (its CFA planes resampled, so every site keeps its colour; the renderer's second path); pixel shift (6, H, W) =
-the weighted sums of R, G, B, then one weight per channel. Every
+the weighted sums of R, G, B, then one weight per channel; with the raw-sample merge (``raw_merge``, multi-frame
+demosaicking) sub-pixel stacks add 6 channels, the frames' raw samples kernel-regressed per colour onto the
+reference grid (:func:`raw_kernel_sums`, weighted like the frame's RGB). Every
 frame's contribution depends only on the frame, the reference and the shared parameters and is rounded to
 fixed point before it is added, so integer addition makes accumulators of any partition of the frames add
 up to bit-identical totals: ``sum(sums) / sum(weights)`` over groups equals merging all frames at once
@@ -230,11 +232,58 @@ def _fixed(x: Tensor) -> Tensor:
     return torch.round(x * _ONE).to(torch.int64)
 
 
+# Raw-sample merge (multi-frame demosaicking, after Wronski et al. 2019): the Gaussian kernel's standard deviation in
+# full-resolution pixels, and the taps per axis around each output pixel's source position.
+RAW_MERGE_SIGMA = 0.5
+_RAW_MERGE_TAPS = (-1, 0, 1, 2)
+RAW_MERGE_CHANNELS = 6  # per-colour kernel-weighted sums R, G, B, then the kernel weights R, G, B
+
+
+def raw_kernel_sums(frame: Tensor, pixels: Tensor | None, cfa: str, sigma: float = RAW_MERGE_SIGMA) -> Tensor:
+    """Kernel regression of one frame's raw samples onto the reference grid: (6, H, W) float32 =
+    [sum_k k * sample of colour c (c = R, G, B), sum_k k of colour c].
+
+    Output pixel (y, x) looks at ``frame``'s 4x4 sites around its source position ``(y, x) + pixels[:, y, x]``
+    (the alignment's per-pixel flow; None = the reference itself, no motion) and weighs each site's sample by
+    ``exp(-d^2 / (2 sigma^2))`` of its distance ``d`` to that position, into the sums of the colour the site
+    records. Frames shifted by sub-pixel amounts put their samples at other places, so the sums of several
+    frames sample each colour more densely than one mosaic does. Sites outside the frame count nothing.
+    """
+    check_mosaic(frame, "frame", min_size=8)
+    h, w = frame.shape
+    dev = frame.device
+    sy = torch.arange(h, device=dev, dtype=torch.float32)[:, None].expand(h, w)  # (H, W)
+    sx = torch.arange(w, device=dev, dtype=torch.float32)[None, :].expand(h, w)
+    if pixels is not None:
+        sy, sx = sy + pixels[0], sx + pixels[1]
+    by, bx = torch.floor(sy), torch.floor(sx)
+    sites = torch.tensor(cfa_channels(cfa), device=dev).view(4)  # channel of site (y % 2) * 2 + x % 2
+    flat = frame.to(torch.float32).reshape(-1)
+    out = torch.zeros(6, h, w, dtype=torch.float32, device=dev)
+    wanted = torch.arange(3, device=dev).view(3, 1, 1)
+    inv = -0.5 / (sigma * sigma)
+    for a in _RAW_MERGE_TAPS:
+        p = by + a
+        in_y = (p >= 0) & (p <= h - 1)
+        pi = p.clamp(0, h - 1).to(torch.int64)
+        ky = (p - sy).square()
+        for b in _RAW_MERGE_TAPS:
+            q = bx + b
+            qi = q.clamp(0, w - 1).to(torch.int64)
+            k = torch.exp((ky + (q - sx).square()) * inv) * (in_y & (q >= 0) & (q <= w - 1))  # (H, W)
+            onehot = (sites[(pi % 2) * 2 + qi % 2][None] == wanted).to(torch.float32)  # (3, H, W)
+            kc = onehot * k[None]
+            out[:3] += kc * flat[pi * w + qi][None]
+            out[3:] += kc
+    return out
+
+
 def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], params: MergeParams,
-                      positions: Sequence[int] | None = None) -> Tensor:
+                      positions: Sequence[int] | None = None, raw_merge: bool = False) -> Tensor:
     """Align, warp and robustly accumulate ``frames`` onto the reference: (5, H, W) int64 fixed point
     [sum R, G, B, weight, sum of the warped Bayer mosaic] (the mosaic's CFA planes are warped by half the flow,
-    bicubic, and weighted like the frame's RGB).
+    bicubic, and weighted like the frame's RGB). With ``raw_merge``, (11, H, W): then the 6 channels of
+    :func:`raw_kernel_sums` of each frame's raw samples, times the frame's motion weight.
 
     ``positions``: each frame's index in the whole stack (default 0, 1, ...), which picks the orientation of its
     demosaic (see the module doc): a frame contributes the same sums whichever group it is merged in.
@@ -246,7 +295,7 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     if len(positions) != len(frames) or min(positions, default=0) < 0:
         raise ValueError(f"need one stack position >= 0 per frame, got {list(positions)} for {len(frames)} frames")
     h, w = ref.mosaic.shape
-    acc = torch.zeros(5, h, w, dtype=torch.int64, device=ref.mosaic.device)  # (5, H, W)
+    acc = torch.zeros(5 + RAW_MERGE_CHANNELS * raw_merge, h, w, dtype=torch.int64, device=ref.mosaic.device)
     ones = torch.ones(3, h, w, dtype=torch.float32, device=ref.mosaic.device)  # (3, H, W)
     for frame, position in zip(frames, positions, strict=True):
         f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
@@ -255,6 +304,8 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
             acc[:3] += _fixed(ref.rgb)
             acc[3] += int(_ONE)
             acc[4] += _fixed(ref.mosaic)
+            if raw_merge:
+                acc[5:] += _fixed(raw_kernel_sums(f, None, params.cfa))
             continue
         rgb = demosaic_camera(f, params, position % len(ORIENTATIONS))  # (3, H, W)
         flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align)  # (ny, nx, 2)
@@ -268,6 +319,8 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
         acc[3] += _fixed(weight)
         bayer = join_sites(warp(split_sites(f), pixels[:, ::2, ::2] / 2.0, mode="bicubic")[0])  # (H, W), sites kept
         acc[4] += _fixed(bayer * weight)
+        if raw_merge:
+            acc[5:] += _fixed(raw_kernel_sums(f, pixels, params.cfa) * weight)
     return acc
 
 
