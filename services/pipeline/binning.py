@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from services.pipeline.ops import decode_transfer
+from services.pipeline.transfer import upload
 
 _CHUNK_BINS = 128  # bin rows per step: bounded float temporaries
 
@@ -48,8 +49,7 @@ def binned(rows: np.ndarray, y0: int, k: int, transfer: str, device: str = "cpu"
     lut = decode_lut(transfer).to(dev)
     for j in range(bins.start, bins.stop, _CHUNK_BINS):
         j1 = min(j + _CHUNK_BINS, bins.stop)
-        chunk = np.ascontiguousarray(rows[j * k - y0 : j1 * k - y0, : wk * k])
-        codes = torch.from_numpy(chunk).to(dev).to(torch.int64)
+        codes = upload(rows[j * k - y0 : j1 * k - y0, : wk * k], dev).to(torch.int64)  # uint16 across the bus
         lin = lut[codes]
         if k > 1:  # the k x k box mean, on the interleaved layout (no transposed copy)
             lin = lin.view(j1 - j, k, wk, k, 3).mean(dim=(1, 3))

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from services.pipeline.transfer import upload
+
 log = logging.getLogger(__name__)
 
 TILE_H, TILE_W = 64, 128  # 64 x 128 x 3 x 2 bytes = 48 KiB: one nvCOMP deflate chunk (<= 64 KiB)
@@ -141,14 +143,14 @@ def gpu_tile_streams(rows: np.ndarray | torch.Tensor, y0: int, height: int, devi
     per_row = -(-rows.shape[1] // TILE_W)
     if not len(tile_rows):
         return _container([], tile_rows, per_row)
-    src = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
     codec = _codec(dev.index or 0, algorithm_type)
     raw: list[torch.Tensor] = []
     adler: list[np.ndarray] = []
     for first in range(tile_rows.start, tile_rows.stop, _CHUNK):
         chunk = range(first, min(first + _CHUNK, tile_rows.stop))
-        top, bottom = chunk.start * TILE_H - y0, min(chunk.stop * TILE_H - y0, src.shape[0])
-        gpu = src[top:bottom].to(dev).to(torch.int32)
+        top, bottom = chunk.start * TILE_H - y0, min(chunk.stop * TILE_H - y0, rows.shape[0])
+        part = rows[top:bottom]
+        gpu = (part.to(dev) if isinstance(part, torch.Tensor) else upload(part, dev)).to(torch.int32)
         data = _to_bytes(_tiled(gpu, chunk, y0 + top)).contiguous()
         adler.append(_adler32(data).cpu().numpy())
         torch.cuda.synchronize(dev)  # nvCOMP runs on its own stream
