@@ -126,9 +126,13 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         # is held by its worker's heartbeat; the reconciler re-dispatches it if that worker dies)
         return _tickets(job, list(session.scalars(select(Shard).where(
             Shard.job_id == job.id, Shard.phase == job.phase, Shard.status == ShardStatus.PENDING))))
-    job.status, job.stage = JobStatus.RUNNING, Stage.DECODING
-    job.started_at = job.started_at or utcnow()
+    # Conditional: a cancel committed since the job was loaded must not be overwritten by "running".
+    started = execute_update(session, update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
+        status=JobStatus.RUNNING, stage=Stage.DECODING, started_at=func.coalesce(Job.started_at, utcnow())))
     session.commit()
+    if not started:
+        return []
+    session.refresh(job)
     if settings.fault_ingest_delay_s:  # failure drills: a window to kill the coordinator mid-ingest
         time.sleep(settings.fault_ingest_delay_s)
     t0 = time.perf_counter()

@@ -488,3 +488,22 @@ def test_a_raw_merge_stack_runs_through_the_flow(db: str, tmp_path: Path) -> Non
         flow.advance_job(session, storage, settings, job_id)
         job = session.get(Job, job_id)
         assert job.status == "done", job.error
+
+
+def test_a_cancel_committed_while_ingest_starts_is_not_overwritten(db: str, synth_dir: Path) -> None:
+    """The coordinator holds the job as it was loaded (queued); a cancel commits meanwhile. Ingest's move to
+    running is conditional, so the job stays cancelled and nothing is planned."""
+    from services.config import get_settings
+    from services.storage import get_storage
+
+    job_id = _stack_job([synth_dir / "iq3s" / "frame_00.dng"], "cancel-race", camera="IQ3_S")
+    with session_scope() as coordinator:
+        stale = flow.load_job(coordinator, job_id)
+        assert stale.status == "queued"
+        with session_scope() as api:
+            api.execute(update(Job).where(Job.id == job_id).values(status="cancelled", stage="cancelled"))
+            api.commit()
+        assert flow.ingest_job(coordinator, get_storage(), get_settings(), job_id, n_workers=1) == []
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert (job.status, job.phase) == ("cancelled", -1)
