@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -31,15 +30,10 @@ from services.jobs.plan import (
     PLANNED_KEYS,
     JobPlan,
     ShardPayload,
-    bin_plan,
     phase_count,
     shard_input,
-    single_frame_phases,
-    stack_phases,
-    tile_plan,
-    with_decoded_source,
 )
-from services.jobs.planner import parse_split_ratio, plan_phase_shards
+from services.jobs.planner import plan_phase_shards, plan_shot
 from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
@@ -116,6 +110,16 @@ def _add_phase_shards(session: Session, job: Job, plan: JobPlan, phase: int, set
     return shards
 
 
+def _start(session: Session, job: Job) -> bool:
+    """Queued -> running, conditionally: a cancel committed since the job was loaded is never overwritten."""
+    started = execute_update(session, update(Job).where(Job.id == job.id, Job.status.in_(ACTIVE)).values(
+        status=JobStatus.RUNNING, stage=Stage.DECODING, started_at=func.coalesce(Job.started_at, utcnow())))
+    session.commit()
+    if started:
+        session.refresh(job)
+    return bool(started)
+
+
 def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: str, n_workers: int,
                gpu_memory_mb: int = 0) -> list[ShardTicket]:
     """Decode, compute the shared shot parameters once, plan phase 0; returns shards to dispatch."""
@@ -126,13 +130,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         # is held by its worker's heartbeat; the reconciler re-dispatches it if that worker dies)
         return _tickets(job, list(session.scalars(select(Shard).where(
             Shard.job_id == job.id, Shard.phase == job.phase, Shard.status == ShardStatus.PENDING))))
-    # Conditional: a cancel committed since the job was loaded must not be overwritten by "running".
-    started = execute_update(session, update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
-        status=JobStatus.RUNNING, stage=Stage.DECODING, started_at=func.coalesce(Job.started_at, utcnow())))
-    session.commit()
-    if not started:
+    if not _start(session, job):
         return []
-    session.refresh(job)
     if settings.fault_ingest_delay_s:  # failure drills: a window to kill the coordinator mid-ingest
         time.sleep(settings.fault_ingest_delay_s)
     t0 = time.perf_counter()
@@ -148,15 +147,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         fail_job(session, job_id, f"decode failed: {exc.detail}" if isinstance(exc, RawError) else exc.detail,
                  storage)
         return []
-    ratios = parse_split_ratio(settings.split_ratio)
-    render = replace(shot.render, raw_merge=True) if stack and settings.stack_raw_merge and not shot.pixel_shift \
-        else shot.render
-    plan = JobPlan(frames=shot.frames, render=render, n_workers=n_workers,
-                   phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
-                   ratios=None if ratios is None else tuple(ratios), size=(shot.frames[0].height, shot.frames[0].width),
-                   gpu_memory_mb=gpu_memory_mb, tile_spaces=tile_plan(recipes, settings.gpu_deflate),
-                   tile_level=settings.gpu_deflate_level, extra=with_decoded_source(job.params, shot.frames[0]),
-                   bin_specs=bin_plan(recipes, shot.frames[0].height, shot.frames[0].width, settings.gpu_encode))
+    plan = plan_shot(job_id, shot, recipes, job.params, settings, stack=stack, n_workers=n_workers,
+                     gpu_memory_mb=gpu_memory_mb)
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.
     if not _claim(session, job_id, -1, phase=0):
         return []

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
+from services.config import Settings
 from services.errors import BadInput
-from services.jobs.plan import JobPlan, ShardKind, ShardPayload
+from services.export.recipes import Recipe
+from services.jobs.plan import (
+    JobPlan,
+    ShardKind,
+    ShardPayload,
+    bin_plan,
+    single_frame_phases,
+    stack_phases,
+    tile_plan,
+    with_decoded_source,
+)
+from services.pipeline.prepare import PreparedShot
 
 
 def parse_split_ratio(text: str | None) -> list[float] | None:
@@ -108,3 +122,19 @@ def plan_phase_shards(plan: JobPlan, phase: int, *, groups_done: int, strip_rows
     groups_count = groups_done if spec.groups_phase is not None else None
     return [(ShardKind.STRIP, ShardPayload(gpu_slot=i if use_ratio else None, y0=y0, y1=y1, groups=groups_count))
             for i, (y0, y1) in enumerate(plan_strips(plan.height, n, use_ratio))]
+
+
+def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params: dict[str, Any], settings: Settings,
+              *, stack: bool, n_workers: int, gpu_memory_mb: int) -> JobPlan:
+    """The job's plan once its frames are decoded: phases, the render (with the raw-sample merge where the
+    settings ask for it), the GPU output work (tiles, proof bins) its recipes need, and the split ratios."""
+    ratios = parse_split_ratio(settings.split_ratio)
+    render = replace(shot.render, raw_merge=True) if stack and settings.stack_raw_merge and not shot.pixel_shift \
+        else shot.render
+    height, width = shot.frames[0].height, shot.frames[0].width
+    return JobPlan(frames=shot.frames, render=render, n_workers=n_workers,
+                   phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
+                   ratios=None if ratios is None else tuple(ratios), size=(height, width), gpu_memory_mb=gpu_memory_mb,
+                   tile_spaces=tile_plan(recipes, settings.gpu_deflate), tile_level=settings.gpu_deflate_level,
+                   bin_specs=bin_plan(recipes, height, width, settings.gpu_encode),
+                   extra=with_decoded_source(params, shot.frames[0]))
