@@ -91,7 +91,10 @@ class Settings(BaseSettings):
         default="wait", description="Shots not started by a batch's not_after: wait (same times next day) | skip."
     )
     import_root: Path | None = Field(default=None, description="Server-side folder batches may import paths from.")
-    batch_in_flight: int = Field(default=0, description="Batch-lane jobs in flight at once; 0 = live GPU workers + 1.")
+    batch_in_flight: int = Field(
+        default=0, description="Batch-lane jobs in flight at once; 0 = 2 per live GPU worker + live coordinator slots "
+        "- 1 (at least GPU workers + 1).",
+    )
     admission_interval_s: float = Field(default=1.0, description="Coordinator's admission pass; 0 = off.")
     webhook_max_attempts: int = Field(default=6, description="Batch webhook deliveries tried before giving up.")
     webhook_backoff_s: float = Field(default=2.0, description="First webhook retry delay; doubles each attempt.")

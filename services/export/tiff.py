@@ -176,7 +176,9 @@ def _deflated_tiles(items: Iterator[np.ndarray] | Iterator[np.ndarray | memoryvi
         ahead: deque[Future[bytes]] = deque()
         for item in items:
             if isinstance(item, memoryview):  # tifffile takes bytes (it tells pre-compressed tiles by their type)
-                ahead.append(pool.submit(bytes, item))
+                done: Future[bytes] = Future()  # a stored stream: copied here, no thread hop per tile
+                done.set_result(bytes(item))
+                ahead.append(done)
             else:
                 ahead.append(pool.submit(_deflate_tile, item, size))
             if len(ahead) >= 4 * max(1, threads):

@@ -142,3 +142,27 @@ def test_a_worker_bins_its_strips_and_the_proof_written_from_them_is_the_same_fi
     with_bins = write_recipe(storage, "a.jpg", strips, recipe, meta_out, prebinned={k: [b for *_, b in bands]})
     without = write_recipe(storage, "b.jpg", strips, recipe, meta_out)
     assert with_bins == without
+
+
+def test_raw_streams_at_a_fixed_stride_are_framed_into_zlib_streams_back_to_back() -> None:
+    """The GPU path's framing (tiles.zlib_wrap), on the CPU: raw deflate streams held at a fixed stride, as nvCOMP
+    leaves them, become zlib streams that inflate to each tile and carry its Adler-32."""
+    rng = np.random.default_rng(4)
+    data = [rng.integers(0, 40, 3000 + 500 * i, dtype=np.uint8).tobytes() for i in range(5)]
+    raws = []
+    for d in data:
+        c = zlib.compressobj(1, zlib.DEFLATED, -15)
+        raws.append(c.compress(d) + c.flush())
+    stride = max(len(r) for r in raws) + 37
+    payload = torch.zeros((len(raws), stride), dtype=torch.uint8)
+    for i, r in enumerate(raws):
+        payload[i, : len(r)] = torch.frombuffer(bytearray(r), dtype=torch.uint8)
+    sizes = torch.tensor([len(r) for r in raws])
+    checks = torch.tensor([zlib.adler32(d) for d in data])
+    flat = tiles.zlib_wrap(payload, sizes, checks).numpy().tobytes()
+    at = 0
+    for d, r in zip(data, raws, strict=True):
+        stream = flat[at : at + len(r) + 6]
+        assert zlib.decompress(stream) == d  # zlib checks the header and the Adler-32
+        at += len(r) + 6
+    assert at == len(flat)
