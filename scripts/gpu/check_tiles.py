@@ -41,6 +41,7 @@ def main() -> None:
     containers = {}
     for level in (0, 1, 2, 4):
         tiles.gpu_tile_streams(img[:1024], 0, h, "cuda:0", level)  # warm the codec
+        print(f"level {level}: streams came back through {'; '.join(tiles.ENCODE_PATH)}", flush=True)
         ts = []
         for _ in range(3):
             t0 = time.perf_counter()

@@ -18,6 +18,7 @@ else
 fi
 tail -12 "$OUT/check-tiles.txt"
 python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -8
+timeout 120 python3 scripts/gpu/preview_probe.py 2>&1
 echo "durable write, 2 GiB:"; dd if=/dev/zero of=/tmp/strata-dd bs=4M count=512 conv=fsync 2>&1 | tail -1; rm -f /tmp/strata-dd
 serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   python3 -m cli.main serve --port 8765 --data-dir "$1" > "$2" 2>&1 &
@@ -35,6 +36,7 @@ python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios sin
 grep -h -i -E "fast preview in|GPU tile|Traceback|Error" "$DATA"/logs/*.log 2>/dev/null | sed -E 's/^[0-9-]+ [0-9:,]+ //' \
   | sed -E 's/job [0-9a-f]+/job J/; s/[0-9]\.[0-9]+s/N.NNs/' | sort | uniq -c | sort -rn | head -8
 grep -h "fast preview in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
+grep -h "outputs written and recorded in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
 stop
 if [ "$BOTH" = 1 ] && [ "$TILES" = true ]; then
   DATA2=$(mktemp -d /tmp/strata-svc-XXXX)

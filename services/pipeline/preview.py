@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 LONG_EDGE = 1600
+_PREVIEW_CHUNK = 16  # output rows per task of strips_preview
 _BAND_BYTES = 1 << 21  # mosaic bytes per band of bin_mosaic: about a core's L2 cache
 # Position of R, G, G, B in a 2x2 CFA block (row-major) for each pattern.
 _SITES = {"RGGB": "RGGB", "BGGR": "BGGR", "GRBG": "GRBG", "GBRG": "GBRG"}
@@ -126,24 +127,50 @@ def linear_preview(image: np.ndarray, *, black: Sequence[float], white: float, g
     return srgb_encode(colour_rgb(cam, gains, srgb_from_wb_cam))
 
 
-def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LONG_EDGE) -> np.ndarray:
+def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LONG_EDGE, threads: int = 0
+                   ) -> np.ndarray:
     """Box downscale of the final render's strips ((y0, (rows, W, 3) uint16 sRGB-encoded), in order) to uint8,
-    by an integer factor whose result's long edge is >= ``long_edge`` where the image allows it."""
+    by an integer factor whose result's long edge is >= ``long_edge`` where the image allows it. Each chunk of
+    output rows first adds its ``factor`` image rows (contiguous, vectorised), then the columns of that one row
+    sum (a ``factor``-th of the data); chunks on ``threads`` threads (default: the cores, up to 16). A generic
+    ``sum(axis=(1, 3))`` over the whole frame took 2.4 s of one core for 80 MP, holding a coordinator slot."""
     height = sum(rows.shape[0] for _, rows in bands)
     width = bands[0][1].shape[1]
     factor = max(1, max(height, width) // long_edge)
     out_w = width // factor
-    rows_out: list[np.ndarray] = []
+    pieces: list[tuple[np.ndarray, int]] = []  # (rows to reduce, output rows), in order
     carry = np.zeros((0, width, 3), dtype=np.uint16)
     for _, rows in bands:
         data = np.concatenate([carry, np.asarray(rows)]) if carry.shape[0] else np.asarray(rows)
         usable = data.shape[0] // factor * factor
         if usable:
-            block = data[:usable, : out_w * factor].reshape(usable // factor, factor, out_w, factor, 3)
-            rows_out.append(block.sum(axis=(1, 3), dtype=np.uint32) / (factor * factor))
+            pieces.append((data[:usable], usable // factor))
         carry = data[usable:]
-    out = np.concatenate(rows_out) if rows_out else np.zeros((1, max(out_w, 1), 3))
-    return np.round(out / 257.0).clip(0, 255).astype(np.uint8)
+    if not pieces or out_w == 0:
+        return np.zeros((1, max(out_w, 1), 3), dtype=np.uint8)
+    out = np.empty((sum(n for _, n in pieces), out_w, 3), dtype=np.float32)
+    jobs, at = [], 0
+    for data, n in pieces:
+        for r0 in range(0, n, _PREVIEW_CHUNK):
+            jobs.append((data, r0, min(r0 + _PREVIEW_CHUNK, n), at + r0))
+        at += n
+
+    def reduce(job: tuple[np.ndarray, int, int, int]) -> None:
+        data, r0, r1, dst = job
+        rows = np.ascontiguousarray(data[r0 * factor : r1 * factor]).reshape(r1 - r0, factor, width * 3)
+        acc = rows[:, 0].astype(np.uint32)
+        for a in range(1, factor):
+            acc += rows[:, a]
+        cols = acc[:, : out_w * factor * 3].reshape(r1 - r0, out_w, factor, 3)
+        total = cols[:, :, 0].copy()
+        for a in range(1, factor):
+            total += cols[:, :, a]
+        out[dst : dst + r1 - r0] = total
+
+    threads = threads or min(16, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="strata-preview") as pool:
+        list(pool.map(reduce, jobs))
+    return np.round(out / np.float32(factor * factor * 257.0)).clip(0, 255).astype(np.uint8)
 
 
 def fit_size(height: int, width: int, long_edge: int = LONG_EDGE) -> tuple[int, int]:

@@ -134,46 +134,86 @@ def gpu_available(device: str) -> bool:
     return True
 
 
-def zlib_wrap(payload: torch.Tensor, sizes: torch.Tensor, checks: torch.Tensor) -> torch.Tensor:
-    """Raw deflate streams held at a fixed stride (``payload`` (n, stride) uint8, stream i in the first
-    ``sizes[i]`` bytes of row i) -> one uint8 tensor of the n zlib streams back to back (RFC 1950: the 2-byte
-    header, the stream, the big-endian Adler-32 ``checks[i]``), on the payload's device: a few vectorised
-    operations for any number of tiles (no Python loop per tile)."""
-    n, stride = payload.shape
-    dev = payload.device
-    framed = torch.zeros((n, stride + 6), dtype=torch.uint8, device=dev)
-    framed[:, 0], framed[:, 1] = _ZLIB_HEADER[0], _ZLIB_HEADER[1]
-    framed[:, 2 : 2 + stride] = payload
+def zlib_pack(flat: torch.Tensor, sizes: torch.Tensor, checks: torch.Tensor) -> torch.Tensor:
+    """Raw deflate streams back to back (``flat`` uint8, stream i ``sizes[i]`` bytes) -> the n zlib streams back to
+    back (RFC 1950: the 2-byte header, the stream, the big-endian Adler-32 ``checks[i]``), on ``flat``'s device:
+    a few vectorised operations for any number of tiles (no Python loop per tile)."""
+    dev = flat.device
     sizes = sizes.to(device=dev, dtype=torch.int64)
+    n = sizes.numel()
+    framed_sizes = sizes + 6
+    starts = torch.cumsum(framed_sizes, 0) - framed_sizes  # where each zlib stream begins
+    out = torch.empty(int(framed_sizes.sum()), dtype=torch.uint8, device=dev)
+    out[starts], out[starts + 1] = _ZLIB_HEADER[0], _ZLIB_HEADER[1]
+    src_starts = torch.cumsum(sizes, 0) - sizes
+    shift = torch.repeat_interleave(starts + 2 - src_starts, sizes, output_size=flat.numel())
+    out[torch.arange(flat.numel(), device=dev) + shift] = flat
     shifts = torch.tensor([24, 16, 8, 0], dtype=torch.int64, device=dev)
     trailer = ((checks.to(device=dev, dtype=torch.int64)[:, None] >> shifts) & 0xFF).to(torch.uint8)
-    cols = 2 + sizes[:, None] + torch.arange(4, device=dev)
-    framed[torch.arange(n, device=dev)[:, None], cols] = trailer
-    keep = torch.arange(stride + 6, device=dev)[None, :] < (sizes + 6)[:, None]
-    return framed[keep]
+    out[(starts + 2 + sizes)[:, None] + torch.arange(4, device=dev)] = trailer
+    return out if n else out[:0]
+
+
+def zlib_wrap(payload: torch.Tensor, sizes: torch.Tensor, checks: torch.Tensor) -> torch.Tensor:
+    """:func:`zlib_pack` of raw streams held at a fixed stride (``payload`` (n, stride) uint8, stream i in the first
+    ``sizes[i]`` bytes of row i), as nvCOMP writes them into a carved output buffer."""
+    sizes = sizes.to(device=payload.device, dtype=torch.int64)
+    keep = torch.arange(payload.shape[1], device=payload.device)[None, :] < sizes[:, None]
+    return zlib_pack(payload[keep], sizes, checks)
+
+
+class _Raw:
+    """``nbytes`` of device memory at ``ptr`` as a uint8 CUDA array (kept alive by ``owner``)."""
+
+    def __init__(self, ptr: int, nbytes: int, owner: Any) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+ENCODE_PATH: list[str] = []  # how the last chunk's streams came back (scripts/gpu/check_tiles.py prints it)
 
 
 def _encode_chunk(codec: Any, data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """nvCOMP raw deflate of each row of ``data`` ((n, L) uint8 on a CUDA device): the streams at a fixed stride
-    ((n, stride) uint8) and their sizes. Input and output are each one contiguous buffer carved by an offset
-    table (``nvcomp.as_arrays(buffer, offsets, sizes)``), so no Python object is made per tile."""
+    """nvCOMP raw deflate of each row of ``data`` ((n, L) uint8 on a CUDA device): the n raw streams back to back
+    (uint8 on the device) and their sizes. The input is one contiguous buffer carved by an offset table
+    (``nvcomp.as_arrays(buffer, offsets, sizes)``); the output goes into one carved buffer too where nvCOMP takes
+    it, else into its own allocation (read at a fixed stride where its entries have one)."""
     from nvidia import nvcomp
 
     n, length = data.shape
-    offsets_in = [i * length for i in range(n)]
-    srcs = nvcomp.as_arrays(_Interface(data.reshape(-1)), offsets_in, [length] * n)
-    torch.cuda.synchronize(data.device)  # nvCOMP runs on its own stream
-    for stride in (_align16(length + length // 8 + 1024), _align16(2 * length + 4096)):  # above deflate's worst case
-        out = torch.empty((n, stride), dtype=torch.uint8, device=data.device)
+    dev = data.device
+    srcs = nvcomp.as_arrays(_Interface(data.reshape(-1)), [i * length for i in range(n)], [length] * n)
+    torch.cuda.synchronize(dev)  # nvCOMP runs on its own stream
+    stride = _align16(length + length // 8 + 1024)  # above deflate's worst case for one chunk
+    out = torch.empty((n, stride), dtype=torch.uint8, device=dev)
+    try:
         dst = nvcomp.as_arrays(_Interface(out.reshape(-1)), [i * stride for i in range(n)], [stride] * n)
-        try:
-            encoded = codec.encode(srcs, out=dst)
-        except ValueError:  # nvCOMP asks for more room per chunk than deflate's bound: the larger stride
-            continue
-        sizes = encoded.buffer_sizes
-        sizes = sizes() if callable(sizes) else sizes
-        return out, torch.tensor(list(sizes), dtype=torch.int64)  # reading the sizes waits for the compression
-    raise RuntimeError(f"nvCOMP deflate wants more than {2 * length + 4096} bytes for a {length}-byte tile")
+        encoded = codec.encode(srcs, out=dst)
+        sizes = _sizes(encoded)  # reading the sizes waits for the compression
+        ENCODE_PATH[:] = ["one carved output buffer"]
+        return out[torch.arange(stride, device=dev)[None, :] < sizes.to(dev)[:, None]], sizes
+    except (ValueError, TypeError) as exc:
+        del out
+        ENCODE_PATH[:] = [f"nvCOMP's own output ({type(exc).__name__}: {exc})"]
+    encoded = codec.encode(srcs)
+    sizes = _sizes(encoded)
+    ptrs = np.array([encoded[i].__cuda_array_interface__["data"][0] for i in range(n)], dtype=np.int64)
+    steps = np.diff(ptrs)
+    if n > 1 and (steps == steps[0]).all() and steps[0] >= int(sizes.max()):
+        ENCODE_PATH.append(f"fixed stride {int(steps[0])}")
+        block = torch.as_tensor(_Raw(int(ptrs[0]), int(steps[0]) * n, encoded), device=dev)
+        payload = block.view(n, int(steps[0]))
+        return payload[torch.arange(payload.shape[1], device=dev)[None, :] < sizes.to(dev)[:, None]].clone(), sizes
+    ENCODE_PATH.append("entry by entry")
+    flat = torch.cat([torch.as_tensor(_Raw(int(p), int(k), encoded), device=dev) for p, k in zip(ptrs, sizes.tolist(),
+                                                                                              strict=True)])
+    return flat, sizes
+
+
+def _sizes(encoded: Any) -> torch.Tensor:
+    sizes = encoded.buffer_sizes
+    return torch.tensor(list(sizes() if callable(sizes) else sizes), dtype=torch.int64)
 
 
 def _align16(n: int) -> int:
@@ -201,10 +241,10 @@ def gpu_tile_streams(rows: np.ndarray | torch.Tensor, y0: int, height: int, devi
         gpu = (part.to(dev) if isinstance(part, torch.Tensor) else upload(part, dev)).to(torch.int32)
         data = _to_bytes(_tiled(gpu, chunk, y0 + top)).contiguous()
         checks = _adler32(data)
-        payload, sizes = _encode_chunk(codec, data)
-        parts.append(zlib_wrap(payload, sizes, checks).cpu().numpy())
+        flat, sizes = _encode_chunk(codec, data)
+        parts.append(zlib_pack(flat, sizes, checks).cpu().numpy())
         all_sizes.append(sizes + len(_ZLIB_HEADER) + 4)
-        del gpu, data, payload
+        del gpu, data, flat
     offsets = np.zeros(sum(len(s) for s in all_sizes) + 1, dtype=np.int64)
     np.cumsum(torch.cat(all_sizes).numpy(), out=offsets[1:])
     blob = np.concatenate(parts)
@@ -225,4 +265,4 @@ def check_streams(blob: np.ndarray, index: np.ndarray, rows: np.ndarray, y0: int
 
 
 __all__ = ["HEADER", "TILE_H", "TILE_W", "check_streams", "cpu_tile_streams", "gpu_available", "gpu_tile_streams",
-           "tile_rows_in", "zlib_wrap"]
+           "tile_rows_in", "zlib_pack", "zlib_wrap"]
