@@ -122,6 +122,10 @@ class Settings(BaseSettings):
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")
+    batch_encode_nice: int = Field(
+        default=10, ge=0, le=19, description="CPU niceness of a batch-lane job's output encode (0 = as interactive): "
+        "an interactive shot's encode takes the cores first.",
+    )
     gpu_encode: bool = Field(
         default=True, description="Workers bin resized outputs (proofs) in linear light beside each strip they "
                                   "render; the writer bins only rows that straddle two strips.")

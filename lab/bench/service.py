@@ -118,11 +118,25 @@ def job_timings(job: dict[str, Any], upload: float) -> dict[str, Any]:
                               for g in sorted({s["gpu"] for s in job["shards"]})}}
 
 
+def wait_preview(client: httpx.Client, job_id: str, timeout: float) -> float | None:
+    """Seconds from now until ``GET /v1/jobs/{id}/preview`` first answers 200 (polled every 20 ms); None if the job
+    ends or ``timeout`` passes first. Called right after the upload returned: the issue's "preview available after
+    the upload completes"."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        r = client.get(f"/v1/jobs/{job_id}/preview")
+        if r.status_code == 200:
+            return time.perf_counter() - t0
+        time.sleep(0.02)
+    return None
+
+
 def run_job(client: httpx.Client, files: list[Path], timeout: float,
             recipes: Sequence[str] = ("tiff16",)) -> dict[str, Any]:
-    """Upload ``files`` as one job, poll it to the end; the job's timings."""
+    """Upload ``files`` as one job, time its preview, poll it to the end; the job's timings."""
     job, upload = upload_job(client, files, recipes)
-    return job_timings(wait_job(client, job, timeout), upload)
+    preview = wait_preview(client, job["id"], min(timeout, 30.0))
+    return {**job_timings(wait_job(client, job, timeout), upload), "preview_after_upload_s": preview}
 
 
 SCENARIO_FRAMES = {"single": 1, "stack4": 4, "stack8": 8}
@@ -162,9 +176,13 @@ def latency_scenario(client: httpx.Client, sampler: ResourceSampler, scenario: s
               f"processing {r['processing_s']:6.2f} s  queued->done {r['queued_to_done_s']:6.2f} s  "
               f"GPUs {','.join(r['gpus'])}  [{shards}]", flush=True)
         if r["timeline_s"]:
-            print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items()), flush=True)
+            print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items()) +
+                  (f"; preview {r['preview_after_upload_s']:.3f} s after the upload"
+                   if r["preview_after_upload_s"] is not None else ""), flush=True)
     warm = [r["processing_s"] for r in runs if r["warm"]] or [runs[0]["processing_s"]]
-    return {"scenario": scenario, "frames": len(files), "runs": runs, "processing_median_s": statistics.median(warm),
+    previews = [r["preview_after_upload_s"] for r in runs if r["warm"] and r["preview_after_upload_s"] is not None]
+    return {"scenario": scenario, "preview_after_upload_median_s": statistics.median(previews) if previews else None,
+            "preview_after_upload_max_s": max(previews) if previews else None, "frames": len(files), "runs": runs, "processing_median_s": statistics.median(warm),
             "processing_min_s": min(warm), "processing_max_s": max(warm),
             "frames_per_s": len(files) / statistics.median(warm), "resources": sampler.window(t0, time.monotonic())}
 
@@ -284,6 +302,9 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         print(f"{r['scenario']:<8} {r['frames']:>6} {r['processing_median_s']:>9.2f} "
               f"{r['processing_min_s']:>6.2f}-{r['processing_max_s']:<6.2f} {r['frames_per_s']:>9.2f}  "
               f"{busy_summary(r['resources'])}")
+        if r.get("preview_after_upload_median_s") is not None:
+            print(f"{'':<8} preview available {r['preview_after_upload_median_s']:.3f} s after the upload "
+                  f"(median of the warm runs; max {r['preview_after_upload_max_s']:.3f} s)")
 
 
 if __name__ == "__main__":

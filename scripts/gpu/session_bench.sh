@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# GPU host, one call: the GPU tile check, the preview benchmark, the disk's durable write speed, then one
-# `strata serve` timed by the service benchmark (the latency scenarios, then a batch with a proof per shot and an
-# interactive shot during it) with the GPU tiles on where the check passed, and the same batch again with the
-# tiles off (A/B) when BOTH=1.
+# GPU host, one call: the preview benchmark and probe, the disk's durable write speed, then one `strata serve` timed
+# by the service benchmark (the latency scenarios, then a batch with a proof per shot and an interactive shot during
+# it). CHECK_TILES=1 first runs the GPU tile check and serves with the GPU tiles where it passed, then runs the same
+# batch again with the tiles off (A/B) unless BOTH=0.
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -10,13 +10,15 @@ OUT=${1:-out}; BATCH=${2:-16}; REPEATS=${3:-3}; BOTH=${BOTH:-1}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-TILES=false
-if timeout 150 python3 scripts/gpu/check_tiles.py --json "$OUT/check-tiles.json" > "$OUT/check-tiles.txt" 2>&1; then
-  TILES=true  # the tiles checked out on this host: let the workers compress them
-else
-  echo "GPU tile check failed: the service runs with the CPU deflate"
+TILES=false  # the default (STRATA_GPU_DEFLATE off); CHECK_TILES=1 checks them and, if they pass, serves with them
+if [ "${CHECK_TILES:-0}" = 1 ]; then
+  if timeout 150 python3 scripts/gpu/check_tiles.py --json "$OUT/check-tiles.json" > "$OUT/check-tiles.txt" 2>&1; then
+    TILES=true  # the tiles checked out on this host: let the workers compress them
+  else
+    echo "GPU tile check failed: the service runs with the CPU deflate"
+  fi
+  tail -12 "$OUT/check-tiles.txt"
 fi
-tail -12 "$OUT/check-tiles.txt"
 python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -8
 timeout 120 python3 scripts/gpu/preview_probe.py 2>&1
 echo "durable write, 2 GiB:"; dd if=/dev/zero of=/tmp/strata-dd bs=4M count=512 conv=fsync 2>&1 | tail -1; rm -f /tmp/strata-dd

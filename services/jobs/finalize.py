@@ -6,10 +6,15 @@ re-run (same names, same bytes, the same rows updated).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from sqlalchemy import and_, func, or_, select, update
@@ -24,13 +29,39 @@ from services.export.output import WrittenOutput, write_outputs
 from services.export.recipes import resolve_recipes
 from services.jobs.plan import JobPlan, strip_keys
 from services.jobs.previews import final_preview
-from services.jobs.states import ACTIVE, JobStatus, Stage
+from services.jobs.states import ACTIVE, JobStatus, Priority, Stage
 from services.raw.meta import CaptureInfo
 from services.storage import Storage
 from services.storage.intermediates import load_intermediate, remove_intermediates
 from services.storage.keys import bin_key, tile_keys
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def at_low_priority(work: Callable[[], T], nice: int) -> T:
+    """``work()`` on a thread of its own whose CPU priority is lowered by ``nice`` (Linux: per thread, and every
+    thread it starts inherits it, so the encode pools do); the caller's thread keeps its priority. ``nice`` 0, or
+    a platform that refuses, runs ``work`` as it is."""
+    if nice <= 0:
+        return work()
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: the same priority
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="strata-encode-low")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]
 
 
 @dataclass
@@ -107,9 +138,14 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     if naming:  # the job's own template for every recipe (validated at creation)
         recipes = [r.model_copy(update={"naming": naming}) for r in recipes]
     capture = plan.frames[0].capture or CaptureInfo(make=plan.frames[0].make, model=plan.frames[0].model)
-    outs = write_outputs(storage, job_id, spaces, recipes, _name_tokens(session, job, capture),
-                         OutputMetadata(capture, job.frames[0].name), threads=settings.tiff_threads,
-                         pretiled=found.pretiled, prebinned=found.prebinned)
+    tokens, meta = _name_tokens(session, job, capture), OutputMetadata(capture, job.frames[0].name)
+    batch_lane = job.batch_id is not None or job.priority == Priority.BATCH
+    # A batch shot's encode yields the cores to an interactive shot's (measured: an interactive 80 MP frame's TIFF
+    # took 4.0 s instead of 1.05 s beside a batch's encodes at the same priority).
+    outs = at_low_priority(lambda: write_outputs(storage, job_id, spaces, recipes, tokens, meta,
+                                                 threads=settings.tiff_threads, pretiled=found.pretiled,
+                                                 prebinned=found.prebinned),
+                           settings.batch_encode_nice if batch_lane else 0)
     _record_outputs(session, job_id, outs)
     timings = {**job.params.get("timings", {}), "encode_s": round(time.perf_counter() - t0, 4)}
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(

@@ -38,8 +38,9 @@ def bin_mosaic(mosaic: np.ndarray, factor: int, threads: int = 0) -> np.ndarray:
     ``2*factor`` rows and columns; the last partial block of rows/columns is dropped. Strided views added up
     in place: no copy of the mosaic (it may be memory-mapped). Small bands of rows (about ``_BAND_BYTES`` of the
     mosaic each, so a band stays in a core's L2 cache across its ``4 * factor**2`` passes) on ``threads`` threads
-    (default: the cores, up to 16; numpy releases the GIL). Bands a quarter of the frame each, as before, left the
-    band in the shared L3 at best: 268 ms on 8 threads of the H200 host for an 80 MP frame."""
+    (default: the cores, up to 8; numpy releases the GIL). Bands a quarter of the frame each, as before, left the
+    band in the shared L3 at best: 268 ms on 8 threads of the H200 host for an 80 MP frame. On that host (16
+    vCPUs) 4-8 threads are fastest (99-111 ms from a mapped file), 16 slower (175 ms): scripts/gpu/preview_probe.py."""
     if mosaic.ndim != 2:
         raise ValueError(f"mosaic must be (H, W), got {mosaic.shape}")
     block = 2 * factor
@@ -58,7 +59,7 @@ def bin_mosaic(mosaic: np.ndarray, factor: int, threads: int = 0) -> np.ndarray:
                     p, q = divmod(site, 2)
                     out[..., site] += rows[a * 2 + p :: block, b * 2 + q :: block][: r1 - r0, :w]
 
-    threads = threads or min(16, os.cpu_count() or 1)
+    threads = threads or min(8, os.cpu_count() or 1)
     if threads == 1 or h <= step:
         for r0 in range(0, h, step):
             band(r0)
@@ -132,7 +133,7 @@ def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LON
     """Box downscale of the final render's strips ((y0, (rows, W, 3) uint16 sRGB-encoded), in order) to uint8,
     by an integer factor whose result's long edge is >= ``long_edge`` where the image allows it. Each chunk of
     output rows first adds its ``factor`` image rows (contiguous, vectorised), then the columns of that one row
-    sum (a ``factor``-th of the data); chunks on ``threads`` threads (default: the cores, up to 16). A generic
+    sum (a ``factor``-th of the data); chunks on ``threads`` threads (default: the cores, up to 8). A generic
     ``sum(axis=(1, 3))`` over the whole frame took 2.4 s of one core for 80 MP, holding a coordinator slot."""
     height = sum(rows.shape[0] for _, rows in bands)
     width = bands[0][1].shape[1]
@@ -167,7 +168,7 @@ def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LON
             total += cols[:, :, a]
         out[dst : dst + r1 - r0] = total
 
-    threads = threads or min(16, os.cpu_count() or 1)
+    threads = threads or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="strata-preview") as pool:
         list(pool.map(reduce, jobs))
     return np.round(out / np.float32(factor * factor * 257.0)).clip(0, 255).astype(np.uint8)
