@@ -182,7 +182,8 @@ def latency_scenario(client: httpx.Client, sampler: ResourceSampler, scenario: s
     warm = [r["processing_s"] for r in runs if r["warm"]] or [runs[0]["processing_s"]]
     previews = [r["preview_after_upload_s"] for r in runs if r["warm"] and r["preview_after_upload_s"] is not None]
     return {"scenario": scenario, "preview_after_upload_median_s": statistics.median(previews) if previews else None,
-            "preview_after_upload_max_s": max(previews) if previews else None, "frames": len(files), "runs": runs, "processing_median_s": statistics.median(warm),
+            "preview_after_upload_max_s": max(previews) if previews else None, "frames": len(files), "runs": runs,
+            "processing_median_s": statistics.median(warm),
             "processing_min_s": min(warm), "processing_max_s": max(warm),
             "frames_per_s": len(files) / statistics.median(warm), "resources": sampler.window(t0, time.monotonic())}
 
