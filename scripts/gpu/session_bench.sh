@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU host, one call: the preview benchmark and probe, the disk's durable write speed, then one `strata serve` timed
+# GPU host, one call: the preview benchmark, the disk's durable write speed, then one `strata serve` timed
 # by the service benchmark (the latency scenarios, then a batch with a proof per shot and an interactive shot during
 # it). CHECK_TILES=1 first runs the GPU tile check and serves with the GPU tiles where it passed, then runs the same
 # batch again with the tiles off (A/B) unless BOTH=0.
@@ -20,7 +20,6 @@ if [ "${CHECK_TILES:-0}" = 1 ]; then
   tail -12 "$OUT/check-tiles.txt"
 fi
 python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -8
-timeout 120 python3 scripts/gpu/preview_probe.py 2>&1
 echo "durable write, 2 GiB:"; dd if=/dev/zero of=/tmp/strata-dd bs=4M count=512 conv=fsync 2>&1 | tail -1; rm -f /tmp/strata-dd
 serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   python3 -m cli.main serve --port 8765 --data-dir "$1" > "$2" 2>&1 &

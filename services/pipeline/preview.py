@@ -34,7 +34,12 @@ def bin_factor(height: int, width: int, long_edge: int = LONG_EDGE) -> int:
 
 
 def bin_mosaic(mosaic: np.ndarray, factor: int, threads: int = 0) -> np.ndarray:
-    """(H, W) Bayer mosaic -> (h, w, 4) float32 means of each CFA site (row-major 2x2 order) over blocks of
+    """(H, W) Bayer mosaic -> (h, w, 4) float32 means of each CFA site (see :func:`bin_sums`)."""
+    return bin_sums(mosaic, factor, threads).astype(np.float32) / np.float32(factor * factor)
+
+
+def bin_sums(mosaic: np.ndarray, factor: int, threads: int = 0) -> np.ndarray:
+    """(H, W) Bayer mosaic -> (h, w, 4) uint32 sums of each CFA site (row-major 2x2 order) over blocks of
     ``2*factor`` rows and columns; the last partial block of rows/columns is dropped. Strided views added up
     in place: no copy of the mosaic (it may be memory-mapped). Small bands of rows (about ``_BAND_BYTES`` of the
     mosaic each, so a band stays in a core's L2 cache across its ``4 * factor**2`` passes) on ``threads`` threads
@@ -66,7 +71,7 @@ def bin_mosaic(mosaic: np.ndarray, factor: int, threads: int = 0) -> np.ndarray:
     else:
         with ThreadPoolExecutor(threads, thread_name_prefix="strata-preview") as pool:
             list(pool.map(band, range(0, h, step)))
-    return acc.astype(np.float32) / np.float32(factor * factor)
+    return acc
 
 
 def sites_to_rgb(sites: np.ndarray, cfa: str, black: Sequence[float], white: float) -> np.ndarray:
@@ -105,8 +110,23 @@ def mosaic_preview(mosaic: np.ndarray, *, cfa: str, black: Sequence[float], whit
                    srgb_from_wb_cam: np.ndarray, long_edge: int = LONG_EDGE) -> np.ndarray:
     """The fast preview of a decoded mosaic: (h, w, 3) uint8 sRGB, long edge in [long_edge, 2*long_edge) or
     less for a small frame."""
-    sites = bin_mosaic(mosaic, bin_factor(mosaic.shape[0], mosaic.shape[1], long_edge))
-    return srgb_encode(colour_rgb(sites_to_rgb(sites, cfa, black, white), gains, srgb_from_wb_cam))
+    factor = bin_factor(mosaic.shape[0], mosaic.shape[1], long_edge)
+    sums = bin_sums(mosaic, factor)
+    h, w = sums.shape[:2]
+    # sites_to_rgb as one (4 -> 3) matrix and offset on the sums (levels, the mean, greens averaged), then
+    # colour_rgb as one 3x3 (gains folded into the matrix): two small matrix products instead of per-site passes.
+    if cfa not in _SITES:
+        raise ValueError(f"unsupported CFA {cfa!r}")
+    scale = 1.0 / ((white - max(black)) * factor * factor)
+    to_cam = np.zeros((4, 3), dtype=np.float32)
+    for i, colour in enumerate(cfa):
+        to_cam[i, "RGB".index(colour)] = scale * (0.5 if colour == "G" else 1.0)
+    offset = (np.asarray(black, dtype=np.float32) * np.float32(factor * factor)) @ to_cam
+    cam = sums.reshape(-1, 4).astype(np.float32) @ to_cam
+    cam -= offset
+    np.clip(cam, 0.0, 1.0, out=cam)
+    to_srgb = (np.asarray(gains, dtype=np.float32)[:, None] * np.asarray(srgb_from_wb_cam, dtype=np.float32).T)
+    return srgb_encode(cam @ to_srgb).reshape(h, w, 3)
 
 
 def linear_preview(image: np.ndarray, *, black: Sequence[float], white: float, gains: Sequence[float],

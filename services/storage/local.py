@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,11 +41,26 @@ class LocalStorage(Storage):
 
     @contextmanager
     def writer(self, key: str, durable: bool = True) -> Iterator[BinaryIO]:
+        """A new file under ``key``, renamed into place when the block exits. ``durable``: while the block writes,
+        a thread hands what is written so far to the disk every ``EARLY_SYNC_S`` (fdatasync), so the closing fsync
+        only waits for the tail (an 80 MP TIFF is 370 MB: about 0.25 s of the H200 host's disk after the encode,
+        now mostly during it)."""
         with self.path_writer(key) as tmp, open(tmp, "w+b") as f:  # readable: writers may map what they wrote
-            yield f
+            stop = threading.Event()
+            syncer = threading.Thread(target=_sync_while, args=(f.fileno(), stop), daemon=True) if durable else None
+            if syncer is not None:
+                syncer.start()
+            try:
+                yield f
+            finally:
+                stop.set()
+                if syncer is not None:
+                    syncer.join()
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+
+    EARLY_SYNC_S = 0.1
 
     def shared_between_hosts(self) -> bool:
         """True when the root is on a network filesystem (NFS, SMB, Ceph, Lustre, FUSE ...), from /proc/mounts;
@@ -128,3 +144,13 @@ def _network_filesystem(path: Path) -> bool:
     except OSError:
         return True
     return mount_type(path, mounts) not in _LOCAL_FILESYSTEMS
+
+
+def _sync_while(fd: int, stop: threading.Event) -> None:
+    """fdatasync ``fd`` every LocalStorage.EARLY_SYNC_S until ``stop`` is set (errors end it: the closing fsync
+    reports them)."""
+    while not stop.wait(LocalStorage.EARLY_SYNC_S):
+        try:
+            getattr(os, "fdatasync", os.fsync)(fd)
+        except OSError:
+            return
