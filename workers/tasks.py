@@ -147,7 +147,7 @@ def ingest(job_id: str) -> None:
         _coordinator_step("ingest", job_id, work)
     try:  # after the shards went out: the GPUs do not wait for the preview
         with session_scope() as session:
-            preview_ingested(session, get_storage(), job_id)
+            preview_ingested(session, get_storage(), job_id, get_settings().batch_encode_nice)
     except Exception:  # noqa: BLE001 - a preview never fails or retries a job
         log.exception("job %s: fast preview failed", job_id)
 

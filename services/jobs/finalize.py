@@ -6,15 +6,10 @@ re-run (same names, same bytes, the same rows updated).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 from sqlalchemy import and_, func, or_, select, update
@@ -27,6 +22,7 @@ from services.export.metadata import OutputMetadata
 from services.export.naming import NameTokens
 from services.export.output import WrittenOutput, write_outputs
 from services.export.recipes import resolve_recipes
+from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, strip_keys
 from services.jobs.previews import final_preview
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage
@@ -36,34 +32,6 @@ from services.storage.intermediates import load_intermediate, remove_intermediat
 from services.storage.keys import bin_key, tile_keys
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-def at_low_priority(work: Callable[[], T], nice: int) -> T:
-    """``work()`` on a thread of its own whose CPU priority is lowered by ``nice`` (Linux: per thread, and every
-    thread it starts inherits it, so the encode pools do); the caller's thread keeps its priority. ``nice`` 0, or
-    a platform that refuses, runs ``work`` as it is."""
-    if nice <= 0:
-        return work()
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: the same priority
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-        try:
-            box["result"] = work()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="strata-encode-low")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["result"]  # type: ignore[return-value]
-
-
 @dataclass
 class _Strips:
     """The last phase's results per output space, with what the GPU workers made beside them."""
@@ -152,7 +120,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
         status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow(),
         params={**job.params, "timings": timings}))
     session.commit()
-    final_preview(session, storage, job_id, spaces.get("srgb"))
+    final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0)
     remove_intermediates(storage, job_id)
     log.info("job %s done: %s (%d bytes; outputs written and recorded in %.2fs)", job_id,
              ", ".join(o.name for o in outs), sum(o.bytes for o in outs), time.perf_counter() - t0)

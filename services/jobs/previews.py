@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 
 from services.db.models import Job, Output
 from services.export.preview import write_preview
+from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, is_planned
-from services.jobs.states import ACTIVE
+from services.jobs.states import ACTIVE, Priority
 from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
 from services.pipeline.preview import linear_preview, mosaic_preview, strips_preview
 from services.pipeline.render import RenderParams
@@ -32,12 +33,14 @@ def _record(session: Session, job_id: str, etag: str, kind: str) -> None:
     session.commit()
 
 
-def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta, render: RenderParams
-                 ) -> None:
+def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta, render: RenderParams,
+                 nice: int = 0) -> None:
     """Once the job is planned: the preview from frame 0's decoded mosaic (binned, white balanced, the shot's
-    colour, sRGB), made after the shards were dispatched, so the GPUs never wait for it."""
+    colour, sRGB), made after the shards were dispatched, so the GPUs never wait for it; computed ``nice`` lower
+    (a batch-lane job's)."""
     t0 = time.perf_counter()
-    try:
+
+    def make() -> str:
         mosaic = storage.load_array(raw_key(job_id, 0))
         if render.space == "srgb":  # the shot's own white balance and matrix, computed once at ingest
             gains, srgb_from_wb_cam = render.gains, np.asarray(render.rgb_cam)
@@ -50,7 +53,10 @@ def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta,
         else:
             rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=render.black, white=render.white, gains=gains,
                                  srgb_from_wb_cam=srgb_from_wb_cam)
-        etag = write_preview(storage, job_id, rgb)
+        return write_preview(storage, job_id, rgb)
+
+    try:
+        etag = at_low_priority(make, nice)
     except Exception:  # noqa: BLE001 - a preview is a convenience: the render goes on without it
         log.exception("job %s: fast preview failed", job_id)
         return
@@ -60,16 +66,16 @@ def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta,
 
 
 def final_preview(session: Session, storage: Storage, job_id: str,
-                  srgb_bands: Sequence[tuple[int, np.ndarray]] | None) -> None:
+                  srgb_bands: Sequence[tuple[int, np.ndarray]] | None, nice: int = 0) -> None:
     """At finalize: the preview becomes a downscale of the final render's sRGB strips (``srgb_bands``; a job
-    whose recipes render no sRGB keeps its fast preview, which is sRGB)."""
+    whose recipes render no sRGB keeps its fast preview, which is sRGB); computed ``nice`` lower (batch lane)."""
     t0 = time.perf_counter()
     BYTES_WRITTEN.inc(sum(session.scalars(select(Output.bytes).where(Output.job_id == job_id))))
     if srgb_bands is None:
         return
     bands = srgb_bands
     try:
-        etag = write_preview(storage, job_id, strips_preview(bands))
+        etag = at_low_priority(lambda: write_preview(storage, job_id, strips_preview(bands)), nice)
     except Exception:  # noqa: BLE001 - as above
         log.exception("job %s: final preview failed", job_id)
         return
@@ -77,11 +83,12 @@ def final_preview(session: Session, storage: Storage, job_id: str,
     PREVIEW_SECONDS.labels(kind="final").observe(time.perf_counter() - t0)
 
 
-def preview_ingested(session: Session, storage: Storage, job_id: str) -> None:
+def preview_ingested(session: Session, storage: Storage, job_id: str, batch_nice: int = 0) -> None:
     """The fast preview of a job just planned (called once its shards are dispatched); nothing for a job that
-    has a preview already, was never planned or ended."""
+    has a preview already, was never planned or ended. A batch-lane job's is made ``batch_nice`` lower."""
     job = session.get(Job, job_id)
     if job is None or job.preview_etag is not None or job.status not in ACTIVE or not is_planned(job.params):
         return
     plan = JobPlan.from_params(job.params)
-    fast_preview(session, storage, job_id, plan.frames[0], plan.render)
+    batch_lane = job.batch_id is not None or job.priority == Priority.BATCH
+    fast_preview(session, storage, job_id, plan.frames[0], plan.render, nice=batch_nice if batch_lane else 0)

@@ -1,4 +1,4 @@
-"""A batch shot's encode runs at a lowered CPU priority on a thread of its own (services.jobs.finalize)."""
+"""A batch shot's encode runs at a lowered CPU priority on a thread of its own (services.jobs.lowprio)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from services.jobs.finalize import at_low_priority
+from services.jobs.lowprio import at_low_priority
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
