@@ -32,6 +32,8 @@ from services.storage.intermediates import load_intermediate, remove_intermediat
 from services.storage.keys import bin_key, tile_keys
 
 log = logging.getLogger(__name__)
+
+
 @dataclass
 class _Strips:
     """The last phase's results per output space, with what the GPU workers made beside them."""

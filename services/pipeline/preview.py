@@ -74,18 +74,6 @@ def bin_sums(mosaic: np.ndarray, factor: int, threads: int = 0) -> np.ndarray:
     return acc
 
 
-def sites_to_rgb(sites: np.ndarray, cfa: str, black: Sequence[float], white: float) -> np.ndarray:
-    """(h, w, 4) per-site means -> (h, w, 3) camera RGB in [0, 1] (black subtracted per site, greens averaged)."""
-    if cfa not in _SITES:
-        raise ValueError(f"unsupported CFA {cfa!r}")
-    norm = (sites - np.asarray(black, dtype=np.float32)) / np.float32(white - max(black))
-    rgb = np.zeros((*sites.shape[:2], 3), dtype=np.float32)
-    for i, colour in enumerate(cfa):
-        channel = "RGB".index(colour)
-        rgb[..., channel] += norm[..., i] * (0.5 if colour == "G" else 1.0)
-    return np.clip(rgb, 0.0, 1.0)
-
-
 def _srgb_curve(x: np.ndarray) -> np.ndarray:
     return np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(x, 1 / 2.4) - 0.055)
 
@@ -113,8 +101,8 @@ def mosaic_preview(mosaic: np.ndarray, *, cfa: str, black: Sequence[float], whit
     factor = bin_factor(mosaic.shape[0], mosaic.shape[1], long_edge)
     sums = bin_sums(mosaic, factor)
     h, w = sums.shape[:2]
-    # sites_to_rgb as one (4 -> 3) matrix and offset on the sums (levels, the mean, greens averaged), then
-    # colour_rgb as one 3x3 (gains folded into the matrix): two small matrix products instead of per-site passes.
+    # Camera RGB as one (4 -> 3) matrix and offset on the sums (black levels, the mean, greens averaged, clipped to
+    # [0, 1]), then colour_rgb as one 3x3 with the gains folded in: two small matrix products, no per-site passes.
     if cfa not in _SITES:
         raise ValueError(f"unsupported CFA {cfa!r}")
     scale = 1.0 / ((white - max(black)) * factor * factor)

@@ -15,10 +15,11 @@ one offset per tile and the end). :func:`cpu_tile_streams` makes the same contai
 the reference the GPU output is checked against). Pixels are identical either way; the bytes differ by encoder.
 
 Status: off by default (``STRATA_GPU_DEFLATE``). The nvCOMP calls ran correctly on an H200 (2026-12-02,
-scripts/gpu/check_tiles.py: every tile inflates exact, the TIFF reads back exact) but took 0.87 s for an 80 MP
-frame, most of it Python work per tile (an nvCOMP array and a torch view per tile, a loop framing each stream),
-which made a strip shard 1.2 s longer; the framing and the batch are now vectorised (:func:`zlib_wrap`, one
-carved buffer in and out), to be re-timed before it is turned on.
+scripts/gpu/check_tiles.py: every tile inflates exact, the TIFF reads back exact). With an nvCOMP array and a
+torch view per tile and a Python loop framing each stream they took 0.87 s for an 80 MP frame; batched (one
+carved input buffer, the output read at its fixed stride, the framing vectorised: :func:`zlib_pack`) 0.49-0.53 s,
+still no faster through the service than the CPU's libdeflate (docs/PERFORMANCE.md). scripts/gpu/profile_tiles.py
+times each step.
 """
 
 from __future__ import annotations
@@ -156,10 +157,14 @@ def zlib_pack(flat: torch.Tensor, sizes: torch.Tensor, checks: torch.Tensor) -> 
 
 def zlib_wrap(payload: torch.Tensor, sizes: torch.Tensor, checks: torch.Tensor) -> torch.Tensor:
     """:func:`zlib_pack` of raw streams held at a fixed stride (``payload`` (n, stride) uint8, stream i in the first
-    ``sizes[i]`` bytes of row i), as nvCOMP writes them into a carved output buffer."""
-    sizes = sizes.to(device=payload.device, dtype=torch.int64)
-    keep = torch.arange(payload.shape[1], device=payload.device)[None, :] < sizes[:, None]
-    return zlib_pack(payload[keep], sizes, checks)
+    ``sizes[i]`` bytes of row i), as nvCOMP leaves them."""
+    return zlib_pack(_compact(payload, sizes), sizes, checks)
+
+
+def _compact(payload: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """The first ``sizes[i]`` bytes of each row of ``payload`` ((n, stride) uint8), back to back."""
+    keep = torch.arange(payload.shape[1], device=payload.device)[None, :] < sizes.to(payload.device)[:, None]
+    return payload[keep]
 
 
 class _Raw:
@@ -192,7 +197,7 @@ def _encode_chunk(codec: Any, data: torch.Tensor) -> tuple[torch.Tensor, torch.T
         encoded = codec.encode(srcs, out=dst)
         sizes = _sizes(encoded)  # reading the sizes waits for the compression
         ENCODE_PATH[:] = ["one carved output buffer"]
-        return out[torch.arange(stride, device=dev)[None, :] < sizes.to(dev)[:, None]], sizes
+        return _compact(out, sizes), sizes
     except (ValueError, TypeError) as exc:
         del out
         ENCODE_PATH[:] = [f"nvCOMP's own output ({type(exc).__name__}: {exc})"]
@@ -203,8 +208,7 @@ def _encode_chunk(codec: Any, data: torch.Tensor) -> tuple[torch.Tensor, torch.T
     if n > 1 and (steps == steps[0]).all() and steps[0] >= int(sizes.max()):
         ENCODE_PATH.append(f"fixed stride {int(steps[0])}")
         block = torch.as_tensor(_Raw(int(ptrs[0]), int(steps[0]) * n, encoded), device=dev)
-        payload = block.view(n, int(steps[0]))
-        return payload[torch.arange(payload.shape[1], device=dev)[None, :] < sizes.to(dev)[:, None]].clone(), sizes
+        return _compact(block.view(n, int(steps[0])), sizes), sizes  # a copy: boolean indexing
     ENCODE_PATH.append("entry by entry")
     flat = torch.cat([torch.as_tensor(_Raw(int(p), int(k), encoded), device=dev) for p, k in zip(ptrs, sizes.tolist(),
                                                                                               strict=True)])
