@@ -123,10 +123,15 @@ def wait_preview(client: httpx.Client, job_id: str, timeout: float) -> float | N
     ends or ``timeout`` passes first. Called right after the upload returned: the issue's "preview available after
     the upload completes"."""
     t0 = time.perf_counter()
+    polls = 0
     while time.perf_counter() - t0 < timeout:
         r = client.get(f"/v1/jobs/{job_id}/preview")
         if r.status_code == 200:
             return time.perf_counter() - t0
+        polls += 1
+        if polls % 10 == 0 and client.get(f"/v1/jobs/{job_id}").json().get("status") not in ("queued", "running"):
+            final = client.get(f"/v1/jobs/{job_id}/preview")  # done meanwhile: its preview may have just come
+            return time.perf_counter() - t0 if final.status_code == 200 else None  # else failed or cancelled
         time.sleep(0.02)
     return None
 
