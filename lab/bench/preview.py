@@ -4,7 +4,10 @@ Synthesises an IQ3_S frame (``--scale 1.0``: the full 80 MP sensor) with lab.syn
 real sandboxed decoder (timed and reported: ingest decodes anyway), then times ``--repeats`` runs of what
 :func:`services.jobs.previews.fast_preview` does: load the decoded mosaic, white balance + colour decision,
 2x2-and-more binning + colour + sRGB (:func:`~services.pipeline.preview.mosaic_preview`), JPEG encode and write.
-Prints a table (median, p95 per step) and writes JSON (``--out``). The issue's target: preview ready <= 300 ms
+Then, where the frame is an uncompressed DNG, the way ingest makes it now: the decode's band copy without and with
+the preview's binning on the way (``decode_copy``, ``decode_copy_bin``), then colour and JPEG from the bin sums
+(``bins_after_decode``: what remains after the decode). Prints a table (median, p95 per step) and writes JSON
+(``--out``). The issue's target: preview ready <= 300 ms
 after the upload completes on one H200 host; on the CPU this reports what it is.
 
     python -m lab.bench.preview --scale 1.0 --repeats 10 --out docs/perf/preview-cpu.json
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -25,7 +29,7 @@ import numpy as np
 
 from lab.synth.synth import synthesize_shot
 from services.export.preview import encode_jpeg
-from services.pipeline.preview import mosaic_preview
+from services.pipeline.preview import MosaicBinner, binned_preview, mosaic_preview
 from services.raw.colour import render_colour, white_balance_neutral
 from services.raw.decode import decode_raw
 
@@ -78,15 +82,46 @@ def _decode(scale: float, work: Path, mosaic_only: bool) -> tuple[Any, float | N
     return meta, time.perf_counter() - t0
 
 
-def run(scale: float, repeats: int, work: Path, mosaic_only: bool = False) -> dict[str, Any]:
+def _in_decode(dng: Path, work: Path, threads: int) -> dict[str, float]:
+    """What ingest does since the preview's binning moved into the decode: the fast DNG copy on ``threads``
+    threads without and with the binner (the difference is what the preview adds to the decode), then colour and
+    JPEG from the bin sums."""
+    t0 = time.perf_counter()
+    decode_raw(dng, work / "plain.npy", threads=threads)
+    t1 = time.perf_counter()
+    binner = MosaicBinner()
+    meta = decode_raw(dng, work / "binned.npy", threads=threads, binner=binner)
+    t2 = time.perf_counter()
+    assert binner.ready and binner.sums is not None, "the fast DNG path did not take this file"
+    colour = render_colour(meta, "srgb", neutral=white_balance_neutral(meta, np.load(work / "binned.npy",
+                                                                                     mmap_mode="r")))
+    t3 = time.perf_counter()
+    rgb = binned_preview(binner, cfa=meta.cfa, black=meta.black_levels, white=meta.white_level,
+                       gains=colour.gains, srgb_from_wb_cam=colour.out_from_wb_cam)
+    t4 = time.perf_counter()
+    (work / "preview-bins.jpg").write_bytes(encode_jpeg(rgb))
+    t5 = time.perf_counter()
+    for name in ("plain.npy", "binned.npy"):  # a job's raw file is a new one: no overwrite of a cached file
+        (work / name).unlink()
+    return {"decode_copy": t1 - t0, "decode_copy_bin": t2 - t1, "bins_colour": t4 - t3, "bins_jpeg_write": t5 - t4,
+            "bins_after_decode": (t4 - t3) + (t5 - t4)}
+
+
+def run(scale: float, repeats: int, work: Path, mosaic_only: bool = False, threads: int = 0) -> dict[str, Any]:
     meta, decode_s = _decode(scale, work, mosaic_only)
     _one(work / "raw.npy", meta, work / "warm.jpg")  # page cache, imports
     runs = [_one(work / "raw.npy", meta, work / "preview.jpg") for _ in range(repeats)]
+    dng = next(iter(sorted((work / "shot").glob("*.dng"))), None) if (work / "shot").exists() else None
+    if dng is not None:  # the binning inside the decode (ingest's way since it exists)
+        copy_threads = threads or min(8, os.cpu_count() or 1)
+        _in_decode(dng, work, copy_threads)
+        for r, extra in zip(runs, [_in_decode(dng, work, copy_threads) for _ in range(repeats)], strict=True):
+            r.update(extra)
     steps = {k: _stats([r[k] for r in runs]) for k in runs[0]}
     return {"frame": f"{meta.width}x{meta.height}", "megapixels": round(meta.width * meta.height / 1e6, 1),
             "repeats": repeats, "decode_ms": None if decode_s is None else round(decode_s * 1000, 1), "steps": steps,
             "preview_bytes": (work / "preview.jpg").stat().st_size, "machine": platform.platform(),
-            "cpu": platform.processor() or platform.machine()}
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
 
 
 def main(argv: list[str] | None = None) -> int:

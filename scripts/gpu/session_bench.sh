@@ -19,7 +19,7 @@ if [ "${CHECK_TILES:-0}" = 1 ]; then
   fi
   tail -12 "$OUT/check-tiles.txt"
 fi
-python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -8
+python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -12
 echo "durable write, 2 GiB:"; dd if=/dev/zero of=/tmp/strata-dd bs=4M count=512 conv=fsync 2>&1 | tail -1; rm -f /tmp/strata-dd
 serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   python3 -m cli.main serve --port 8765 --data-dir "$1" > "$2" 2>&1 &

@@ -28,7 +28,11 @@ def encode_jpeg(rgb: np.ndarray, long_edge: int = LONG_EDGE, quality: int = JPEG
 
 def write_preview(storage: Storage, job_id: str, rgb: np.ndarray) -> str:
     """Write the job's preview JPEG; returns its ETag (SHA-256 of the bytes, first 32 hex digits)."""
-    data = encode_jpeg(rgb)
+    return store_preview(storage, job_id, encode_jpeg(rgb))
+
+
+def store_preview(storage: Storage, job_id: str, data: bytes) -> str:
+    """Store an encoded preview JPEG as the job's; returns its ETag (as :func:`write_preview`)."""
     with storage.path_writer(preview_key(job_id)) as tmp:
         tmp.write_bytes(data)
     return hashlib.sha256(data).hexdigest()[:32]

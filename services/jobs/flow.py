@@ -34,6 +34,7 @@ from services.jobs.plan import (
     shard_input,
 )
 from services.jobs.planner import plan_phase_shards, plan_shot
+from services.jobs.previews import begin_fast_preview
 from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
@@ -147,6 +148,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         fail_job(session, job_id, f"decode failed: {exc.detail}" if isinstance(exc, RawError) else exc.detail,
                  storage)
         return []
+    if shot.preview_bins is not None:  # the preview's JPEG is encoded while the shards are planned and sent
+        begin_fast_preview(storage, job, shot.frames[0], shot.render, shot.preview_bins, settings.batch_encode_nice)
     plan = plan_shot(job_id, shot, recipes, job.params, settings, stack=stack, n_workers=n_workers,
                      gpu_memory_mb=gpu_memory_mb)
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from services.errors import BadRawFile, FramesMismatch, UnsupportedSensor
+from services.pipeline.preview import MosaicBinner
 from services.pipeline.render import RenderParams
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import frame_shifts, pixel_shift_offsets
@@ -36,16 +37,21 @@ class PreparedShot:
     render: RenderParams
     pixel_shift: tuple[tuple[int, int], ...] | None  # whole-pixel offsets of a 4-shot pixel-shift stack
     decode_s: float
+    preview_bins: MosaicBinner | None = None  # frame 0's bin sums, made during its decode (fast DNG path)
 
 
-def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits: DecodeLimits) -> list[RawMeta]:
+def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits: DecodeLimits,
+                  binner: MosaicBinner | None = None) -> list[RawMeta]:
     """Decode every upload (storage keys, in frame order) in a sandboxed child process, several at once, into
-    the job's raw keys. Raises ``RawError`` when one cannot be decoded."""
+    the job's raw keys (an uncompressed DNG's copy on threads of its own: up to 8 shared by the frames); frame 0
+    feeds ``binner`` where the fast path reads it. Raises ``RawError`` when one cannot be decoded."""
+    copy_threads = max(1, min(8, os.cpu_count() or 1) // len(uploads))
 
     def decode_one(index: int) -> RawMeta:
         with storage.path_writer(raw_key(job_id, index)) as tmp:
             return decode_raw(storage.local_path(uploads[index]), tmp, timeout_s=limits.timeout_s,
-                              memory_mb=limits.memory_mb, fast_dng=limits.fast_dng)
+                              memory_mb=limits.memory_mb, fast_dng=limits.fast_dng, threads=copy_threads,
+                              binner=binner if index == 0 else None)
 
     workers = max(1, min(len(uploads), limits.workers or os.cpu_count() or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
@@ -69,7 +75,8 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     """Decode the shot and compute its shared parameters once, on the reference frame (frame 0), for the
     primary ``colour_space`` and any ``extra_spaces`` the job's recipes need."""
     t0 = time.perf_counter()
-    metas = decode_frames(storage, job_id, uploads, limits)
+    binner = MosaicBinner()
+    metas = decode_frames(storage, job_id, uploads, limits, binner)
     check_frames_match(metas)
     decode_s = time.perf_counter() - t0
     ref = storage.load_array(raw_key(job_id, 0))
@@ -83,4 +90,4 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
         frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]
         found = pixel_shift_offsets(frame_shifts(frames[0], frames))
         offsets = None if found is None else tuple((int(a), int(b)) for a, b in found)
-    return PreparedShot(tuple(metas), params, offsets, decode_s)
+    return PreparedShot(tuple(metas), params, offsets, decode_s, binner if binner.ready else None)

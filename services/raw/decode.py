@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from services.errors import RawDecodeError
-from services.raw.fast_dng import decode_fast
+from services.raw.fast_dng import BandSink, decode_fast
 from services.raw.meta import RawMeta
 
 # The child command without its arguments; tests replace it with a child that crashes or hangs.
@@ -172,18 +172,19 @@ _spares = _Spares()
 
 
 def decode_raw(path: Path, out_npy: Path, *, timeout_s: float = 300.0, memory_mb: int = 8192,
-               fast_dng: bool = True) -> RawMeta:
+               fast_dng: bool = True, threads: int = 1, binner: BandSink | None = None) -> RawMeta:
     """Decode ``path`` in a child process; write its visible Bayer mosaic (uint16 .npy) to ``out_npy``.
 
     ``fast_dng``: an uncompressed Bayer DNG is read straight from the file instead (:mod:`services.raw.fast_dng`,
-    same result, no LibRaw, no child).
+    same result, no LibRaw, no child), copied on ``threads`` threads and fed to ``binner`` on the way (the fast
+    preview's bin sums; it stays not ``ready`` when LibRaw decodes the file).
 
     Returns the frame's metadata. Raises ``RawDecodeError`` if the decoder fails, crashes, exceeds
     ``memory_mb`` of address space or runs longer than ``timeout_s`` seconds.
     """
     path, out_npy = Path(path), Path(out_npy)
     if fast_dng:
-        meta = decode_fast(path, out_npy)
+        meta = decode_fast(path, out_npy, threads=threads, binner=binner)
         if meta is not None:
             return meta
     with tempfile.TemporaryDirectory(prefix="strata-decode-") as tmp:

@@ -11,9 +11,10 @@ visible area is the DNG ActiveArea, as LibRaw crops it; tests/unit/test_raw_fast
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tifffile
@@ -29,6 +30,7 @@ TAG_LINEARIZATION_TABLE = 50712
 TAG_ACTIVE_AREA = 50829
 _OPCODE_LISTS = (51008, 51009, 51022)
 _COLOURS = "RGB"
+_BAND_BYTES = 1 << 21  # bytes of mosaic per band of the copy (without a binner)
 LIBRAW_MIN_SIDE = 22  # LibRaw refuses smaller images; so does this path (the same answer for every file)
 
 
@@ -128,9 +130,58 @@ def _capture(path: Path, tags: dict[str, Any]) -> CaptureInfo:
     return replace(info, make=info.make or tags["make"], model=info.model or tags["model"])
 
 
-def decode_fast(path: Path, out_npy: Path) -> RawMeta | None:
+class BandSink(Protocol):
+    """Something fed the mosaic band by band as the decoder copies it (the fast preview's binner,
+    :class:`services.pipeline.preview.MosaicBinner`): sized by ``start``, each band begins at a multiple of
+    ``band_rows`` rows, ``finish`` once the whole frame went through."""
+
+    def start(self, height: int, width: int) -> None: ...
+
+    def band_rows(self, width: int, itemsize: int = 2) -> int: ...
+
+    def add(self, row0: int, rows: np.ndarray) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def _write_bands(src: np.ndarray, path: Path, threads: int, binner: BandSink | None) -> None:
+    """Write ``src`` (rows of the file's mapped raw data) as a uint16 ``.npy`` at ``path``: in bands of rows on
+    ``threads`` threads, each band written with ``pwrite`` (no page faults on a fresh memory map: about half the
+    time on the dev VM) and binned for the preview right after, while it is in cache. A band that is not one
+    contiguous block of the file (an ActiveArea narrower than the image, a big-endian file) is copied (and
+    byte-swapped) on the way."""
+    height, width = src.shape
+    step = binner.band_rows(width) if binner is not None else max(1, _BAND_BYTES // (2 * width))
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<u2", "fortran_order": False, "shape": (height, width)})
+        offset = f.tell()
+        f.truncate(offset + height * width * 2)
+        fd = f.fileno()
+
+        def band(r0: int) -> None:
+            rows = np.ascontiguousarray(src[r0 : r0 + step], dtype="<u2")
+            written, data = 0, rows.data.cast("B")
+            while written < len(data):  # pwrite may write less than asked
+                written += os.pwrite(fd, data[written:], offset + r0 * width * 2 + written)
+            if binner is not None:
+                binner.add(r0, rows)
+
+        if threads <= 1 or height <= step:
+            for r0 in range(0, height, step):
+                band(r0)
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="strata-decode") as pool:
+                list(pool.map(band, range(0, height, step)))
+
+
+def decode_fast(path: Path, out_npy: Path, *, threads: int = 1, binner: BandSink | None = None
+                ) -> RawMeta | None:
     """Write the visible mosaic of an uncompressed Bayer DNG to ``out_npy`` (uint16 ``.npy``) and return its
-    metadata; None (nothing written) when the file needs LibRaw."""
+    metadata; None (nothing written) when the file needs LibRaw.
+
+    The copy goes in bands of rows on ``threads`` threads (:func:`_write_bands`); a ``binner`` (the fast
+    preview's: :class:`BandSink`) is fed each band right after its copy, while the
+    band is in cache, and is ``ready`` when the whole frame went through it."""
     path = Path(path)
     with open(path, "rb") as f:
         if f.read(4) not in (b"II*\x00", b"MM\x00*"):
@@ -162,8 +213,11 @@ def decode_fast(path: Path, out_npy: Path) -> RawMeta | None:
         return None
     raw = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(rows, cols))
     part = out_npy.with_name(out_npy.name + ".part")
-    out = np.lib.format.open_memmap(part, mode="w+", dtype=np.uint16, shape=(bottom - top, right - left))
-    out[:] = raw[top:bottom, left:right]  # one copy, byte-swapped on the way for a big-endian file
-    del out, raw
+    if binner is not None:
+        binner.start(bottom - top, right - left)
+    _write_bands(raw[top:bottom, left:right], part, threads, binner)
+    del raw
     os.replace(part, out_npy)
+    if binner is not None:
+        binner.finish()
     return meta

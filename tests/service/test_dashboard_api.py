@@ -126,10 +126,23 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
 
     with session_scope() as session:
         tickets = flow.ingest_job(session, get_storage(), get_settings(), job["id"], n_workers=1)
+    from services.jobs import previews
+
+    assert job["id"] in previews._PENDING  # begun when the decode binned frame 0 (an uncompressed DNG)
     with session_scope() as session:  # as the ingest task does once the shards went out
         preview_ingested(session, get_storage(), job["id"])
-    assert tickets
+    assert tickets and job["id"] not in previews._PENDING
     fast = client.get(f"/v1/jobs/{job['id']}/preview", headers=a)
+    # The same preview, byte for byte, when it has to bin the stored mosaic (LibRaw decoded it, another process)
+    from sqlalchemy import update
+
+    from services.db.models import Job
+
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == job["id"]).values(preview_etag=None))
+        session.commit()
+        preview_ingested(session, get_storage(), job["id"])
+    assert client.get(f"/v1/jobs/{job['id']}/preview", headers=a).content == fast.content
     assert fast.status_code == 200 and fast.headers["content-type"] == "image/jpeg"
     assert "max-age" in fast.headers["cache-control"]
     image = Image.open(io.BytesIO(fast.content))

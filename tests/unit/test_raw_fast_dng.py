@@ -9,6 +9,7 @@ import pytest
 import tifffile
 
 from lab.synth.synth import COLOR_MATRIX, synthesize_shot
+from services.pipeline.preview import MosaicBinner, bin_factor
 from services.raw.colour import CameraProfile
 from services.raw.decode import decode_raw
 from services.raw.dng import PHOTOMETRIC_CFA, dng_tags
@@ -69,3 +70,26 @@ def test_fast_path_declines_what_needs_libraw(tmp_path: Path) -> None:
     odd = tmp_path / "odd.dng"  # LibRaw trims odd ActiveArea origins its own way: left to LibRaw
     _write_with_active_area(odd, np.full((40, 40), 900, np.uint16), (3, 5, 37, 35), "<")
     assert decode_fast(odd, tmp_path / "o.npy") is None
+
+
+@pytest.mark.parametrize(("byteorder", "threads"), [("<", 1), ("<", 3), (">", 4)])
+def test_fast_path_copies_in_bands_and_bins_for_the_preview_on_the_way(tmp_path: Path, byteorder: str,
+                                                                       threads: int) -> None:
+    """The threaded band copy gives the same mosaic, and the preview's bin sums made during it equal binning the
+    decoded mosaic afterwards (a band height that does not divide the frame, an ActiveArea offset)."""
+    rng = np.random.default_rng(5)
+    mosaic = rng.integers(500, 60000, (1210, 3400), dtype=np.uint16)
+    _write_with_active_area(tmp_path / "a.dng", mosaic, (2, 4, 1206, 3398), byteorder)
+    binner = MosaicBinner(long_edge=400)
+    meta = decode_fast(tmp_path / "a.dng", tmp_path / "fast.npy", threads=threads, binner=binner)
+    assert meta is not None and binner.ready and binner.factor == bin_factor(1204, 3394, 400) == 4
+    got = np.load(tmp_path / "fast.npy")
+    assert np.array_equal(got, mosaic[2:1206, 4:3398])
+    assert np.array_equal(binner.sums, MosaicBinner(long_edge=400).feed(got, threads=2).sums)  # type: ignore[arg-type]
+
+
+def test_a_binner_is_not_ready_when_libraw_decodes(tmp_path: Path) -> None:
+    shot = synthesize_shot("IQ3_S", tmp_path / "shot", scale=0.02, noise="mid")
+    binner = MosaicBinner()
+    decode_raw(shot.files[0], tmp_path / "child.npy", fast_dng=False, binner=binner)
+    assert not binner.ready
