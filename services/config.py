@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -129,11 +130,14 @@ class Settings(BaseSettings):
     gpu_encode: bool = Field(
         default=True, description="Workers bin resized outputs (proofs) in linear light beside each strip they "
                                   "render; the writer bins only rows that straddle two strips.")
-    gpu_deflate: bool = Field(
-        default=False, description="Experimental, not yet verified on a GPU host: GPU workers also compress the "
-                                   "tiles of 16-bit deflate TIFFs with nvCOMP (the nvidia-nvcomp wheel); check a "
-                                   "host with scripts/gpu/check_tiles.py before turning it on.")
-    gpu_deflate_level: int = Field(default=2, ge=0, le=5, description="nvCOMP deflate algorithm type (0-5).")
+    gpu_deflate: Literal["off", "batch", "on"] = Field(
+        default="batch", description="Which jobs' 16-bit deflate TIFF tiles GPU workers compress with nvCOMP (where "
+        "the nvidia-nvcomp wheel is installed; elsewhere the writer's CPU does): batch-lane jobs (default: it takes "
+        "about 9 core-seconds a frame off the CPU, so a batch runs faster and an interactive shot meanwhile waits "
+        "less), every job, or none. An idle interactive shot is faster with the CPU's 16 threads "
+        "(docs/PERFORMANCE.md). true / false mean on / off.")
+    gpu_deflate_level: int = Field(default=0, ge=0, le=5, description="nvCOMP deflate algorithm type (0-5); 0 was "
+                                   "the fastest on an H200 at the same ratio as 1 and 2.")
     stack_raw_merge: bool = Field(
         default=False, description="Sub-pixel stacks also merge the frames' raw samples per colour onto the output "
                                    "grid (multi-frame demosaicking, docs/QUALITY.md); accumulators 44 bytes a pixel "
@@ -157,6 +161,13 @@ class Settings(BaseSettings):
     remember_last_service: bool = Field(
         default=True, description="`strata serve` also names itself in ~/.config/strata (drills and tests: false)."
     )
+
+    @field_validator("gpu_deflate", mode="before")
+    @classmethod
+    def _deflate_mode(cls, value: object) -> object:
+        """true / false (the setting's earlier form) as on / off."""
+        text = str(value).strip().lower()
+        return {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(text, text)
 
     @property
     def resolved_metrics_dir(self) -> Path:

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from encode_probe import scene  # noqa: E402
 
 from services.pipeline import tiles  # noqa: E402
-from services.pipeline.transfer import upload  # noqa: E402
+from services.pipeline.transfer import download, upload  # noqa: E402
 
 
 def main() -> None:
@@ -55,8 +55,8 @@ def main() -> None:
             t = step("nvCOMP deflate + sizes", t)
             packed = tiles.zlib_pack(flat, sizes, checks)
             t = step("zlib framing", t)
-            packed.cpu().numpy()
-            step("device -> host", t)
+            download(packed)
+            step("device -> host (pinned slots)", t)
         if rnd:
             print(f"{'step':<28} {'s':>7}   (80 MP RGB16, level {args.level}, {'; '.join(tiles.ENCODE_PATH)})")
             for k, v in totals.items():

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU host, one call: the preview benchmark, the disk's durable write speed, then one `strata serve` timed
 # by the service benchmark (the latency scenarios, then a batch with a proof per shot and an interactive shot during
-# it). CHECK_TILES=1 first runs the GPU tile check and serves with the GPU tiles where it passed, then runs the same
-# batch again with the tiles off (A/B) unless BOTH=0.
+# it), on the default STRATA_GPU_DEFLATE (batch: batch-lane jobs' TIFF tiles compressed on the GPU where nvCOMP is
+# installed). CHECK_TILES=1 first runs the GPU tile check (the service falls back to off where it fails), then runs
+# the same batch again with the tiles off (A/B) unless BOTH=0.
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -10,11 +11,10 @@ OUT=${1:-out}; BATCH=${2:-16}; REPEATS=${3:-3}; BOTH=${BOTH:-1}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-TILES=false  # the default (STRATA_GPU_DEFLATE off); CHECK_TILES=1 checks them and, if they pass, serves with them
+TILES=${STRATA_GPU_DEFLATE:-batch}  # the default; CHECK_TILES=1 checks the tiles first (off where they fail)
 if [ "${CHECK_TILES:-0}" = 1 ]; then
-  if timeout 150 python3 scripts/gpu/check_tiles.py --json "$OUT/check-tiles.json" > "$OUT/check-tiles.txt" 2>&1; then
-    TILES=true  # the tiles checked out on this host: let the workers compress them
-  else
+  if ! timeout 150 python3 scripts/gpu/check_tiles.py --json "$OUT/check-tiles.json" > "$OUT/check-tiles.txt" 2>&1; then
+    TILES=off
     echo "GPU tile check failed: the service runs with the CPU deflate"
   fi
   tail -12 "$OUT/check-tiles.txt"
@@ -39,10 +39,10 @@ grep -h -i -E "fast preview in|GPU tile|Traceback|Error" "$DATA"/logs/*.log 2>/d
 grep -h "fast preview in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
 grep -h "outputs written and recorded in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
 stop
-if [ "$BOTH" = 1 ] && [ "$TILES" = true ]; then
+if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
   DATA2=$(mktemp -d /tmp/strata-svc-XXXX)
-  STRATA_GPU_DEFLATE=false serve "$DATA2" "$DATA2/serve.log"
-  echo "service with STRATA_GPU_DEFLATE=false"
+  STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"
+  echo "service with STRATA_GPU_DEFLATE=off"
   python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats 2 \
     --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch \
     --json "$OUT/batch-cpu-deflate.json" 2>&1

@@ -25,7 +25,7 @@ from services.export.recipes import resolve_recipes
 from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, strip_keys
 from services.jobs.previews import final_preview
-from services.jobs.states import ACTIVE, JobStatus, Priority, Stage
+from services.jobs.states import ACTIVE, JobStatus, Stage, in_batch_lane
 from services.raw.meta import CaptureInfo
 from services.storage import Storage
 from services.storage.intermediates import load_intermediate, remove_intermediates
@@ -109,7 +109,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
         recipes = [r.model_copy(update={"naming": naming}) for r in recipes]
     capture = plan.frames[0].capture or CaptureInfo(make=plan.frames[0].make, model=plan.frames[0].model)
     tokens, meta = _name_tokens(session, job, capture), OutputMetadata(capture, job.frames[0].name)
-    batch_lane = job.batch_id is not None or job.priority == Priority.BATCH
+    batch_lane = in_batch_lane(job.priority, job.batch_id)
     # A batch shot's encode yields the cores to an interactive shot's (measured: an interactive 80 MP frame's TIFF
     # took 4.0 s instead of 1.05 s beside a batch's encodes at the same priority).
     outs = at_low_priority(lambda: write_outputs(storage, job_id, spaces, recipes, tokens, meta,

@@ -35,7 +35,7 @@ from services.jobs.plan import (
 )
 from services.jobs.planner import plan_phase_shards, plan_shot
 from services.jobs.previews import begin_fast_preview
-from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
+from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage, in_batch_lane
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
 from services.pipeline.shards import compute_shard
@@ -151,7 +151,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     if shot.preview_bins is not None:  # the preview's JPEG is encoded while the shards are planned and sent
         begin_fast_preview(storage, job, shot.frames[0], shot.render, shot.preview_bins, settings.batch_encode_nice)
     plan = plan_shot(job_id, shot, recipes, job.params, settings, stack=stack, n_workers=n_workers,
-                     gpu_memory_mb=gpu_memory_mb)
+                     gpu_memory_mb=gpu_memory_mb, batch_lane=in_batch_lane(job.priority, job.batch_id))
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.
     if not _claim(session, job_id, -1, phase=0):
         return []

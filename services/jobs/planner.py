@@ -125,9 +125,10 @@ def plan_phase_shards(plan: JobPlan, phase: int, *, groups_done: int, strip_rows
 
 
 def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params: dict[str, Any], settings: Settings,
-              *, stack: bool, n_workers: int, gpu_memory_mb: int) -> JobPlan:
+              *, stack: bool, n_workers: int, gpu_memory_mb: int, batch_lane: bool = False) -> JobPlan:
     """The job's plan once its frames are decoded: phases, the render (with the raw-sample merge where the
-    settings ask for it), the GPU output work (tiles, proof bins) its recipes need, and the split ratios."""
+    settings ask for it), the GPU output work (tiles for the lanes ``STRATA_GPU_DEFLATE`` names, proof bins) its
+    recipes need, and the split ratios."""
     ratios = parse_split_ratio(settings.split_ratio)
     render = replace(shot.render, raw_merge=True) if stack and settings.stack_raw_merge and not shot.pixel_shift \
         else shot.render
@@ -135,6 +136,7 @@ def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params
     return JobPlan(frames=shot.frames, render=render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(height, width), gpu_memory_mb=gpu_memory_mb,
-                   tile_spaces=tile_plan(recipes, settings.gpu_deflate), tile_level=settings.gpu_deflate_level,
+                   tile_spaces=tile_plan(recipes, settings.gpu_deflate == "on" or (
+                       settings.gpu_deflate == "batch" and batch_lane)), tile_level=settings.gpu_deflate_level,
                    bin_specs=bin_plan(recipes, height, width, settings.gpu_encode),
                    extra=with_decoded_source(params, shot.frames[0]))

@@ -19,7 +19,7 @@ from services.db.models import Job, Output
 from services.export.preview import encode_jpeg, store_preview, write_preview
 from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, is_planned
-from services.jobs.states import ACTIVE, Priority
+from services.jobs.states import ACTIVE, in_batch_lane
 from services.metrics import BYTES_WRITTEN, PREVIEW_SECONDS
 from services.pipeline.preview import (
     MosaicBinner,
@@ -45,7 +45,7 @@ _PENDING_KEPT = 4
 
 
 def _lane_nice(job: Job, batch_nice: int) -> int:
-    return batch_nice if job.batch_id is not None or job.priority == Priority.BATCH else 0
+    return batch_nice if in_batch_lane(job.priority, job.batch_id) else 0
 
 
 def _srgb_colour(meta: RawMeta, render: RenderParams, mosaic: Callable[[], np.ndarray]

@@ -19,7 +19,7 @@ from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Go
 from services.export.naming import sanitise, validate_template
 from services.export.recipes import resolve_recipes
 from services.jobs.cameras import resolve_camera
-from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, parse_enum
+from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, in_batch_lane, parse_enum
 from services.raw.probe import probe_raw
 from services.stations import ensure_visible, owner_filter
 from services.storage import Storage
@@ -133,11 +133,6 @@ def submit_job(session: Session, storage: Storage, station: Station, job_id: str
                      recipes=request.recipe_names, naming=request.naming, priority=request.priority,
                      sha256=list(request.sha256), batch_id=batch_id)
     return get_job(session, station, job.id)
-
-
-def in_batch_lane(priority: str, batch_id: str | None) -> bool:
-    """Shots of a batch and ``priority=batch`` jobs wait for the coordinator's admission (docs/BATCHES.md)."""
-    return batch_id is not None or priority == Priority.BATCH
 
 
 def enqueue_now(job: Job) -> bool:

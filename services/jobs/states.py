@@ -55,6 +55,12 @@ class Priority(StrEnum):
     BATCH = "batch"
 
 
+def in_batch_lane(priority: str, batch_id: str | None) -> bool:
+    """Shots of a batch and ``priority=batch`` jobs: the batch lane, which waits for the coordinator's admission
+    (docs/BATCHES.md) and whose CPU work runs at a lower priority."""
+    return batch_id is not None or priority == Priority.BATCH
+
+
 def parse_enum(kind: type[StrEnum], value: str, what: str) -> StrEnum:
     """``value`` as a member of ``kind``; ``BadInput`` naming the choices otherwise."""
     from services.errors import BadInput

@@ -167,12 +167,15 @@ def mosaic_tensor(mosaic: np.ndarray, device: torch.device) -> torch.Tensor:
 class RowsOut:
     """Where a strip's rows go: rows ``[top, bottom)`` of the rendered (halo'd) image, downloaded through the
     pinned staging slots straight into ``into`` (one C-contiguous (bottom - top, W, 3) uint16 array per output
-    space, e.g. the memory maps a shard publishes), after ``ready()`` (a prefault's wait) returns."""
+    space, e.g. the memory maps a shard publishes), after ``ready()`` (a prefault's wait) returns.
+    ``on_device(space, rows)``: called with each space's rows while they are still on the device, before their
+    download (a worker compresses TIFF tiles from them: no second upload)."""
 
     top: int
     bottom: int
     into: Sequence[np.ndarray] | None = None
     ready: Callable[[], object] | None = None
+    on_device: Callable[[int, torch.Tensor], object] | None = None
 
 
 def encode_spaces(rgb: torch.Tensor, params: RenderParams, rows: RowsOut | None = None) -> list[np.ndarray]:
@@ -188,6 +191,8 @@ def encode_spaces(rgb: torch.Tensor, params: RenderParams, rows: RowsOut | None 
             out.append(codes.contiguous().cpu().numpy())
             continue
         codes = codes[rows.top : rows.bottom].contiguous()  # the strip's own rows, cropped on the device
+        if rows.on_device is not None:
+            rows.on_device(i, codes)
         if rows.into is None:
             out.append(codes.cpu().numpy())
             continue
@@ -264,8 +269,8 @@ def render_strip(source: np.ndarray, y0: int, y1: int, params: RenderParams,
 
 def render_strip_spaces(source: np.ndarray, y0: int, y1: int, params: RenderParams,
                         device: torch.device | str = "cpu", normalized: bool = False,
-                        into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None
-                        ) -> list[np.ndarray]:
+                        into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None,
+                        on_device: Callable[[int, torch.Tensor], object] | None = None) -> list[np.ndarray]:
     """Render rows [y0, y1) of the full (H, W) mosaic ``source`` (may be a ``np.memmap``): one (y1 - y0, W, 3)
     uint16 array per output space (primary first), from one model pass.
 
@@ -273,13 +278,14 @@ def render_strip_spaces(source: np.ndarray, y0: int, y1: int, params: RenderPara
     render. ``y0`` must be even so the strip keeps the frame's CFA phase. (Stacks render their strips from the
     group accumulators: ``services.pipeline.stack.render_stack_strip``.) ``into``: one (y1 - y0, W, 3) uint16
     C-contiguous array per space (e.g. memory maps) the rows are downloaded into, after ``ready()``; returned.
+    ``on_device``: see :class:`RowsOut`.
     """
     if source.ndim != (3 if params.layout == LAYOUT_LINEAR else 2):
         raise ValueError(f"source must be a (H, W) mosaic or a linear shot's (H, W, 3) image, got {source.shape}")
     check_strip(y0, y1, source.shape[0])
     top, bottom = rows_needed(y0, y1, source.shape[0], params)
     return render_mosaic_spaces(np.asarray(source[top:bottom]), params, device, normalized,
-                                RowsOut(y0 - top, y1 - top, into, ready))
+                                RowsOut(y0 - top, y1 - top, into, ready, on_device))
 
 
 def rows_needed(y0: int, y1: int, height: int, params: RenderParams, extra: int = 0) -> tuple[int, int]:

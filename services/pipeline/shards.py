@@ -26,7 +26,7 @@ from services.pipeline.stack import (
     merge_frame_group,
     render_stack_strip_spaces,
 )
-from services.pipeline.transfer import prefault
+from services.pipeline.transfer import download_to, prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
 from services.storage.intermediates import load_intermediate
@@ -121,21 +121,24 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
         groups = [load_accumulator(storage, shard.job_id, key) for key in shard.groups]
         width, height = groups[0].shape[2], groups[0].shape[1]
 
-        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None) -> None:
+        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None,
+                   on_device: OnDevice | None = None) -> None:
             render_stack_strip_spaces(groups, y0, y1, shard.params, device=device, pixel_shift=shard.pixel_shift,
-                                      into=into, ready=ready)
+                                      into=into, ready=ready, on_device=on_device)
     else:
         source = load_intermediate(storage, shard.job_id, shard.source)
         width, height = source.shape[1], source.shape[0]
 
-        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None) -> None:
+        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None,
+                   on_device: OnDevice | None = None) -> None:
             render_strip_spaces(source, y0, y1, shard.params, device=device, normalized=shard.normalized, into=into,
-                                ready=ready)
+                                ready=ready, on_device=on_device)
     _write_rows(storage, shard, width, height, render, device)
     return shard.out
 
 
-Render = Callable[[int, int, list[np.ndarray], Callable[[], object] | None], None]
+OnDevice = Callable[[int, torch.Tensor], object]
+Render = Callable[..., None]  # (y0, y1, into, ready, on_device=None): a strip's rows into ``into``
 
 
 def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: int, height: int, render: Render,
@@ -149,17 +152,30 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     if len(keys) != len(shard.params.spaces):
         raise ValueError(f"{len(shard.params.spaces)} output spaces for {len(keys)} result keys")
     shape = (shard.y1 - shard.y0, width, 3)
+    ahead = shard.ahead
+    tile_spaces = {i for i, key in enumerate(keys) if key in ahead.tiles} if ahead.tiles and tiles.gpu_available(
+        device) else set()
+    on_device: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
+
+    def compress(space: int, rows: torch.Tensor) -> None:  # the TIFF tiles from the rows still on the device
+        if space in tile_spaces and rows.shape[0] == shape[0]:  # (an out-of-memory split: the host path below)
+            streams = _device_tiles(keys[space], rows, shard.y0, height, device, ahead.level)
+            if streams is not None:
+                on_device[keys[space]] = streams
+
     with ExitStack() as stack:  # entered primary first, so it is published (exited) last
         outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
         waits = [prefault(out) for out in outs]
-        split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits])
-        _pre_encode(storage, shard.ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device)
+        split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
+                     compress if tile_spaces else None)
+        _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, on_device)
 
 
 def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarray], y0: int, height: int,
-                device: str) -> None:
+                device: str, on_device: dict[str, tuple[torch.Tensor, np.ndarray]] | None = None) -> None:
     """The writer's work this worker does for the strip's results: proof bins (on any device: the same code the
-    writer would run), then TIFF tiles (a GPU with nvCOMP only)."""
+    writer would run), then TIFF tiles (a GPU with nvCOMP only): those compressed while the rows were on the
+    device (``on_device``), else from the downloaded rows."""
     for key, k, transfer in ahead.bins:
         if key in results:
             rows = binned(results[key], y0, k, transfer, device)
@@ -167,21 +183,30 @@ def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarra
                 out[:] = rows
     if ahead.tiles and tiles.gpu_available(device):
         for key in ahead.tiles:
-            if key in results:
-                _write_tiles(storage, key, results[key], y0, height, device, ahead.level)
+            streams = (on_device or {}).get(key)
+            if streams is None and key in results:
+                streams = _device_tiles(key, results[key], y0, height, device, ahead.level)
+            if streams is not None:
+                _write_tiles(storage, key, *streams)
 
 
-def _write_tiles(storage: Storage, key: str, rows: np.ndarray, y0: int, height: int, device: str, level: int) -> None:
-    """The strip's TIFF tiles, compressed on the GPU, beside its result (index published last). A failure costs
-    only the speed: the writer compresses what has no tiles."""
+def _device_tiles(key: str, rows: np.ndarray | torch.Tensor, y0: int, height: int, device: str, level: int
+                  ) -> tuple[torch.Tensor, np.ndarray] | None:
+    """The strip's TIFF tile streams compressed on the GPU (left there), or None: an nvCOMP or driver error
+    costs only the speed, the writer compresses what has no tiles."""
     try:
-        blob, index = tiles.gpu_tile_streams(rows, y0, height, device, level)
-    except Exception:  # noqa: BLE001 - an nvCOMP or driver error: the CPU writer takes these tiles
+        return tiles.device_tile_streams(rows, y0, height, device, level)
+    except Exception:  # noqa: BLE001 - see above
         log.exception("GPU tile compression failed for %s; the TIFF writer compresses them", key)
-        return
+        return None
+
+
+def _write_tiles(storage: Storage, key: str, blob: torch.Tensor, index: np.ndarray) -> None:
+    """The strip's tile streams beside its result, written as a stream from the pinned slots (a fresh memory
+    map's page faults cost about as much as the compression); the index published last."""
     blob_key, index_key = tile_keys(key)
-    with storage.array_writer(blob_key, blob.shape, np.uint8, durable=False) as out:
-        out[:] = blob
+    with storage.array_stream(blob_key, tuple(blob.shape), np.uint8) as f:
+        download_to(blob, f)
     with storage.array_writer(index_key, index.shape, np.int64, durable=False) as out:
         out[:] = index
 
@@ -199,12 +224,12 @@ def load_accumulator(storage: Storage, job_id: str, key: str) -> np.ndarray:
 
 
 def split_on_oom(render: Render, y0: int, y1: int, into: list[np.ndarray],
-                 ready: Callable[[], object] | None = None) -> None:
-    """``render(y0, y1, into, ready)`` (rows into one array per output space); when the device runs out of
-    memory, the rows are rendered in two halves (cut on an even row) into the two halves of ``into``: strips are
-    exact, so the result is the same bits, only later than planned."""
+                 ready: Callable[[], object] | None = None, on_device: OnDevice | None = None) -> None:
+    """``render(y0, y1, into, ready, on_device)`` (rows into one array per output space); when the device runs
+    out of memory, the rows are rendered in two halves (cut on an even row) into the two halves of ``into``
+    (without ``on_device``): strips are exact, so the result is the same bits, only later than planned."""
     try:
-        render(y0, y1, into, ready)
+        render(y0, y1, into, ready, on_device)
     except torch.cuda.OutOfMemoryError:
         if y1 - y0 < 4:
             raise

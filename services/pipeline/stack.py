@@ -386,14 +386,14 @@ def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: R
 
 def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, params: RenderParams,
                               device: str | torch.device = "cpu", *, pixel_shift: bool,
-                              into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None
-                              ) -> list[np.ndarray]:
+                              into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None,
+                              on_device: Callable[[int, torch.Tensor], object] | None = None) -> list[np.ndarray]:
     """Rows [y0, y1) of the stack's final image, one (y1 - y0, W, 3) uint16 array per output space (primary
     first), straight from the group accumulators.
 
     Fuses only the rows the strip needs (its halo included) on ``device``, so no whole fused image is ever
-    built on the coordinator; stitched strips equal :func:`render_rgb` of :func:`fuse_groups`. ``into`` and
-    ``ready``: as for :func:`~services.pipeline.render.render_strip_spaces`.
+    built on the coordinator; stitched strips equal :func:`render_rgb` of :func:`fuse_groups`. ``into``,
+    ``ready`` and ``on_device``: as for :func:`~services.pipeline.render.render_strip_spaces`.
     """
     check_groups(groups)
     h = groups[0].shape[1]
@@ -403,7 +403,7 @@ def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, pa
     top, bottom = rows_needed(y0, y1, h, params, blends * BLEND_RADIUS)
     fused = fuse_rows(groups, top, bottom, device)
     return render_fused_spaces(fused, params, stack_noise_factors(pixel_shift),
-                               RowsOut(y0 - top, y1 - top, into, ready))
+                               RowsOut(y0 - top, y1 - top, into, ready, on_device))
 
 
 # The frames were already denoised (at MERGE_NOISE_FACTOR x the stack's noise), so the filter after fusion takes out

@@ -12,13 +12,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
 STAGING_BYTES = 64 << 20
 SLOTS = 4  # pinned slots per device = host copy threads
-_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(np.int32): torch.int32, np.dtype(np.uint16): torch.uint16}
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(np.int32): torch.int32, np.dtype(np.uint16): torch.uint16,
+                                               np.dtype(np.uint8): torch.uint8}
 _staging: dict[str, tuple[threading.Lock, torch.Tensor, ThreadPoolExecutor]] = {}
 _staging_lock = threading.Lock()
 
@@ -84,19 +86,23 @@ def _stage_in(arr: np.ndarray, slots: Sequence[np.ndarray], flush: Callable[[int
             pending[k + len(slots)] = pool.submit(_fill, slots[k % len(slots)], chunks[k + len(slots)])
 
 
-def _stage_out(out: np.ndarray, slots: Sequence[np.ndarray], fetch: Callable[[int, int, int], object],
-               pool: ThreadPoolExecutor) -> None:
-    """Fill flat ``out`` through ``slots``: ``fetch(offset, n, slot)`` puts elements [offset, offset + n) into
-    the slot (on this thread, in order), then a thread copies them to ``out`` while the next slot is fetched."""
-    size = slots[0].size
-    pending: list[Future[None] | None] = [None] * len(slots)
-    for k, start in enumerate(range(0, out.size, size)):
+def _stage_out(size: int, slots: Sequence[np.ndarray], fetch: Callable[[int, int, int], object],
+               put: Callable[[int, np.ndarray], object], pool: ThreadPoolExecutor | None) -> None:
+    """Move ``size`` flat elements out through ``slots``: ``fetch(offset, n, slot)`` puts elements [offset,
+    offset + n) into the slot (on this thread, in order), then ``put(offset, elements)`` takes them from the slot:
+    on a ``pool`` thread while the next slot is fetched, or on this thread in order (``pool`` None)."""
+    step = slots[0].size
+    pending: list[Future[object] | None] = [None] * len(slots)
+    for k, start in enumerate(range(0, size, step)):
         s = k % len(slots)
         if (previous := pending[s]) is not None:
             previous.result()
-        n = min(size, out.size - start)
+        n = min(step, size - start)
         fetch(start, n, s)
-        pending[s] = pool.submit(np.copyto, out[start : start + n], slots[s][:n])
+        if pool is None:
+            put(start, slots[s][:n])
+        else:
+            pending[s] = pool.submit(put, start, slots[s][:n])
     for p in pending:
         if p is not None:
             p.result()
@@ -108,9 +114,10 @@ def _slots(raw: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host int32 or uint16 array (a memory map or a slice of one) as a tensor of that dtype on ``device``."""
+    """A host int32, uint16 or uint8 array (a memory map or a slice of one) as a tensor of that dtype on
+    ``device``."""
     if arr.dtype not in _TORCH_DTYPES:
-        raise TypeError(f"upload takes int32 or uint16 arrays, got {arr.dtype}")
+        raise TypeError(f"upload takes int32, uint16 or uint8 arrays, got {arr.dtype}")
     if device.type != "cuda":
         host = np.ascontiguousarray(arr)
         return torch.from_numpy(host if host.flags.writeable else host.copy()).to(device)
@@ -125,26 +132,49 @@ def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return out
 
 
-def download(tensor: torch.Tensor, out: np.ndarray | None = None) -> np.ndarray:
-    """A device int32 or uint16 tensor as a host array: ``out`` (C-contiguous, same shape and dtype; e.g. a
-    writable memory map, so the bytes land in the file's pages in one copy) or a new array."""
+def _host_dtype(tensor: torch.Tensor) -> np.dtype:
     found = [k for k, v in _TORCH_DTYPES.items() if v == tensor.dtype]
     if not found:
-        raise TypeError(f"download takes int32 or uint16 tensors, got {tensor.dtype}")
+        raise TypeError(f"download takes int32, uint16 or uint8 tensors, got {tensor.dtype}")
+    return found[0]
+
+
+def download(tensor: torch.Tensor, out: np.ndarray | None = None) -> np.ndarray:
+    """A device int32, uint16 or uint8 tensor as a host array: ``out`` (C-contiguous, same shape and dtype; e.g.
+    a writable memory map, so the bytes land in the file's pages in one copy) or a new array."""
+    dtype = _host_dtype(tensor)
     if out is None:
-        out = np.empty(tuple(tensor.shape), dtype=found[0])
-    elif out.shape != tuple(tensor.shape) or out.dtype != found[0] or not out.flags.c_contiguous:
-        raise ValueError(f"out must be C-contiguous {found[0]} {tuple(tensor.shape)}, got {out.dtype} {out.shape}")
+        out = np.empty(tuple(tensor.shape), dtype=dtype)
+    elif out.shape != tuple(tensor.shape) or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous {dtype} {tuple(tensor.shape)}, got {out.dtype} {out.shape}")
     if tensor.device.type != "cuda":
         np.copyto(out, tensor.cpu().numpy())
         return out
+    flat_out = out.reshape(-1)
+    _through_slots(tensor, lambda at, part: np.copyto(flat_out[at : at + part.size], part), threaded=True)
+    return out
+
+
+def download_to(tensor: torch.Tensor, f: BinaryIO) -> None:
+    """Write a device int32, uint16 or uint8 tensor's elements (C order, native byte order) to the binary file
+    ``f`` through the pinned slots, in order: a stream (:meth:`services.storage.base.Storage.array_stream`), so
+    no fresh memory map's pages are faulted in."""
+    _host_dtype(tensor)
+    if tensor.device.type != "cuda":
+        f.write(tensor.contiguous().cpu().numpy().tobytes())
+        return
+    _through_slots(tensor, lambda _at, part: f.write(part.data), threaded=False)
+
+
+def _through_slots(tensor: torch.Tensor, put: Callable[[int, np.ndarray], object], threaded: bool) -> None:
     flat = tensor.reshape(-1)
+    dtype = _host_dtype(tensor)
     lock, raw, pool = _pinned(tensor.device)
     bufs = _slots(raw, tensor.dtype)
     with lock:
-        _stage_out(out.reshape(-1), [b.numpy().view(found[0]) for b in bufs],
-                   lambda offset, n, s: bufs[s][:n].copy_(flat[offset : offset + n]), pool)  # synchronous
-    return out
+        _stage_out(flat.numel(), [b.numpy().view(dtype) for b in bufs],
+                   lambda offset, n, s: bufs[s][:n].copy_(flat[offset : offset + n]),  # synchronous
+                   put, pool if threaded else None)
 
 
 PREFAULT_THREADS = 8

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import numpy as np
 
@@ -103,6 +103,29 @@ class Storage(ABC):
                 with self.writer(key + SAMPLE_SUFFIX, durable=False) as f:
                     f.write(_sample_digest(array).encode())
             del array  # unmapped; on a local disk unsynced pages stay in the page cache
+
+    @contextmanager
+    def array_stream(self, key: str, shape: tuple[int, ...], dtype: np.dtype | type) -> Iterator[BinaryIO]:
+        """A ``.npy`` of ``shape`` and ``dtype`` written as a stream (not durable): the block writes the raw
+        values in C order to the file it gets (positioned after the header), e.g. straight from pinned device
+        slots, with no page faults of a fresh memory map (a map cost a GPU worker about 0.15 s per 370 MB of
+        tile streams). On exit the size is checked and the result published as :meth:`array_writer` does, sample
+        digest first."""
+        dt = np.dtype(dtype)
+        with self.path_writer(key) as tmp:
+            with open(tmp, "wb") as f:
+                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dt),
+                                                         "fortran_order": False, "shape": tuple(shape)})
+                start = f.tell()
+                yield cast(BinaryIO, f)
+                written = f.tell() - start
+            expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            if written != expected:
+                raise ValueError(f"{key}: {written} bytes written for a {dt} {tuple(shape)} array ({expected})")
+            array = np.load(tmp, mmap_mode="r")  # closed above: on a file server, close flushed it there
+            with self.writer(key + SAMPLE_SUFFIX, durable=False) as out:
+                out.write(_sample_digest(array).encode())
+            del array
 
     def shared_between_hosts(self) -> bool:
         """Whether readers on other hosts may open what this process writes (then memory-mapped writes must

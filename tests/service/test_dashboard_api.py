@@ -256,3 +256,30 @@ def test_a_non_srgb_render_keeps_its_srgb_fast_preview(client: TestClient, synth
     _run(r.json()["id"])
     job = client.get(f"/v1/jobs/{r.json()['id']}", headers=a).json()
     assert job["status"] == "done" and job["preview_kind"] == "fast"
+
+
+@pytest.mark.parametrize(("mode", "interactive", "batch"), [("batch", False, True), ("on", True, True),
+                                                           ("off", False, False)])
+def test_gpu_tiles_are_planned_for_the_lanes_the_setting_names(client: TestClient, synth_dir: Path, mode: str,
+                                                               interactive: bool, batch: bool) -> None:
+    """STRATA_GPU_DEFLATE=batch (the default): batch-lane jobs get their TIFF tiles planned for the GPU workers,
+    an interactive shot keeps the CPU's deflate (faster for one job on an idle host)."""
+    from services.config import get_settings
+    from services.jobs import flow
+    from services.jobs.plan import JobPlan
+    from services.storage import get_storage
+
+    a = _token("station-a")
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    settings = get_settings().model_copy(update={"gpu_deflate": mode})
+    planned = {}
+    for priority in ("interactive", "batch"):
+        r = client.post("/v1/jobs", headers=a, files=[("frames", ("f.dng", data))], data={"priority": priority})
+        assert r.status_code == 202, r.text
+        with session_scope() as session:
+            flow.ingest_job(session, get_storage(), settings, r.json()["id"], n_workers=1)
+        with session_scope() as session:
+            from services.db.models import Job
+
+            planned[priority] = bool(JobPlan.from_params(session.get(Job, r.json()["id"]).params).tile_spaces)
+    assert planned == {"interactive": interactive, "batch": batch}

@@ -106,6 +106,22 @@ def test_arrays_round_trip_memory_mapped(storage: Storage) -> None:
                           np.arange(5 * 40 * 6, dtype=np.int32).reshape(5, 40, 6))
 
 
+def test_an_array_written_as_a_stream(storage: Storage) -> None:
+    """array_stream: the values in C order after the header, published on exit with a sample digest; a short
+    stream is refused, nothing published."""
+    blob = (np.arange(70001) % 251).astype(np.uint8)
+    with storage.array_stream("jobs/d/p0/tiles.npy", blob.shape, np.uint8) as f:
+        f.write(blob[:1000].tobytes())
+        f.write(memoryview(blob[1000:]))
+        assert not storage.exists("jobs/d/p0/tiles.npy")
+    assert np.array_equal(storage.load_array("jobs/d/p0/tiles.npy"), blob)
+    assert storage.exists("jobs/d/p0/tiles.npy.sample")
+    with pytest.raises(ValueError, match="bytes written"), storage.array_stream("jobs/d/p0/t2.npy", (10,),
+                                                                                  np.int32) as f:
+        f.write(b"\0" * 12)
+    assert not storage.exists("jobs/d/p0/t2.npy")
+
+
 def test_file_writer_is_seekable_and_mappable(storage: Storage) -> None:
     import mmap
 

@@ -138,7 +138,7 @@ def test_a_strip_that_runs_out_of_device_memory_is_rendered_in_halves() -> None:
 
     calls: list[tuple[int, int]] = []
 
-    def render(y0: int, y1: int, into: list[np.ndarray], ready: object) -> None:
+    def render(y0: int, y1: int, into: list[np.ndarray], ready: object, on_device: object = None) -> None:
         calls.append((y0, y1))
         if y1 - y0 > 25:
             raise torch.cuda.OutOfMemoryError("no room")

@@ -127,3 +127,10 @@ def test_one_model_pass_renders_every_output_space() -> None:
     np.testing.assert_array_equal(adobergb, render_strip(raw, 10, 40, replace(params, rgb_cam=adobe,
                                                                               transfer="adobergb")))
     np.testing.assert_array_equal(linear, render_strip(raw, 10, 40, replace(params, transfer="linear")))
+    seen: dict[int, np.ndarray] = {}  # the rows still on the device, handed over before their download
+    into = [np.zeros((30, raw.shape[1], 3), np.uint16) for _ in range(3)]
+    render_strip_spaces(raw, 10, 40, multi, into=into, on_device=lambda i, rows: seen.update({i: rows.cpu().numpy()}))
+    assert sorted(seen) == [0, 1, 2]
+    for i, expected in enumerate((srgb, adobergb, linear)):
+        np.testing.assert_array_equal(seen[i], expected)
+        np.testing.assert_array_equal(into[i], expected)

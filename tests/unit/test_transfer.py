@@ -21,10 +21,13 @@ def test_upload_takes_slices_of_read_only_memory_maps(tmp_path: Path) -> None:
         np.testing.assert_array_equal(download(t), np.asarray(part))
     u = a[0].astype(np.uint16)
     assert upload(u, torch.device("cpu")).dtype == torch.uint16
+    blob = np.arange(1000, dtype=np.int64).astype(np.uint8)  # tile streams
+    out = np.zeros_like(blob)
+    assert download(upload(blob, torch.device("cpu")), out) is out and np.array_equal(out, blob)
 
 
 def test_transfer_refuses_other_dtypes() -> None:
-    with pytest.raises(TypeError, match="int32 or uint16"):
+    with pytest.raises(TypeError, match="int32, uint16 or uint8"):
         upload(np.zeros(4, np.float32), torch.device("cpu"))
 
 
@@ -55,8 +58,14 @@ def test_staging_covers_crops_in_order(size: int, slots: int) -> None:
             def fetch(offset: int, n: int, s: int, device: np.ndarray = device) -> None:
                 bufs[s][:n] = device[offset : offset + n]
 
-            _stage_out(back, bufs, fetch, pool)
+            def put(at: int, got: np.ndarray, back: np.ndarray = back) -> None:
+                np.copyto(back[at : at + got.size], got)
+
+            _stage_out(back.size, bufs, fetch, put, pool)
             np.testing.assert_array_equal(back.reshape(part.shape), part)
+            stream: list[bytes] = []  # in order on this thread (a file written as a stream)
+            _stage_out(back.size, bufs, fetch, lambda _at, got, stream=stream: stream.append(got.tobytes()), None)
+            assert b"".join(stream) == np.ascontiguousarray(part).tobytes()
 
 
 def test_prefault_touches_a_fresh_memory_map_and_the_real_bytes_follow(tmp_path: Path) -> None:
