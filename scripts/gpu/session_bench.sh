@@ -34,6 +34,7 @@ python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios sin
   --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
 python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats 2 \
   --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
+timeout 120 python3 scripts/gpu/verify_outputs.py "$DATA" 2>&1 | tail -8  # GPU- and CPU-compressed TIFFs: same pixels
 grep -h -i -E "fast preview in|GPU tile|Traceback|Error" "$DATA"/logs/*.log 2>/dev/null | sed -E 's/^[0-9-]+ [0-9:,]+ //' \
   | sed -E 's/job [0-9a-f]+/job J/; s/[0-9]\.[0-9]+s/N.NNs/' | sort | uniq -c | sort -rn | head -8
 grep -h "fast preview in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
