@@ -166,3 +166,50 @@ def test_raw_streams_at_a_fixed_stride_are_framed_into_zlib_streams_back_to_back
         assert zlib.decompress(stream) == d  # zlib checks the header and the Adler-32
         at += len(r) + 6
     assert at == len(flat)
+
+
+def test_a_worker_compresses_tiles_from_the_rows_on_the_device_and_streams_them(tmp_path, synth_dir,
+                                                                                 monkeypatch) -> None:
+    """compute_shard with PreEncode tiles, nvCOMP stood in for by the CPU container (the one thing here that
+    needs a GPU): the tiles are made from the rows handed over on the device (no re-upload of the downloaded
+    ones), written as a stream beside the strip, and the TIFF made from strips + those tiles reads back exact."""
+    from services.pipeline import shards
+    from services.pipeline.shards import PreEncode, StripShard, compute_shard
+    from services.pipeline.shot import shot_render_params
+    from services.raw.decode import decode_raw
+    from services.storage.keys import tile_keys
+
+    inputs: list[type] = []
+
+    def fake_device_tiles(rows, y0, height, device, level=0):  # type: ignore[no-untyped-def]
+        inputs.append(type(rows))
+        host = rows.cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        blob, index = tiles.cpu_tile_streams(host, y0, height)
+        return torch.from_numpy(blob.copy()), index
+
+    monkeypatch.setattr(shards.tiles, "gpu_available", lambda device: True)
+    monkeypatch.setattr(shards.tiles, "device_tile_streams", fake_device_tiles)
+    storage = LocalStorage(tmp_path)
+    meta = decode_raw(synth_dir / "iq3s" / "frame_00.dng", tmp_path / "raw.npy")
+    mosaic = np.load(tmp_path / "raw.npy")
+    with storage.array_writer("raw.npy", mosaic.shape, mosaic.dtype) as out:
+        out[:] = mosaic
+    params = shot_render_params(meta, mosaic, "srgb")
+    height = mosaic.shape[0]
+    cut = (height // 3 + 37) // 2 * 2  # off the 64-row tile grid: the writer compresses the straddling tile row
+    bands, pretiled = [], []
+    for i, (y0, y1) in enumerate([(0, cut), (cut, height)]):
+        key = f"p0/strip_{i:03d}.npy"
+        compute_shard(storage, StripShard(job_id="j", out=key, params=params, y0=y0, y1=y1, source="raw.npy",
+                                          ahead=PreEncode(tiles=(key,), level=0)), "cpu")
+        blob_key, index_key = tile_keys(key)
+        rows = storage.load_array(key)
+        blob, index = storage.load_array(blob_key), storage.load_array(index_key)  # the stream's sample digest holds
+        tiles.check_streams(blob, index, rows, y0, sample=12)
+        bands.append((y0, rows))
+        pretiled.append((blob, index))
+    assert inputs == [torch.Tensor, torch.Tensor]  # from the device rows, never re-uploaded
+    write_tiff(storage, "w.tif", bands, compression="deflate", pretiled=pretiled)
+    with storage.open("w.tif") as f, tifffile.TiffFile(io.BytesIO(f.read())) as tif:
+        assert (tif.pages[0].tilelength, tif.pages[0].tilewidth) == (tiles.TILE_H, tiles.TILE_W)
+        np.testing.assert_array_equal(tif.pages[0].asarray(), np.concatenate([r for _, r in bands]))
