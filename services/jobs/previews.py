@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 _PENDING: OrderedDict[str, Future[bytes]] = OrderedDict()
 _PENDING_LOCK = threading.Lock()
 _PENDING_KEPT = 4
+PENDING_TIMEOUT_S = 60.0  # a preview never holds its ingest task longer (tens of ms normally)
 
 
 def _lane_nice(job: Job, batch_nice: int) -> int:
@@ -115,7 +116,8 @@ def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta,
         return write_preview(storage, job_id, rgb)
 
     try:
-        etag = store_preview(storage, job_id, pending.result()) if pending is not None else at_low_priority(make, nice)
+        etag = (store_preview(storage, job_id, pending.result(timeout=PENDING_TIMEOUT_S)) if pending is not None
+                else at_low_priority(make, nice))
     except Exception:  # noqa: BLE001 - a preview is a convenience: the render goes on without it
         log.exception("job %s: fast preview failed", job_id)
         return
