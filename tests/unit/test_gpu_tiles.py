@@ -103,6 +103,19 @@ def test_bins_are_planned_for_resized_outputs_only() -> None:
     assert bin_plan(recipes, 7728, 10304, False) == () and bin_plan(recipes[:1], 7728, 10304, True) == ()
 
 
+def _stored_shot(tmp_path, synth_dir):  # type: ignore[no-untyped-def]
+    """The synthetic IQ3_S frame decoded into a LocalStorage at ``raw.npy``: (storage, mosaic, render params)."""
+    from services.pipeline.shot import shot_render_params
+    from services.raw.decode import decode_raw
+
+    storage = LocalStorage(tmp_path)
+    meta = decode_raw(synth_dir / "iq3s" / "frame_00.dng", tmp_path / "raw.npy")
+    mosaic = np.load(tmp_path / "raw.npy")
+    with storage.array_writer("raw.npy", mosaic.shape, mosaic.dtype) as out:
+        out[:] = mosaic
+    return storage, mosaic, shot_render_params(meta, mosaic, "srgb")
+
+
 def test_a_worker_bins_its_strips_and_the_proof_written_from_them_is_the_same_file(tmp_path, synth_dir) -> None:
     """compute_shard (CPU worker) with PreEncode bins: the bins land beside each strip; the proof the writer makes
     from strips + bins is byte for byte the one it makes from the strips alone."""
@@ -112,17 +125,10 @@ def test_a_worker_bins_its_strips_and_the_proof_written_from_them_is_the_same_fi
     from services.export.recipes import Recipe
     from services.pipeline.binning import bin_rows_in
     from services.pipeline.shards import PreEncode, StripShard, compute_shard
-    from services.pipeline.shot import shot_render_params
-    from services.raw.decode import decode_raw
     from services.raw.meta import CaptureInfo
     from services.storage.keys import bin_key
 
-    storage = LocalStorage(tmp_path)
-    meta = decode_raw(synth_dir / "iq3s" / "frame_00.dng", tmp_path / "raw.npy")
-    mosaic = np.load(tmp_path / "raw.npy")
-    with storage.array_writer("raw.npy", mosaic.shape, mosaic.dtype) as out:
-        out[:] = mosaic
-    params = shot_render_params(meta, mosaic, "srgb")
+    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
     height, width = mosaic.shape
     recipe = Recipe(name="small-proof", format="jpeg", bits=8, long_edge=max(height, width) // 5, quality=90)
     k = box_factor(height, width, *fit_long_edge(height, width, recipe.long_edge))
@@ -175,8 +181,6 @@ def test_a_worker_compresses_tiles_from_the_rows_on_the_device_and_streams_them(
     ones), written as a stream beside the strip, and the TIFF made from strips + those tiles reads back exact."""
     from services.pipeline import shards
     from services.pipeline.shards import PreEncode, StripShard, compute_shard
-    from services.pipeline.shot import shot_render_params
-    from services.raw.decode import decode_raw
     from services.storage.keys import tile_keys
 
     inputs: list[type] = []
@@ -189,12 +193,7 @@ def test_a_worker_compresses_tiles_from_the_rows_on_the_device_and_streams_them(
 
     monkeypatch.setattr(shards.tiles, "gpu_available", lambda device: True)
     monkeypatch.setattr(shards.tiles, "device_tile_streams", fake_device_tiles)
-    storage = LocalStorage(tmp_path)
-    meta = decode_raw(synth_dir / "iq3s" / "frame_00.dng", tmp_path / "raw.npy")
-    mosaic = np.load(tmp_path / "raw.npy")
-    with storage.array_writer("raw.npy", mosaic.shape, mosaic.dtype) as out:
-        out[:] = mosaic
-    params = shot_render_params(meta, mosaic, "srgb")
+    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
     height = mosaic.shape[0]
     cut = (height // 3 + 37) // 2 * 2  # off the 64-row tile grid: the writer compresses the straddling tile row
     bands, pretiled = [], []
