@@ -15,7 +15,14 @@ computes it), jittered a little, and sometimes replaced by a signal-independent 
 ``services.pipeline.shot.estimate_noise`` returns for files without a NoiseProfile.
 
 Held out (never trained on): photos :data:`HELD_OUT_PHOTOS` and dead leaves seeds
-:data:`DEAD_LEAVES_HELD_OUT_SEEDS`. ``lab/synth/unprocess.py`` (colour engineer) will own the shared
+:data:`DEAD_LEAVES_HELD_OUT_SEEDS`; with recipe ``v2`` also the scikit-image photographs, a source of another
+origin than the training photographs (:func:`held_out_batches` scores them apart).
+
+Recipe ``v2`` (the ``strata_jdd_v2`` package, :class:`Recipe`) adds what the first package lacked for photographs
+it has never seen: procedural hard patterns (gratings, zone plates, hatching and thin strokes near the sampling
+limit, where demosaickers alias: Gharbi et al. 2016 mined such patches), crops downscaled with an anti-aliasing
+filter (denser detail than these web photographs), real fine texture (grain) in the scene, and saturation
+variety. ``lab/synth/unprocess.py`` (colour engineer) will own the shared
 unprocessing; until then this module is the reference and its constants are the ones to align on.
 """
 
@@ -54,7 +61,27 @@ XYZ_TO_CAMS = np.array(
     ]
 )
 SKIMAGE_IMAGES: tuple[str, ...] = ("astronaut", "chelsea", "coffee", "rocket")
-_SOURCE_WEIGHTS = {"photos": 0.5, "skimage": 0.1, "dead_leaves": 0.4}
+_SOURCE_WEIGHTS = {"photos": 0.5, "skimage": 0.1, "dead_leaves": 0.4, "patterns": 0.0}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a training run draws: source weights and the v2 augmentations (shares of crops / images)."""
+
+    name: str
+    weights: dict[str, float]
+    upscale_share: float = 0.35  # crops taken smaller and enlarged 1.25-2x (bicubic): softer content
+    downscale_share: float = 0.0  # crops taken larger and reduced 1.25-2x (area filter): denser content
+    grain_share: float = 0.0  # images given fine scene texture (film grain), std 0.5-4 / 255 in sRGB
+    saturation_share: float = 0.0  # images with saturation scaled by 0.5-1.5
+
+
+RECIPES: dict[str, Recipe] = {
+    "v1": Recipe("v1", dict(_SOURCE_WEIGHTS)),
+    # skimage's photographs are held out in v2: an evaluation source of another origin than the training one
+    "v2": Recipe("v2", {"photos": 0.5, "skimage": 0.0, "dead_leaves": 0.3, "patterns": 0.2},
+                 upscale_share=0.25, downscale_share=0.3, grain_share=0.2, saturation_share=0.3),
+}
 
 
 # ----------------------------------------------------------------------------------------------- content
@@ -129,6 +156,43 @@ def dead_leaves(seed: int, size: int, r_min: float = 1.5, coverage: float = 4.0)
         patch = img[:, y0:y1, x0:x1]
         val = np.clip(col[:, None, None] * shade[None], 0.0, 1.0)
         img[:, y0:y1, x0:x1] = np.where(inside[None], val, patch)
+    small = img.reshape(3, size, 2, size, 2).mean(axis=(2, 4))
+    return torch.from_numpy(np.round(small * 255.0).astype(np.uint8))
+
+
+def pattern_image(seed: int, size: int) -> Tensor:
+    """A procedural hard pattern (3, size, size) uint8 sRGB, deterministic in ``seed``: the content that makes
+    demosaickers alias (zippers, mazes, colour moire). One of: an oriented sine grating or a square-wave stripe
+    pattern up to near the sampling limit, a zone plate (a chirp through every frequency), cross hatching, or thin
+    strokes at random angles; in two random colours over a soft gradient. Rendered at 2x and box-averaged."""
+    rng = np.random.default_rng(seed)
+    s2 = 2 * size
+    yy, xx = np.mgrid[0:s2, 0:s2].astype(np.float32) / 2.0  # output-pixel units
+    kind = int(rng.integers(5))
+    theta = rng.uniform(0, math.pi)
+    u = xx * math.cos(theta) + yy * math.sin(theta)
+    if kind == 0:  # sine grating, 0.05-0.45 cycles per pixel
+        t = 0.5 + 0.5 * np.sin(2 * math.pi * rng.uniform(0.05, 0.45) * u + rng.uniform(0, 2 * math.pi))
+    elif kind == 1:  # square-wave stripes (sharp edges), period 2.2-12 pixels
+        t = (np.mod(u / rng.uniform(2.2, 12.0), 1.0) < rng.uniform(0.3, 0.7)).astype(np.float32)
+    elif kind == 2:  # zone plate centred anywhere: frequency rises to ~0.5 cycles/pixel at the far corner
+        cy, cx = rng.uniform(0, size, 2)
+        r2 = (yy - cy) ** 2 + (xx - cx) ** 2
+        k = 0.5 * math.pi / (math.sqrt(2.0) * size) * rng.uniform(0.5, 1.0)  # local frequency k r / pi
+        t = 0.5 + 0.5 * np.cos(k * r2)
+    elif kind == 3:  # cross hatching: two square waves at different angles and periods
+        v = xx * math.cos(theta + rng.uniform(0.4, 1.2)) + yy * math.sin(theta + rng.uniform(0.4, 1.2))
+        t = ((np.mod(u / rng.uniform(2.5, 9.0), 1.0) < 0.5) ^ (np.mod(v / rng.uniform(2.5, 9.0), 1.0) < 0.5))
+        t = t.astype(np.float32)
+    else:  # thin strokes: lines 0.6-2.5 px wide at random positions and angles (text, wires, hair)
+        t = np.zeros((s2, s2), np.float32)
+        for _ in range(int(rng.integers(20, 80))):
+            a = rng.uniform(0, math.pi)
+            d = (xx - rng.uniform(0, size)) * math.sin(a) - (yy - rng.uniform(0, size)) * math.cos(a)
+            t = np.maximum(t, (np.abs(d) < rng.uniform(0.3, 1.25)).astype(np.float32))
+    c0, c1 = rng.random(3) ** 1.2, rng.random(3) ** 1.2
+    ramp = (yy / size)[None] * rng.normal(0.0, 0.15, (3, 1, 1))
+    img = np.clip(c0[:, None, None] * (1 - t) + c1[:, None, None] * t + ramp, 0.0, 1.0)  # (3, 2S, 2S)
     small = img.reshape(3, size, 2, size, 2).mean(axis=(2, 4))
     return torch.from_numpy(np.round(small * 255.0).astype(np.uint8))
 
@@ -223,35 +287,49 @@ def sample_noise(b: int, gen: torch.Generator, device: torch.device) -> tuple[Te
 # ----------------------------------------------------------------------------------------------- sources
 
 
-UPSCALE_SHARE = 0.35
+UPSCALE_SHARE = RECIPES["v1"].upscale_share
+
+
+def _pool(make: object, seeds: list[int], size: int, device: torch.device) -> list[Tensor]:
+    """Procedural images made on a thread pool (NumPy releases the GIL in its array work)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as ex:
+        images = list(ex.map(lambda s: make(s, size), seeds))  # type: ignore[operator]
+    return [im.to(device) for im in images]
 
 
 class TrainingSource:
     """Random (B, 3, size, size) sRGB crops from the content pools, with flips and transposes."""
 
     def __init__(self, photos: str | Path, device: torch.device, seed: int, dead_leaves_pool: int = 48,
-                 dead_leaves_size: int = 384) -> None:
+                 dead_leaves_size: int = 384, recipe: Recipe | str = "v1") -> None:
         self.device = device
+        self.recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
+        weights = self.recipe.weights
+        base = DEAD_LEAVES_TRAIN_SEED_BASE + seed * 10_000
         self.pools: dict[str, list[Tensor]] = {
             "photos": load_photos(photos, held_out=False, device=device),
-            "skimage": skimage_images(device),
-            "dead_leaves": [dead_leaves(DEAD_LEAVES_TRAIN_SEED_BASE + seed * 10_000 + i, dead_leaves_size).to(device)
-                            for i in range(dead_leaves_pool)],
+            "skimage": skimage_images(device) if weights.get("skimage", 0) > 0 else [],
+            "dead_leaves": _pool(dead_leaves, [base + i for i in range(dead_leaves_pool)], dead_leaves_size, device),
+            "patterns": (_pool(pattern_image, [base + 5_000 + i for i in range(dead_leaves_pool)], dead_leaves_size,
+                               device) if weights.get("patterns", 0) > 0 else []),
         }
-        self.names = [k for k, v in self.pools.items() if v]
-        w = np.array([_SOURCE_WEIGHTS[k] for k in self.names])
+        self.names = [k for k, v in self.pools.items() if v and weights.get(k, 0) > 0]
+        w = np.array([weights[k] for k in self.names])
         self.weights = w / w.sum()
         self.rng = np.random.default_rng(seed)
 
     def describe(self) -> dict[str, int]:
-        return {k: len(v) for k, v in self.pools.items()}
+        return {k: len(v) for k, v in self.pools.items() if k in self.names}
 
     def crops(self, b: int, size: int) -> Tensor:
         """(B, 3, size, size) float sRGB in [0, 1].
 
-        Scale augmentation: a share of the crops (:data:`UPSCALE_SHARE`) is taken smaller and enlarged by 1.25-2x
-        (bicubic), so the network also sees content softer than these downscaled web photographs, as a
-        lens-limited medium-format frame often is.
+        Scale augmentation: a share of the crops (``recipe.upscale_share``) is taken smaller and enlarged by
+        1.25-2x (bicubic), so the network also sees content softer than these downscaled web photographs, as a
+        lens-limited medium-format frame often is; with recipe v2 another share (``downscale_share``) is taken
+        larger and reduced by up to 2x with an area filter, so it also sees denser detail than they hold.
         """
         out = []
         for src in self.rng.choice(len(self.names), size=b, p=self.weights):
@@ -259,10 +337,19 @@ class TrainingSource:
             if not pool:
                 raise ValueError(f"no {self.names[src]} image is at least {size} pixels on each side")
             im = pool[self.rng.integers(len(pool))]
-            y = int(self.rng.integers(im.shape[-2] - size + 1))
-            x = int(self.rng.integers(im.shape[-1] - size + 1))
-            crop = im[:, y : y + size, x : x + size].float()
-            if self.rng.random() < UPSCALE_SHARE:
+            take, down = size, False
+            # v1 draws its scale roll after the position (its runs repeat exactly); v2 needs it first
+            roll = self.rng.random() if self.recipe.downscale_share > 0 else -1.0
+            if roll >= 1.0 - self.recipe.downscale_share:
+                take = int(size * self.rng.uniform(1.25, min(2.0, min(im.shape[-2:]) / size)))
+                down = take > size
+            y = int(self.rng.integers(im.shape[-2] - take + 1))
+            x = int(self.rng.integers(im.shape[-1] - take + 1))
+            roll = roll if roll >= 0 else self.rng.random()
+            crop = im[:, y : y + take, x : x + take].float()
+            if down:
+                crop = F.interpolate(crop[None], size=(size, size), mode="area")[0]  # (3, size, size)
+            elif roll < self.recipe.upscale_share:
                 small = max(16, int(round(size / self.rng.uniform(1.25, 2.0))))
                 crop = F.interpolate(crop[None, :, :small, :small], size=(size, size), mode="bicubic",
                                      align_corners=False)[0].clamp(0, 255)  # (3, size, size)
@@ -276,6 +363,30 @@ class TrainingSource:
         return torch.stack(out) / 255.0
 
 
+def scene_variety(srgb: Tensor, recipe: Recipe, gen: torch.Generator) -> Tensor:
+    """Recipe v2's per-image scene augmentations on (B, 3, H, W) sRGB: saturation scaled by 0.5-1.5 for a share
+    of the images, and fine texture added to the scene for another share (film grain, fabric, foliage at the
+    limit of resolution: detail that is really there, which a noise-free input must keep): Gaussian, std 0.5-4
+    / 255, monochrome or coloured, half of it softened by a 3x3 blur."""
+    b, dev = srgb.shape[0], srgb.device
+    if recipe.saturation_share > 0:
+        pick = (torch.rand(b, 1, 1, 1, generator=gen, device=dev) < recipe.saturation_share).float()
+        s = 1.0 + pick * (torch.rand(b, 1, 1, 1, generator=gen, device=dev) - 0.5)
+        luma = (srgb * torch.tensor([0.2126, 0.7152, 0.0722], device=dev).view(1, 3, 1, 1)).sum(1, keepdim=True)
+        srgb = (luma + s * (srgb - luma)).clamp(0.0, 1.0)
+    if recipe.grain_share > 0:
+        pick = (torch.rand(b, 1, 1, 1, generator=gen, device=dev) < recipe.grain_share).float()
+        std = pick * (0.5 + 3.5 * torch.rand(b, 1, 1, 1, generator=gen, device=dev)) / 255.0
+        mono = torch.randn(b, 1, *srgb.shape[-2:], generator=gen, device=dev)
+        colour = torch.randn(srgb.shape, generator=gen, device=dev)
+        mix = torch.rand(b, 1, 1, 1, generator=gen, device=dev)
+        grain = mix * mono + (1 - mix) * colour
+        soft = F.avg_pool2d(F.pad(grain, (1, 1, 1, 1), mode="reflect"), 3, stride=1) * 3.0  # same std, softer
+        blur = (torch.rand(b, 1, 1, 1, generator=gen, device=dev) < 0.5).float()
+        srgb = (srgb + std * (blur * soft + (1 - blur) * grain)).clamp(0.0, 1.0)
+    return srgb
+
+
 def training_batch(source: TrainingSource, b: int, size: int, margin: int, gen: torch.Generator) -> RawBatch:
     """A batch of RGGB canvases of ``size + 2 margin``; targets are the central ``size`` x ``size``.
 
@@ -283,7 +394,7 @@ def training_batch(source: TrainingSource, b: int, size: int, margin: int, gen: 
     in training would be a relabelling; the content's position relative to the CFA is random anyway.
     """
     dev = source.device
-    srgb = source.crops(b, size + 2 * margin)
+    srgb = scene_variety(source.crops(b, size + 2 * margin), source.recipe, gen)
     shot, read = sample_noise(b, gen, dev)
     exposure = torch.empty(b, device=dev).uniform_(math.log(0.4), math.log(1.6), generator=gen).exp()
     red = torch.empty(b, device=dev).uniform_(1.6, 2.6, generator=gen)
@@ -310,6 +421,27 @@ def held_out_batches(photos: str | Path, device: torch.device, size: int = 192, 
             crops.append(im[:, y : y + size, x : x + size])
     for seed in list(DEAD_LEAVES_HELD_OUT_SEEDS)[:dead_leaves_count]:
         crops.append(dead_leaves(seed, size).to(device))
+    return _level_sets(crops, rng, device)
+
+
+def held_out_other_source(device: torch.device, size: int = 192, per_image: int = 3) -> dict[str, list[RawBatch]]:
+    """Evaluation sets like :func:`held_out_batches` from scikit-image's photographs, a source of another origin
+    than the training photographs (held out by recipe v2; v1 trained on them); empty without scikit-image."""
+    rng = np.random.default_rng(54321)
+    crops: list[Tensor] = []
+    for im in skimage_images(device):
+        if min(im.shape[-2:]) < size:
+            continue
+        for _ in range(per_image):
+            y = int(rng.integers(im.shape[-2] - size + 1))
+            x = int(rng.integers(im.shape[-1] - size + 1))
+            crops.append(im[:, y : y + size, x : x + size])
+    return _level_sets(crops, rng, device) if len(crops) >= 4 else {}
+
+
+def _level_sets(crops: list[Tensor], rng: np.random.Generator, device: torch.device) -> dict[str, list[RawBatch]]:
+    """Crops -> one batch per CFA phase per noise level, each crop with a fixed white balance, camera matrix and
+    exposure drawn from ``rng``."""
     srgb = torch.stack(crops).float() / 255.0  # (N, 3, S, S)
     n = srgb.shape[0]
     gains = torch.tensor(np.stack([rng.uniform(1.7, 2.5, n), np.ones(n), rng.uniform(1.4, 2.1, n)], 1),
@@ -332,6 +464,7 @@ def held_out_batches(photos: str | Path, device: torch.device, size: int = 192, 
     return out
 
 
-__all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "XYZ_TO_CAMS", "RawBatch",
-           "TrainingSource", "dead_leaves", "held_out_batches", "load_photos", "mosaic_of", "photo_paths",
-           "rgb_to_cam", "sample_noise", "skimage_images", "training_batch", "unprocess"]
+__all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "RECIPES", "XYZ_TO_CAMS", "RawBatch",
+           "Recipe", "TrainingSource", "dead_leaves", "held_out_batches", "held_out_other_source", "load_photos",
+           "mosaic_of", "pattern_image", "photo_paths", "rgb_to_cam", "sample_noise", "scene_variety",
+           "skimage_images", "training_batch", "unprocess"]

@@ -3,6 +3,8 @@
     python -m training.train --photos ../shared/data/photos --minutes 12 --device cuda \\
         --out services/pipeline/models/packages/ --seed 0
     python -m training.train --smoke --out /tmp/pkg      # CPU, 20 steps, tiny crops (tests)
+    python -m training.train --package v2 --photos ../shared/data/photos --steps 20000 --device cuda \
+        --stop-after 8.5 --checkpoint .ckpt/v2.pt     # the `best` package; run again with --resume to finish
 
 Batches are synthesised on the training device from natural content (:mod:`training.data`). Loss: L1 between
 the output and the clean target after the sample's camera matrix and the sRGB transfer (what a viewer sees).
@@ -10,6 +12,12 @@ AdamW, linear warm-up then cosine decay, bf16 autocast on CUDA. Without ``--step
 after a short timing probe so the run fits ``--minutes``; the chosen count is logged (pass it as ``--steps``
 to repeat the run exactly). At the end the network is evaluated on held-out crops at every noise level
 against the classical package, the log and a JSON of metrics go to ``--log-dir``, and the packages are written.
+
+``--package v1`` (default) writes the `fast` packages (``strata_jdd_v1`` and the camera defaults it was
+shipped as); ``--package v2`` the `best` one, ``strata_jdd_v2.strata``: a larger network of the same family
+(:data:`PACKAGE_DEFAULTS`), data recipe v2 (:mod:`training.data`), also scored on scikit-image's photographs,
+a source it never trained on. ``--stop-after MINUTES`` with ``--checkpoint`` saves the run part-way and
+``--resume`` continues it (the device lends 10-minute calls).
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from services.pipeline.models import jdd
+from services.pipeline.models.base import Enhancer
 from services.pipeline.models.classical import ClassicalEnhancer
 from services.pipeline.models.jdd import JDDEnhancer, JDDNet, residual_full_res
 from services.pipeline.models.package import write_package
+from services.pipeline.models.registry import resolve_package
 from services.pipeline.ops import demosaic_bilinear
 from training import data
 from training.packages import (
@@ -45,6 +55,15 @@ from training.packages import (
 
 log = logging.getLogger("training")
 PROBE_STEPS = 30
+# Per package: data recipe, network config, crop, batch and learning rate unless given on the command line.
+PACKAGE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "v1": {"recipe": "v1", "width": jdd.DEFAULT_CONFIG["width"],
+           "dilations": ",".join(str(d) for d in jdd.DEFAULT_CONFIG["dilations"]), "crop": 128, "batch": 32,
+           "lr": 2e-3},
+    "v2": {"recipe": "v2", "width": 64, "dilations": "1,1,2,3,3,2,1,1", "crop": 160, "batch": 24, "lr": 1.5e-3},
+}
+V2_PACKAGE = "strata_jdd_v2.strata"
+V2_VERSION = "2.0.0"
 
 
 def srgb_view(rgb: Tensor, cam_to_rgb: Tensor) -> Tensor:
@@ -76,19 +95,20 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 @torch.no_grad()
 def evaluate(net: JDDNet, config: dict[str, Any], sets: dict[str, list[data.RawBatch]], device: torch.device,
-             precision: str) -> dict[str, dict[str, float]]:
+             precision: str, others: dict[str, Enhancer] | None = None) -> dict[str, dict[str, float]]:
     """Mean PSNR (sRGB view) per noise level of the network (through the real :class:`JDDEnhancer` path, all
-    four CFA phases) and of the classical package."""
+    four CFA phases), of the classical package and of ``others`` (name -> enhancer, e.g. a shipped package)."""
     net.eval()
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[precision]
     model = JDDEnhancer(jdd_manifest("eval", ("*",), config, {}), net, device, dtype)
-    classical = ClassicalEnhancer(classical_manifest(), device)
+    enhancers: dict[str, Enhancer] = {"model": model, "classical": ClassicalEnhancer(classical_manifest(), device),
+                                      **(others or {})}
     out: dict[str, dict[str, float]] = {}
     for level, batches in sets.items():
-        scores: dict[str, list[Tensor]] = {"model": [], "classical": [], "bilinear": []}
+        scores: dict[str, list[Tensor]] = {name: [] for name in (*enhancers, "bilinear")}
         for b in batches:
             target = srgb_view(b.target, b.cam_to_rgb)
-            for name, enh in (("model", model), ("classical", classical)):
+            for name, enh in enhancers.items():
                 rgb = torch.stack([enh.enhance(b.mosaic[i : i + 1], b.cfa, b.shot[i], b.read[i])[0]
                                    for i in range(b.mosaic.shape[0])])
                 scores[name].append(psnr(srgb_view(rgb, b.cam_to_rgb), target))
@@ -101,12 +121,12 @@ def evaluate(net: JDDNet, config: dict[str, Any], sets: dict[str, list[data.RawB
     return out
 
 
-def _setup_logging(log_path: Path) -> None:
+def _setup_logging(log_path: Path, append: bool = False) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
     log.setLevel(logging.INFO)
     log.handlers.clear()
-    for h in (logging.FileHandler(log_path, mode="w"), logging.StreamHandler()):
+    for h in (logging.FileHandler(log_path, mode="a" if append else "w"), logging.StreamHandler()):
         h.setFormatter(fmt)
         log.addHandler(h)
 
@@ -129,34 +149,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="services/pipeline/models/packages", help="where packages are written")
     p.add_argument("--log-dir", default=None, help="log + metrics JSON (default docs/training; smoke: --out)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--crop", type=int, default=128, help="target crop (full-res pixels, even)")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--width", type=int, default=jdd.DEFAULT_CONFIG["width"])
-    p.add_argument("--dilations", default=",".join(str(d) for d in jdd.DEFAULT_CONFIG["dilations"]))
+    p.add_argument("--package", choices=sorted(PACKAGE_DEFAULTS), default="v1",
+                   help="v1: the fast packages; v2: strata_jdd_v2, the best package")
+    p.add_argument("--recipe", choices=sorted(data.RECIPES), default=None, help="data recipe (default: the package's)")
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--crop", type=int, default=None, help="target crop (full-res pixels, even)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--dilations", default=None, help="comma-separated dilations of the residual blocks")
     p.add_argument("--eval-every", type=int, default=2000)
+    p.add_argument("--stop-after", type=float, default=None,
+                   help="minutes after which to save --checkpoint and stop (finish later with --resume)")
+    p.add_argument("--checkpoint", default=None, help="where --stop-after saves the run")
+    p.add_argument("--resume", default=None, help="a checkpoint to continue")
     p.add_argument("--smoke", action="store_true", help="CPU, 20 steps, tiny crops; writes a *-smoke package")
     p.add_argument("--ship-anyway", action="store_true",
                    help="write the camera default packages even if the model loses to classical somewhere")
     args = p.parse_args(argv)
+    for key, value in PACKAGE_DEFAULTS[args.package].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.stop_after is not None and not args.checkpoint:
+        p.error("--stop-after needs --checkpoint")
     if args.smoke:
         args.device, args.steps, args.batch, args.crop = "cpu", args.steps or 20, min(args.batch, 4), 32
         args.width, args.dilations = min(args.width, 16), "1,1"
     return args
 
 
+def _save_checkpoint(path: str, net: JDDNet, opt: torch.optim.Optimizer, source: data.TrainingSource,
+                     gen: torch.Generator, step: int, total: int, history: list[dict[str, Any]],
+                     seconds: float) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"net": net.state_dict(), "opt": opt.state_dict(), "step": step, "total": total, "history": history,
+                "seconds": seconds, "gen": gen.get_state(), "source_rng": source.rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state()}, path)
+    log.info("checkpoint at step %d/%d saved to %s", step, total, path)
+
+
 def _optimise(net: JDDNet, source: data.TrainingSource, eval_sets: Any, config: dict[str, Any],
-              args: argparse.Namespace, gen: torch.Generator) -> tuple[int, list[dict[str, Any]], float]:
-    """The training loop (time-budgeted unless ``--steps``); returns (steps, loss history, seconds)."""
+              args: argparse.Namespace, gen: torch.Generator) -> tuple[int, list[dict[str, Any]], float, bool]:
+    """The training loop (time-budgeted unless ``--steps``); returns (steps, loss history, seconds, finished):
+    not finished when ``--stop-after`` saved a checkpoint part-way."""
     device = next(net.parameters()).device
     cuda = device.type == "cuda"
     margin = 2 * net.radius
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4, betas=(0.9, 0.99))
     total = args.steps or 10**9
-    warmup = min(500, max(1, total // 10))
     history: list[dict[str, Any]] = []
-    t_train = time.time()
-    step = 0
+    step, before = 0, 0.0
+    if args.resume:
+        state = torch.load(args.resume, map_location=device, weights_only=False)
+        net.load_state_dict(state["net"])
+        opt.load_state_dict(state["opt"])
+        step, total, history, before = state["step"], state["total"], state["history"], state["seconds"]
+        gen.set_state(state["gen"])
+        source.rng.bit_generator.state = state["source_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        log.info("resumed %s at step %d/%d (%.0f s trained)", args.resume, step, total, before)
+    warmup = min(500, max(1, total // 10))
+    t_train = time.time() - before
+    t_call = time.time()
+    first = step
     while step < total:
         if args.steps is None and step == PROBE_STEPS:
             if cuda:
@@ -164,6 +218,9 @@ def _optimise(net: JDDNet, source: data.TrainingSource, eval_sets: Any, config: 
             per_step = (time.time() - t_train) / PROBE_STEPS
             total = max(PROBE_STEPS + 1, int(args.minutes * 60.0 / per_step))
             log.info("timing probe: %.1f ms/step -> %d steps for %.1f min", per_step * 1e3, total, args.minutes)
+        if args.stop_after is not None and step > first and time.time() - t_call > args.stop_after * 60.0:
+            _save_checkpoint(args.checkpoint, net, opt, source, gen, step, total, history, time.time() - t_train)
+            return step, history, time.time() - t_train, False
         lr = lr_at(step, total, args.lr, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -183,7 +240,7 @@ def _optimise(net: JDDNet, source: data.TrainingSource, eval_sets: Any, config: 
             history.append({"step": step, "loss": loss.item(), "lr": lr, "seconds": time.time() - t_train})
         if args.eval_every and step % args.eval_every == 0 and step < total:
             log.info("eval at %d: %s", step, json.dumps(evaluate(net, config, eval_sets, device, "float32")))
-    return step, history, time.time() - t_train
+    return step, history, time.time() - t_train, True
 
 
 def _training_record(args: argparse.Namespace, source: data.TrainingSource, steps: int, train_s: float,
@@ -211,12 +268,20 @@ def _training_record(args: argparse.Namespace, source: data.TrainingSource, step
 
 def _write_packages(net: JDDNet, config: dict[str, Any], args: argparse.Namespace, training: dict[str, Any],
                     beats: bool) -> list[Path]:
-    """The smoke package, or the learned packages (camera defaults only if the model beats classical)."""
+    """The smoke package, the v2 package, or the v1 learned packages (camera defaults only if the model beats
+    classical)."""
+    weights = {k: v.detach() for k, v in net.state_dict().items()}
     if args.smoke:
         smoke_path = Path(args.out) / f"{jdd.ARCHITECTURE}-smoke.strata"
-        write_package(smoke_path, jdd_manifest(f"{jdd.ARCHITECTURE}-smoke", ("*",), config, training),
-                      {k: v.detach() for k, v in net.state_dict().items()})
+        write_package(smoke_path, jdd_manifest(f"{jdd.ARCHITECTURE}-smoke", ("*",), config, training), weights)
         return [smoke_path]
+    if args.package == "v2":
+        if not beats and not args.ship_anyway:
+            log.warning("the model does not beat classical at every noise level: %s not written", V2_PACKAGE)
+            return []
+        path = Path(args.out) / V2_PACKAGE
+        write_package(path, jdd_manifest(path.stem, ("*",), config, training, version=V2_VERSION), weights)
+        return [path]
     files = list(LEARNED_PACKAGES)
     if not beats and not args.ship_anyway:
         files = [f for f in files if f not in CAMERA_DEFAULTS]
@@ -224,45 +289,102 @@ def _write_packages(net: JDDNet, config: dict[str, Any], args: argparse.Namespac
     return write_learned_packages(net, config, args.out, training, files)
 
 
+@torch.no_grad()
+def time_enhance(net: JDDNet, config: dict[str, Any], device: torch.device, megapixels: float) -> dict[str, float]:
+    """Median seconds of one enhance of a ``megapixels`` frame (bf16 and TF32), as a worker runs it."""
+    side = int(math.sqrt(megapixels * 1e6 / 1.333)) // 2 * 2
+    mosaic = torch.rand(1, 1, side, int(side * 1.333) // 2 * 2, device=device)
+    out: dict[str, float] = {}
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float32+tf32", torch.float32)):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        model = JDDEnhancer(jdd_manifest("timing", ("*",), config, {}), net, device, dtype)
+        times = []
+        for _ in range(4):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.enhance(mosaic, "RGGB", [1e-3] * 3, [1e-5] * 3)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        out[name] = float(np.median(times[1:]))
+    for p in net.parameters():
+        p.requires_grad_(True)
+    net.train()
+    return out
+
+
+def _log_metrics(title: str, metrics: dict[str, dict[str, dict[str, float]]]) -> None:
+    for p, m in metrics.items():
+        for level, v in m.items():
+            extra = "".join(f"  {k} {x:.2f} dB" for k, x in v.items() if k not in ("model", "classical", "bilinear",
+                                                                                   "gain_db"))
+            log.info("%s %-4s %-8s model %.2f dB  classical %.2f dB  bilinear %.2f dB  gain %+.2f dB%s", title, level,
+                     p, v["model"], v["classical"], v["bilinear"], v["gain_db"], extra)
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Run one training; returns the metrics written to the JSON."""
+    """Run one training (or a part of one, with ``--stop-after``); returns the metrics written to the JSON."""
     device = torch.device(args.device)
     config = {"width": args.width, "dilations": [int(d) for d in args.dilations.split(",")]}
-    run = f"{jdd.ARCHITECTURE}-seed{args.seed}" + ("-smoke" if args.smoke else "")
+    name = jdd.ARCHITECTURE if args.package == "v1" else Path(V2_PACKAGE).stem
+    run = f"{name}-seed{args.seed}" + ("-smoke" if args.smoke else "")
     log_dir = Path(args.log_dir or (args.out if args.smoke else "docs/training"))
-    _setup_logging(log_dir / f"{run}.log")
+    _setup_logging(log_dir / f"{run}.log", append=bool(args.resume))
     gen = _seed_everything(args.seed, device)
     net = JDDNet(config["width"], config["dilations"]).to(device)
     cuda = device.type == "cuda"
     if cuda:
         net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     params = sum(p.numel() for p in net.parameters())
-    log.info("run %s: config %s, %d parameters, rf %d, %.0f FLOPs/pixel, torch %s on %s", run, config, params,
-             jdd.jdd_receptive_field(config), jdd.flops_per_pixel(config), torch.__version__, device)
+    log.info("run %s: config %s, recipe %s, %d parameters, rf %d, %.0f FLOPs/pixel, torch %s on %s", run, config,
+             args.recipe, params, jdd.jdd_receptive_field(config), jdd.flops_per_pixel(config), torch.__version__,
+             device)
     t0 = time.time()
     dl_pool, dl_size = (4, 96) if args.smoke else (48, 384)
-    source = data.TrainingSource(args.photos, device, args.seed, dead_leaves_pool=dl_pool, dead_leaves_size=dl_size)
+    source = data.TrainingSource(args.photos, device, args.seed, dead_leaves_pool=dl_pool, dead_leaves_size=dl_size,
+                                 recipe=args.recipe)
     eval_sets = data.held_out_batches(args.photos, device, size=64 if args.smoke else 192,
                                       per_photo=1 if args.smoke else 2, dead_leaves_count=2 if args.smoke else 8)
     log.info("content %s, held-out sets ready in %.1f s", source.describe(), time.time() - t0)
-    steps, history, train_s = _optimise(net, source, eval_sets, config, args, gen)
-    metrics = {p: evaluate(net, config, eval_sets, device, p) for p in (["float32", "bfloat16"] if cuda
-                                                                         else ["float32"])}
-    for p, m in metrics.items():
-        for level, v in m.items():
-            log.info("held-out %-4s %-8s model %.2f dB  classical %.2f dB  bilinear %.2f dB  gain %+.2f dB",
-                     level, p, v["model"], v["classical"], v["bilinear"], v["gain_db"])
+    steps, history, train_s, finished = _optimise(net, source, eval_sets, config, args, gen)
+    if not finished:
+        log.info("stopped after %.1f min at step %d: continue with --resume %s", args.stop_after, steps,
+                 args.checkpoint)
+        return {"run": run, "steps": steps, "finished": False, "checkpoint": args.checkpoint}
+    others = _shipped_references(args, device)
+    metrics = {p: evaluate(net, config, eval_sets, device, p, others) for p in (["float32", "bfloat16"] if cuda
+                                                                                 else ["float32"])}
+    _log_metrics("held-out", metrics)
+    other_sets = {} if args.smoke else data.held_out_other_source(device)
+    other = {"float32": evaluate(net, config, other_sets, device, "float32", others)} if other_sets else {}
+    _log_metrics("other source (scikit-image)", other)
     beats = all(v["gain_db"] > 0 for v in metrics["float32"].values())
     training = _training_record(args, source, steps, train_s, metrics)
+    if other:
+        training["held_out_other_source_psnr"] = other["float32"]
+    timing = time_enhance(net, config, device, 80.0) if cuda else {}
+    if timing:
+        log.info("enhance of an 80 MP frame on %s: %s", torch.cuda.get_device_name(device), timing)
+        training["enhance_80mp_seconds"] = timing
     written = _write_packages(net, config, args, training, beats)
     for path in written:
         log.info("wrote %s (%d bytes)", path, path.stat().st_size)
     result = {"run": run, "config": config, "parameters": params, "flops_per_pixel": jdd.flops_per_pixel(config),
               "receptive_field": jdd.jdd_receptive_field(config), "history": history, "metrics": metrics,
-              "beats_classical": beats, "packages": [str(path) for path in written], **training}
+              "other_source": other, "beats_classical": beats, "packages": [str(path) for path in written],
+              "finished": True, **training}
     (log_dir / f"{run}.json").write_text(json.dumps(result, indent=2) + "\n")
     log.info("done in %.1f s (training %.1f s)", time.time() - t0, train_s)
     return result
+
+
+def _shipped_references(args: argparse.Namespace, device: torch.device) -> dict[str, Enhancer]:
+    """The shipped v1 package, scored beside a v2 run on the same sets."""
+    if args.package != "v2" or args.smoke:
+        return {}
+    from services.pipeline.models import load_package
+
+    return {"strata_jdd_v1": load_package(resolve_package("strata_jdd_v1.strata"), device,
+                                          precision="float32")}
 
 
 def main(argv: list[str] | None = None) -> None:

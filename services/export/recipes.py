@@ -47,6 +47,14 @@ class Space(StrEnum):
     LINEAR = "linear"
 
 
+class ModelTier(StrEnum):
+    """Which learned package renders the shot (services.pipeline.models.registry): ``best``, the larger
+    ``strata_jdd_v2``; ``fast``, ``strata_jdd_v1``, about half the GPU time (docs/QUALITY.md)."""
+
+    BEST = "best"
+    FAST = "fast"
+
+
 class Compression(StrEnum):
     NONE = "none"
     DEFLATE = "deflate"  # with the horizontal predictor (TIFF Predictor 2)
@@ -85,6 +93,9 @@ class Recipe(BaseModel):
     ppi: float = Field(default=300.0, gt=0, le=100_000)
     naming: str | None = None
     description: str = ""
+    # The model package tier this output asks for; None: the service's STRATA_MODEL_TIER. One render serves all
+    # of a job's recipes, so a job renders `best` when any of them asks for it (job_model_tier).
+    model: ModelTier | None = None
 
     @field_validator("naming")
     @classmethod
@@ -150,6 +161,8 @@ BUILTIN_RECIPES: dict[str, Recipe] = {r.name: r for r in (
     _builtin("tiff16-linear", "16-bit linear sRGB (Rec. 709 primaries, D65, no transfer curve) TIFF, ICC embedded",
              space="linear"),
     _builtin("tiff8", "8-bit sRGB TIFF, deflate + predictor, ICC embedded", bits=8),
+    _builtin("tiff16-fast", "16-bit sRGB TIFF like tiff16, rendered with the fast model package (about half the "
+             "GPU time, a little less detail and noise reduction)", model="fast"),
     _builtin("jpeg-proof", "sRGB JPEG proof, 1600 px long edge, quality 90, light output sharpening",
              format="jpeg", bits=8, long_edge=1600, quality=90, sharpen=0.4),
     _builtin("jpeg", "Full-size sRGB JPEG, quality 92", format="jpeg", bits=8, quality=92),
@@ -238,6 +251,15 @@ def resolve_recipes(names: Iterable[str] | None, recipes: Mapping[str, Recipe] |
     if len(unique) > MAX_RECIPES_PER_JOB:
         raise BadInput(f"{len(unique)} recipes asked for; at most {MAX_RECIPES_PER_JOB} per job")
     return [get_recipe(n, recipes) for n in unique] or [get_recipe(None, recipes)]
+
+
+def job_model_tier(recipes: Iterable[Recipe], default: str) -> str:
+    """The package tier a job renders with: ``best`` when any recipe asks for it, else ``fast`` when any asks
+    for that, else ``default`` (the setting)."""
+    asked = {r.model for r in recipes if r.model is not None}
+    if ModelTier.BEST in asked:
+        return ModelTier.BEST.value
+    return ModelTier.FAST.value if asked else default
 
 
 def job_spaces(recipes: Iterable[Recipe]) -> list[str]:

@@ -22,7 +22,7 @@ from services.config import Settings
 from services.db.models import Job, Shard, job_recipes, utcnow
 from services.db.session import execute_update
 from services.errors import FramesMismatch, IntermediateLost, NotFound, RawError
-from services.export.recipes import job_spaces, resolve_recipes
+from services.export.recipes import job_model_tier, job_spaces, resolve_recipes
 from services.jobs.cameras import PROFILES
 from services.jobs.finalize import finalize_job
 from services.jobs.plan import (
@@ -142,6 +142,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     try:
         shot = prepare_shot(storage, job_id, [f.storage_key for f in job.frames], camera=job.camera,
                             colour_space=spaces[0], extra_spaces=spaces[1:], stack=stack,
+                            model_tier=job_model_tier(recipes, settings.model_tier),
                             limits=DecodeLimits(settings.decode_timeout_s, settings.decode_memory_mb,
                                                 settings.decode_workers, settings.decode_fast_dng))
     except (RawError, FramesMismatch) as exc:

@@ -71,9 +71,11 @@ def check_frames_match(metas: Sequence[RawMeta]) -> None:
 
 
 def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camera: str, colour_space: str,
-                 stack: bool, limits: DecodeLimits, extra_spaces: Sequence[str] = ()) -> PreparedShot:
+                 stack: bool, limits: DecodeLimits, extra_spaces: Sequence[str] = (),
+                 model_tier: str | None = None) -> PreparedShot:
     """Decode the shot and compute its shared parameters once, on the reference frame (frame 0), for the
-    primary ``colour_space`` and any ``extra_spaces`` the job's recipes need."""
+    primary ``colour_space`` and any ``extra_spaces`` the job's recipes need, with the model package of
+    ``model_tier`` (best | fast; None: the setting)."""
     t0 = time.perf_counter()
     binner = MosaicBinner()
     metas = decode_frames(storage, job_id, uploads, limits, binner)
@@ -82,7 +84,7 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     ref = storage.load_array(raw_key(job_id, 0))
     try:
         params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
-                                            extra_spaces=extra_spaces), frames=len(metas))
+                                            extra_spaces=extra_spaces, tier=model_tier), frames=len(metas))
     except ValueError as exc:  # the file's levels or colour tags are unusable (white under black, zero gains ...)
         raise BadRawFile(f"implausible RAW metadata: {exc}") from exc
     offsets = None

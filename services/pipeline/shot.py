@@ -36,17 +36,19 @@ def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:
 
 
 def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", camera: str = "IQ3_S",
-                       model: str | None = None, extra_spaces: Sequence[str] = ()) -> RenderParams:
+                       model: str | None = None, extra_spaces: Sequence[str] = (),
+                       tier: str | None = None) -> RenderParams:
     """The parameters every shard of this shot renders with (computed once, on the reference frame).
 
     Colour follows the DNG specification (services/raw/colour.py): white balance from AsShotNeutral (or
     AsShotWhiteXY, or a grey-world estimate when the file has neither), camera to XYZ D50 to ``space``.
-    The model package is chosen here, once, so every shard of the shot renders with the same one.
+    The model package is chosen here, once, so every shard of the shot renders with the same one: ``model``, else
+    the camera's default of ``tier`` (best | fast; None: the setting).
     ``extra_spaces``: further output spaces the shards also produce (each its matrix and transfer, computed
     here once; the white and so the gains do not depend on the space).
     """
     shot, read = estimate_noise(meta, mosaic)
-    package = model or package_ref(default_package(camera))
+    package = model or package_ref(default_package(camera, tier))
     neutral = white_balance_neutral(meta, mosaic)
     colour = render_colour(meta, space, neutral=neutral)
     extras = []

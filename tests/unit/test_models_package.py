@@ -156,6 +156,28 @@ def test_shipped_classical_package_is_the_default_without_learned_ones(tmp_path:
     assert registry.default_package("IQ2_XS").name == "classical_v1.strata"
 
 
+def test_best_tier_takes_the_v2_package_and_fast_the_cameras_own(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copy(registry.PACKAGES_DIR / registry.CLASSICAL_PACKAGE, tmp_path)
+    monkeypatch.setattr(registry, "PACKAGES_DIR", tmp_path)
+    monkeypatch.setattr(registry, "_configured", lambda camera: None)
+    _write_jdd(tmp_path / "iq3s_denoise_v2.strata", cameras=("IQ3_S",))
+    assert registry.default_package("IQ3_S", "best").name == "iq3s_denoise_v2.strata"  # no v2 shipped: fast
+    _write_jdd(tmp_path / registry.BEST_PACKAGE, smoke=True)
+    assert registry.default_package("IQ3_S", "best").name == "iq3s_denoise_v2.strata"  # smoke never ships
+    _write_jdd(tmp_path / registry.BEST_PACKAGE)
+    assert registry.default_package("IQ3_S", "best").name == registry.BEST_PACKAGE
+    assert registry.default_package("IQ2_XS", "best").name == registry.BEST_PACKAGE  # serves every camera
+    assert registry.default_package("IQ3_S", "fast").name == "iq3s_denoise_v2.strata"
+    assert registry.default_package("IQ2_XS", "fast").name == "classical_v1.strata"
+    import services.config
+
+    monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(model_tier="fast"))
+    assert registry.default_package("IQ3_S").name == "iq3s_denoise_v2.strata"  # the setting's tier
+    with pytest.raises(ValueError, match="model tier"):
+        registry.default_package("IQ3_S", "huge")
+
+
 def test_setting_names_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _write_jdd(tmp_path / "custom.strata", cameras=("IQ2_XS",))
     import services.config

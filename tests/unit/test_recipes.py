@@ -13,9 +13,11 @@ from services.export.output import output_names
 from services.export.recipes import (
     BUILTIN_RECIPES,
     BadRecipe,
+    Recipe,
     UnknownRecipe,
     catalogue,
     get_recipe,
+    job_model_tier,
     job_spaces,
     load_recipes_file,
     resolve_recipes,
@@ -125,3 +127,13 @@ def test_names_of_one_job_never_collide() -> None:
     same = [r.model_copy(update={"naming": "{stem}"}) for r in recipes]
     assert output_names(same, TOKENS) == ["frame_00.tif", "frame_00_2.tif", "frame_00.jpg"]
     assert unique_names(["a.tif", "A.tif", "a.tif"]) == ["a.tif", "A_2.tif", "a_3.tif"]
+
+
+def test_a_recipe_can_ask_for_the_fast_or_best_model() -> None:
+    fast, tiff = BUILTIN_RECIPES["tiff16-fast"], BUILTIN_RECIPES["tiff16"]
+    assert fast.model == "fast" and tiff.model is None and fast.to_public()["model"] == "fast"
+    assert job_model_tier([tiff], "best") == "best" and job_model_tier([tiff], "fast") == "fast"
+    assert job_model_tier([fast, tiff], "best") == "fast"  # the only recipe that asks decides
+    assert job_model_tier([fast, Recipe(name="x", model="best")], "fast") == "best"  # best wins: one render
+    with pytest.raises(ValueError, match="model"):
+        Recipe(name="x", model="huge")

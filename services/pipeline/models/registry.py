@@ -1,8 +1,10 @@
 """Which package serves a camera, and the per-process cache that keeps loaded packages resident.
 
 Default package of a camera: the setting ``model_<camera>`` (``STRATA_MODEL_IQ3_S=/path/pkg.strata``), else the
-camera's learned package shipped in ``packages/`` (:data:`LEARNED_DEFAULTS`) when that file exists and is not a
-smoke-test package, else ``classical_v1.strata``.
+learned package of the tier asked for (``best``: :data:`BEST_PACKAGE`; ``fast``: the camera's package in
+:data:`LEARNED_DEFAULTS`; the tier comes from a job's recipes or the setting ``model_tier``) when that file is
+shipped in ``packages/`` and is not a smoke-test package, then the camera's fast package, else
+``classical_v1.strata``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ log = logging.getLogger(__name__)
 PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
 CLASSICAL_PACKAGE = "classical_v1.strata"
 LEARNED_DEFAULTS: dict[str, str] = {"IQ3_S": "iq3s_denoise_v2.strata", "IQ2_XS": "iq2xs_multishot_v3.strata"}
+BEST_PACKAGE = "strata_jdd_v2.strata"  # every camera's `best` tier (cameras "*")
+TIERS = ("best", "fast")
 
 _cache: dict[tuple[str, str, str | None], Enhancer] = {}
 _manifests: dict[str, Manifest] = {}
@@ -60,17 +64,30 @@ def package_ref(path: str | Path) -> str:
     return p.name if p.resolve().parent == PACKAGES_DIR and p.exists() else str(path)
 
 
-def default_package(camera: str) -> Path:
-    """The package ``camera`` renders with when none is named (see the module doc)."""
+def _shipped_learned(name: str, camera: str) -> Path | None:
+    path = PACKAGES_DIR / name
+    if not path.exists():
+        return None
+    if read_package(path).manifest.is_smoke:
+        log.warning("%s is a smoke-test package; %s does not render with it", name, camera)
+        return None
+    return path
+
+
+def default_package(camera: str, tier: str | None = None) -> Path:
+    """The package ``camera`` renders with when none is named (see the module doc); ``tier``: best | fast
+    (None: the setting ``model_tier``, best unless set)."""
     configured = _configured(camera)
     if configured:
         return resolve_package(configured)
-    learned = LEARNED_DEFAULTS.get(camera.upper())
-    if learned and (PACKAGES_DIR / learned).exists():
-        path = PACKAGES_DIR / learned
-        if not read_package(path).manifest.is_smoke:
+    tier = tier or _setting("model_tier") or "best"
+    if tier not in TIERS:
+        raise ValueError(f"model tier must be one of {TIERS}, got {tier!r}")
+    names = ([BEST_PACKAGE] if tier == "best" else []) + [n for n in (LEARNED_DEFAULTS.get(camera.upper()),) if n]
+    for name in names:
+        path = _shipped_learned(name, camera)
+        if path is not None:
             return path
-        log.warning("%s is a smoke-test package; %s falls back to %s", learned, camera, CLASSICAL_PACKAGE)
     return PACKAGES_DIR / CLASSICAL_PACKAGE
 
 
@@ -131,5 +148,6 @@ def clear_cache() -> None:
         _manifests.clear()
 
 
-__all__ = ["CLASSICAL_PACKAGE", "LEARNED_DEFAULTS", "PACKAGES_DIR", "clear_cache", "compute_precision",
-           "default_package", "load_enhancer", "package_manifest", "package_ref", "resolve_package"]
+__all__ = ["BEST_PACKAGE", "CLASSICAL_PACKAGE", "LEARNED_DEFAULTS", "PACKAGES_DIR", "TIERS", "clear_cache",
+           "compute_precision", "default_package", "load_enhancer", "package_manifest", "package_ref",
+           "resolve_package"]
