@@ -15,8 +15,9 @@ import numpy as np
 from lab.quality.shots import CAMERA, SPACE
 
 CLASSICAL = "classical_v1"
-LEARNED = "strata_jdd_v1"
-DEFAULT_PACKAGES = (f"{CLASSICAL}.strata", f"{LEARNED}.strata")
+LEARNED = "strata_jdd_v1"  # the fast tier
+BEST = "strata_jdd_v2"  # the best tier (the default)
+DEFAULT_PACKAGES = (f"{CLASSICAL}.strata", f"{LEARNED}.strata", f"{BEST}.strata")
 
 
 def package_label(package: str) -> str:

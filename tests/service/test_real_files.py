@@ -16,6 +16,7 @@ from PIL import Image
 
 from lab.quality.stack_bench import delta_e_2000, srgb16_to_lab
 from lab.synth.synth import synthesize_linear_shot
+from services.config import get_settings
 from services.db.models import Job
 from services.db.session import session_scope
 from services.jobs import flow
@@ -60,7 +61,6 @@ def _submit(client: TestClient, auth: dict[str, str], path: Path, recipes: str =
 
 def _run(job_id: str, n_workers: int = 3) -> int:
     """Ingest, every phase's shards (on the CPU), advance until done; returns how many shards ran."""
-    from services.config import get_settings
 
     storage, settings = get_storage(), get_settings()
     with session_scope() as session:
@@ -156,3 +156,17 @@ def test_a_bayer_dng_from_any_camera_renders_as_a_single_frame(client: TestClien
     assert rendered.shape == (meta.height, meta.width, 3)
     got = client.get(f"/v1/jobs/{job['id']}", headers=auth).json()
     assert got["status"] == "done" and got["source_camera"]["model"] == "ILCE-7RM5"
+
+
+def test_a_recipe_picks_the_fast_model_and_the_default_is_the_best(client: TestClient, auth: dict[str, str],
+                                                                   synth_dir: Path) -> None:
+    """The shot's package is chosen at ingest from its recipes' tier: `tiff16-fast` renders with the fast package,
+    a plain job with the best one, and each job's outputs come from its own package."""
+    source = synth_dir / "iq3s" / "frame_00.dng"
+    models = {}
+    for recipes in ("tiff16", "tiff16-fast,jpeg-proof"):
+        job = _submit(client, auth, source, recipes)
+        with session_scope() as session:
+            flow.ingest_job(session, get_storage(), get_settings(), job["id"], n_workers=1)
+            models[recipes] = session.get(Job, job["id"]).params["render"]["model"]
+    assert models == {"tiff16": "strata_jdd_v2.strata", "tiff16-fast,jpeg-proof": "iq3s_denoise_v2.strata"}

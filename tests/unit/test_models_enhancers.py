@@ -131,3 +131,45 @@ def test_classical_is_the_renderers_malvar_and_lee() -> None:
     f = torch.tensor(DEMOSAIC_NOISE_FACTORS)
     expected = denoise_lee(demosaic_malvar(x, "GRBG"), f * SHOT, f * READ, radius=2)
     assert torch.allclose(_classical().enhance(x, "GRBG", SHOT, READ), expected, atol=1e-7, rtol=0)
+
+
+def _shipped_best() -> JDDEnhancer:
+    from services.pipeline.models import load_package
+    from services.pipeline.models.registry import BEST_PACKAGE, PACKAGES_DIR
+
+    enh = load_package(PACKAGES_DIR / BEST_PACKAGE, "cpu", precision="float32")
+    assert isinstance(enh, JDDEnhancer)
+    return enh
+
+
+@pytest.mark.parametrize("y", [90, 91])
+def test_best_package_receptive_field_is_exact(y: int) -> None:
+    """The shipped `best` package (its real weights, receptive field 61): output row y ignores input beyond the
+    declared radius and sees the row at it."""
+    enh = _shipped_best()
+    rf = enh.receptive_field
+    assert rf == 61
+    x = _mosaic(200, 48)
+    base = enh.enhance(x, "RGGB", SHOT, READ)[..., y, :]
+    far, edge = x.clone(), x.clone()
+    sign = 1 if y % 2 == 0 else -1
+    beyond = slice(y + rf + 1, None) if sign > 0 else slice(0, y - rf)
+    far[..., beyond, :] = torch.rand_like(far[..., beyond, :])
+    edge[..., y + sign * rf, :] += 0.5
+    assert torch.equal(enh.enhance(far, "RGGB", SHOT, READ)[..., y, :], base)
+    assert not torch.equal(enh.enhance(edge, "RGGB", SHOT, READ)[..., y, :], base)
+
+
+@pytest.mark.parametrize("cfa", ["RGGB", "GBRG"])
+def test_best_package_strips_stitch_to_whole(cfa: str) -> None:
+    enh = _shipped_best()
+    halo = enh.receptive_field + enh.receptive_field % 2
+    height = 241
+    x = _mosaic(height, 40, seed=5)
+    whole = enh.enhance(x, cfa, SHOT, READ)
+    cuts = [0, 80, 82, 170, height]
+    parts = []
+    for y0, y1 in zip(cuts[:-1], cuts[1:], strict=True):
+        top, bottom = max(0, y0 - halo), min(height, y1 + halo)
+        parts.append(enh.enhance(x[..., top:bottom, :], cfa, SHOT, READ)[..., y0 - top : y1 - top, :])
+    assert (torch.cat(parts, dim=-2) - whole).abs().max().item() < 0.5 / 65535

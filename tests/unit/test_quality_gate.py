@@ -1,4 +1,5 @@
-"""CI quality gate (issue 3): on small held-out crops the learned package must not fall below the classical one.
+"""CI quality gate (issue 3): on small held-out crops the learned packages (the `best` and the `fast` tier) must
+not fall below the classical one.
 
 Renders held-out synthetic IQ3_S shots (photograph 033 when ``../shared/data/photos`` is present, and a
 held-out dead-leaves seed) at noise levels none and mid through the real pipeline (``decode_raw`` ->
@@ -25,13 +26,14 @@ LEVELS = ("none", "mid")
 CLASSICAL = "classical_v1.strata"
 
 
-def _learned() -> Path:
+def _learned(name: str) -> Path:
     override = os.environ.get("STRATA_QUALITY_LEARNED_PACKAGE")
-    return resolve_package(override) if override else PACKAGES_DIR / f"{strata.LEARNED}.strata"
+    return resolve_package(override) if override else PACKAGES_DIR / f"{name}.strata"
 
 
-def test_learned_package_is_not_worse_than_classical(tmp_path: Path) -> None:
-    learned = _learned()
+@pytest.mark.parametrize("name", [strata.BEST, strata.LEARNED])
+def test_learned_package_is_not_worse_than_classical(tmp_path: Path, name: str) -> None:
+    learned = _learned(name)
     if not learned.exists():
         pytest.skip(f"learned package {learned} is absent (it ships after GPU training)")
     photo = DEFAULT_PHOTOS_DIR / "033.png"
