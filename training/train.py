@@ -290,6 +290,19 @@ def _write_packages(net: JDDNet, config: dict[str, Any], args: argparse.Namespac
 
 
 @torch.no_grad()
+def median_enhance_seconds(model: Enhancer, mosaic: Tensor, runs: int = 4) -> float:
+    """Median seconds of ``model.enhance(mosaic)`` on CUDA, the first (warm-up) run left out."""
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.enhance(mosaic, "RGGB", [1e-3] * 3, [1e-5] * 3)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times[1:]))
+
+
+@torch.no_grad()
 def time_enhance(net: JDDNet, config: dict[str, Any], device: torch.device, megapixels: float) -> dict[str, float]:
     """Median seconds of one enhance of a ``megapixels`` frame (bf16 and TF32), as a worker runs it."""
     side = int(math.sqrt(megapixels * 1e6 / 1.333)) // 2 * 2
@@ -297,15 +310,8 @@ def time_enhance(net: JDDNet, config: dict[str, Any], device: torch.device, mega
     out: dict[str, float] = {}
     for name, dtype in (("bfloat16", torch.bfloat16), ("float32+tf32", torch.float32)):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        model = JDDEnhancer(jdd_manifest("timing", ("*",), config, {}), net, device, dtype)
-        times = []
-        for _ in range(4):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            model.enhance(mosaic, "RGGB", [1e-3] * 3, [1e-5] * 3)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
-        out[name] = float(np.median(times[1:]))
+        out[name] = median_enhance_seconds(JDDEnhancer(jdd_manifest("timing", ("*",), config, {}), net, device,
+                                                       dtype), mosaic)
     for p in net.parameters():
         p.requires_grad_(True)
     net.train()

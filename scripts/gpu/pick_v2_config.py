@@ -11,16 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from services.pipeline.models import jdd  # noqa: E402
 from services.pipeline.models.jdd import JDDEnhancer, JDDNet, jdd_manifest  # noqa: E402
+from training.train import median_enhance_seconds  # noqa: E402
 
 CANDIDATES = [  # largest first
     (64, [1, 1, 2, 3, 3, 2, 1, 1]),
@@ -35,14 +34,7 @@ def seconds(width: int, dilations: list[int], mosaic: torch.Tensor) -> float:
     config = {"width": width, "dilations": dilations}
     model = JDDEnhancer(jdd_manifest("t", ("*",), config, {}), JDDNet(width, dilations), mosaic.device,
                         torch.bfloat16)
-    times = []
-    for _ in range(4):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        model.enhance(mosaic, "RGGB", [1e-3] * 3, [1e-5] * 3)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times[1:]))
+    return median_enhance_seconds(model, mosaic)
 
 
 def main() -> None:
