@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU host, one call: the preview benchmark, the disk's durable write speed, then one `strata serve` timed
 # by the service benchmark (the latency scenarios, then a batch with a proof per shot and an interactive shot during
-# it), on the default STRATA_GPU_DEFLATE (batch: batch-lane jobs' TIFF tiles compressed on the GPU where nvCOMP is
+# it), on the default STRATA_GPU_DEFLATE (on: every job's TIFF tiles compressed on the GPU where nvCOMP is
 # installed). CHECK_TILES=1 first runs the GPU tile check (the service falls back to off where it fails), then runs
 # the same batch again with the tiles off (A/B) unless BOTH=0.
+# FAST=1 also times the latency scenarios with the fast model tier (recipe tiff16-fast) on the same service;
+# TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -11,7 +13,7 @@ OUT=${1:-out}; BATCH=${2:-16}; REPEATS=${3:-3}; BOTH=${BOTH:-1}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-TILES=${STRATA_GPU_DEFLATE:-batch}  # the default; CHECK_TILES=1 checks the tiles first (off where they fail)
+TILES=${STRATA_GPU_DEFLATE:-on}  # the default; CHECK_TILES=1 checks the tiles first (off where they fail)
 if [ "${CHECK_TILES:-0}" = 1 ]; then
   if ! timeout 150 python3 scripts/gpu/check_tiles.py --json "$OUT/check-tiles.json" > "$OUT/check-tiles.txt" 2>&1; then
     TILES=off
@@ -34,12 +36,25 @@ python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios sin
   --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
 python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats 2 \
   --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
+if [ "${FAST:-0}" = 1 ]; then
+  echo "latency with the fast tier (recipe tiff16-fast)"
+  python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,stack4,stack8 \
+    --repeats "$REPEATS" --recipe tiff16-fast --json "$OUT/latency-fast.json" 2>&1
+fi
 timeout 120 python3 scripts/gpu/verify_outputs.py "$DATA" 2>&1 | tail -8  # GPU- and CPU-compressed TIFFs: same pixels
 grep -h -i -E "fast preview in|GPU tile|Traceback|Error" "$DATA"/logs/*.log 2>/dev/null | sed -E 's/^[0-9-]+ [0-9:,]+ //' \
   | sed -E 's/job [0-9a-f]+/job J/; s/[0-9]\.[0-9]+s/N.NNs/' | sort | uniq -c | sort -rn | head -8
 grep -h "fast preview in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
 grep -h "outputs written and recorded in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
 stop
+if [ "${TILES_AB:-0}" = 1 ]; then
+  DATA3=$(mktemp -d /tmp/strata-svc-XXXX)
+  STRATA_GPU_DEFLATE=batch serve "$DATA3" "$DATA3/serve.log"
+  echo "latency with STRATA_GPU_DEFLATE=batch"
+  python3 -m cli.main bench service --data-dir "$DATA3" --scale 1.0 --scenarios single --repeats "$((REPEATS * 2))" \
+    --json "$OUT/latency-tiles-batch.json" 2>&1
+  stop
+fi
 if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
   DATA2=$(mktemp -d /tmp/strata-svc-XXXX)
   STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"

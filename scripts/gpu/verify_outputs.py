@@ -24,7 +24,7 @@ def main() -> int:
     for path in sorted(args.data_dir.rglob("*.tif")):
         with tifffile.TiffFile(path) as tif:
             page = tif.pages.first
-            if page.dtype.itemsize != 2 or page.shape[0] < 7000:  # the full-size 16-bit IQ3_S renders only
+            if page.dtype.itemsize != 2 or page.shape[0] < 7000 or not path.name.startswith("iq3s"):  # IQ3_S renders only
                 continue
             kinds.setdefault((page.tilelength, page.tilewidth), []).append(path)
     digests: dict[str, list[str]] = {}

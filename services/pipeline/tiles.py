@@ -14,11 +14,12 @@ back (uint8) and an index: ``[TILE_H, TILE_W, first tile row, tile rows, tiles p
 one offset per tile and the end). :func:`cpu_tile_streams` makes the same container with libdeflate (tests, and
 the reference the GPU output is checked against). Pixels are identical either way; the bytes differ by encoder.
 
-Status: on for batch-lane jobs by default (``STRATA_GPU_DEFLATE=batch``) where the nvCOMP wheel is installed.
+Status: on for every job by default (``STRATA_GPU_DEFLATE=on``) where the nvCOMP wheel is installed.
 The nvCOMP calls run correctly on an H200 (scripts/gpu/check_tiles.py: every tile inflates exact, the TIFF reads
 back exact). An 80 MP frame takes 0.185 s on the device path (scripts/gpu/profile_tiles.py; nvCOMP itself 0.07 s);
 the streams come back through the pinned slots (a pageable copy took 0.29 s). Through the service a batch with a
-proof per shot ran at 1.08 frames/s against 0.79 with the CPU's libdeflate (docs/PERFORMANCE.md).
+proof per shot ran at 1.08 frames/s against 0.79 with the CPU's libdeflate, and an idle 80 MP shot took 1.29 s
+against 1.53 s (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations

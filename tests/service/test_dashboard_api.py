@@ -262,8 +262,8 @@ def test_a_non_srgb_render_keeps_its_srgb_fast_preview(client: TestClient, synth
                                                            ("off", False, False)])
 def test_gpu_tiles_are_planned_for_the_lanes_the_setting_names(client: TestClient, synth_dir: Path, mode: str,
                                                                interactive: bool, batch: bool) -> None:
-    """STRATA_GPU_DEFLATE=batch (the default): batch-lane jobs get their TIFF tiles planned for the GPU workers,
-    an interactive shot keeps the CPU's deflate (faster for one job on an idle host)."""
+    """STRATA_GPU_DEFLATE=on (the default): every job gets its TIFF tiles planned for the GPU workers; batch: only
+    batch-lane jobs (an interactive shot keeps the CPU's deflate); off: none."""
     from services.config import get_settings
     from services.jobs import flow
     from services.jobs.plan import JobPlan
