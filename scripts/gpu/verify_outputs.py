@@ -24,7 +24,8 @@ def main() -> int:
     for path in sorted(args.data_dir.rglob("*.tif")):
         with tifffile.TiffFile(path) as tif:
             page = tif.pages.first
-            if page.dtype.itemsize != 2 or page.shape[0] < 7000 or not path.name.startswith("iq3s"):  # IQ3_S renders only
+            full_iq3s = path.name.startswith("iq3s") and page.dtype.itemsize == 2 and page.shape[0] >= 7000
+            if not full_iq3s:  # the full-size 16-bit IQ3_S renders only
                 continue
             kinds.setdefault((page.tilelength, page.tilewidth), []).append(path)
     digests: dict[str, list[str]] = {}
