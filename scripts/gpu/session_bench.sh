@@ -6,6 +6,7 @@
 # the same batch again with the tiles off (A/B) unless BOTH=0.
 # FAST=1 also times the latency scenarios with the fast model tier (recipe tiff16-fast) on the same service;
 # TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
+# LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -21,7 +22,7 @@ if [ "${CHECK_TILES:-0}" = 1 ]; then
   fi
   tail -12 "$OUT/check-tiles.txt"
 fi
-python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -12
+[ "${LATENCY:-1}" = 1 ] && python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -12
 echo "durable write, 2 GiB:"; dd if=/dev/zero of=/tmp/strata-dd bs=4M count=512 conv=fsync 2>&1 | tail -1; rm -f /tmp/strata-dd
 serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   python3 -m cli.main serve --port 8765 --data-dir "$1" > "$2" 2>&1 &
@@ -32,8 +33,8 @@ stop() { kill "$SERVE"; wait "$SERVE" 2>/dev/null; sleep 2; }
 DATA=$(mktemp -d /tmp/strata-svc-XXXX)
 STRATA_GPU_DEFLATE=$TILES serve "$DATA" "$OUT/serve.log"
 echo "service with STRATA_GPU_DEFLATE=$TILES"
-python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,stack4,stack8 \
-  --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
+[ "${LATENCY:-1}" = 1 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 \
+  --scenarios single,stack4,stack8 --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
 python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats 2 \
   --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
 if [ "${FAST:-0}" = 1 ]; then
