@@ -50,7 +50,8 @@ def _celery(name: str, queues: list[str], pool: str, concurrency: int, settings:
 def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinator: bool = True,
                  gpu_workers: bool = True) -> list[ProcSpec]:
     """The processes to run: STRATA_COORDINATORS coordinators (``coordinator@host``, ``coordinator2@host``, ...)
-    and one GPU-queue worker per GPU (CPU workers without GPUs)."""
+    and STRATA_WORKERS_PER_GPU GPU-queue workers per GPU (``gpu0@host``, ``gpu0-2@host``, ...; CPU workers
+    without GPUs)."""
     from workers.runtime import SHARED_GPU_QUEUE, own_queue
 
     host = settings.host_name  # STRATA_NODE_NAME, else the hostname
@@ -61,7 +62,9 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
                                             settings), {"STRATA_WORKER_KIND": "coordinator"}, worker=True))
     if gpu_workers:
         ids = detect_gpus(settings) if gpus is None else gpus
-        slots = [(f"gpu{g}", g) for g in ids] or [(f"cpu{i}", "cpu") for i in range(max(settings.cpu_workers, 1))]
+        per_gpu = max(1, settings.workers_per_gpu)
+        slots = [(f"gpu{g}" + (f"-{k + 1}" if k else ""), g) for g in ids for k in range(per_gpu)] or [
+            (f"cpu{i}", "cpu") for i in range(max(settings.cpu_workers, 1))]
         cpu_threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // len(slots))
         for label, gpu in slots:
             name = f"{label}@{host}"

@@ -118,7 +118,8 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     from workers.app import broker_url
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
-                      pid=os.getpid(), strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction))
+                      pid=os.getpid(), strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction
+                                                                       / max(1, settings.workers_per_gpu)))
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s,
                            memory_mb=lambda: memory_mb(device))
     _heartbeat.start()

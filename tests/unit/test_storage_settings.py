@@ -34,3 +34,17 @@ def test_node_name_names_this_host(tmp_path: Path) -> None:
     assert [s.name for s in specs] == ["coordinator@hostb", "coordinator2@hostb", "cpu0@hostb", "cpu1@hostb"]
     one = worker_specs(Settings(data_dir=tmp_path, node_name="hostb", coordinators=1), gpus=[], gpu_workers=False)
     assert [s.name for s in one] == ["coordinator@hostb"]
+
+
+def test_workers_per_gpu_start_that_many_pinned_workers(tmp_path: Path) -> None:
+    from workers.launcher import worker_specs
+
+    specs = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1, workers_per_gpu=2),
+                         gpus=["0", "1"])
+    gpu = [s for s in specs if s.env.get("STRATA_WORKER_KIND") == "gpu"]
+    assert [s.name for s in gpu] == ["gpu0@h", "gpu0-2@h", "gpu1@h", "gpu1-2@h"]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["0", "0", "1", "1"]
+    assert len({s.argv[s.argv.index("-Q") + 1] for s in gpu}) == 4  # each its own queue beside the shared one
+    cpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", cpu_workers=1, workers_per_gpu=2), gpus=[],
+                       coordinator=False)
+    assert [s.name for s in cpu] == ["cpu0@h"]  # no GPU: STRATA_CPU_WORKERS decides
