@@ -47,6 +47,9 @@ grep -h -i -E "fast preview in|GPU tile|Traceback|Error" "$DATA"/logs/*.log 2>/d
   | sed -E 's/job [0-9a-f]+/job J/; s/[0-9]\.[0-9]+s/N.NNs/' | sort | uniq -c | sort -rn | head -8
 grep -h "fast preview in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
 grep -h "outputs written and recorded in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
+echo "TIFF writes (encode+write / durable close / rest of the hash, s):"
+grep -h "MB encoded and written in" "$DATA"/logs/*.log | grep "\.tif" \
+  | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo
 stop
 if [ "${TILES_AB:-0}" = 1 ]; then
   DATA3=$(mktemp -d /tmp/strata-svc-XXXX)
