@@ -271,10 +271,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-shift", type=float, default=1.5, help="largest random frame shift (px)")
     parser.add_argument("--raw-merge", action="store_true",
                         help="also merge the frames' raw samples per colour (STRATA_STACK_RAW_MERGE)")
+    parser.add_argument("--case", action="append", default=None, choices=[c.name for c in DEFAULT_CASES],
+                        help="run only this case (repeatable; default: all)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     contents = args.content or ["dead_leaves"]
-    results = run_benchmark(scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
+    cases = [c for c in DEFAULT_CASES if args.case is None or c.name in args.case]
+    results = run_benchmark(cases, scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
                             contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift,
                             raw_merge=args.raw_merge)
     print(format_table(results))

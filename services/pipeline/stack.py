@@ -273,6 +273,14 @@ BLEND_TOLERANCE = 3.0
 # the four estimates averaged. Each holds a quarter of the samples and their errors partly cancel in the
 # average, so each is told this share of the fused noise (chosen on the stack benchmark, docs/QUALITY.md).
 PIXEL_SHIFT_NOISE_SHARE = 0.75
+# ...then the measured samples win back what that estimate smoothed away: a pixel-shift site holds a real sample of
+# every colour, so where the estimate differs from the measured image by more than the samples' noise explains
+# (the local mean square difference over a window of radius BLEND_RADIUS against this many times the noise
+# variance of the measured value), the render moves towards the measurement by the Wiener share
+# 1 - tolerance x noise / difference; without noise it is the measurement itself. A tolerance of 1 let noise back
+# in (mid noise -0.5..-2.1 dB on the stack benchmark); 3 and 8 gave the same mid-noise figures as no restore
+# (docs/QUALITY.md).
+PIXEL_SHIFT_RESTORE_TOLERANCE = 3.0
 _PHASES = ("RGGB", "GRBG", "GBRG", "BGGR")
 
 
@@ -285,6 +293,21 @@ def _remosaic_enhance(x: torch.Tensor, params: RenderParams, shot: torch.Tensor,
         mosaic = (x * cfa_masks(cfa, x.shape[-2], x.shape[-1], x.device)).sum(dim=1, keepdim=True)  # (1, 1, H, W)
         out += enhancer.enhance(mosaic, cfa, shot, read)
     return out / len(_PHASES)
+
+
+def _restore_measured(estimate: torch.Tensor, measured: torch.Tensor, weight: torch.Tensor,
+                      params: RenderParams) -> torch.Tensor:
+    """Pixel shift: move the denoised ``estimate`` (1, 3, H, W) towards the ``measured`` full-RGB image (both
+    white-balanced) per channel by the Wiener share of their local difference that the measurement's noise does
+    not explain (:data:`PIXEL_SHIFT_RESTORE_TOLERANCE`). ``weight`` (1, 3, H, W): samples per channel; a site
+    with less than one (the reference's demosaiced fallback) keeps the estimate in proportion."""
+    dev = estimate.device
+    shot, read = (torch.tensor(v, dtype=torch.float32, device=dev).view(1, 3, 1, 1) for v in noise_per_channel(params))
+    variance = (shot * measured.clamp(min=0.0) + read) / weight.clamp(min=1e-3)
+    diff = measured - estimate
+    energy = box_mean(diff.square(), BLEND_RADIUS)
+    unexplained = 1.0 - PIXEL_SHIFT_RESTORE_TOLERANCE * box_mean(variance, BLEND_RADIUS) / energy.clamp(min=1e-20)
+    return estimate + unexplained.clamp(0.0, 1.0) * weight.clamp(0.0, 1.0) * diff
 
 
 def _agreement_share(a: torch.Tensor, b: torch.Tensor, noise: torch.Tensor, top: float) -> torch.Tensor:
@@ -344,7 +367,8 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
     rejected, so more smoothing there), blended with the package's render of the merged Bayer mosaic where the
     two agree (:data:`BLEND_TOLERANCE`); with the raw-sample merge (11 channels) that result is blended with the
     package's render of the raw-merged image where they agree (:func:`_blend_raw`). Pixel shift (6 channels): the
-    package on the four re-mosaicked phases (:data:`PIXEL_SHIFT_NOISE_SHARE`).
+    package on the four re-mosaicked phases (:data:`PIXEL_SHIFT_NOISE_SHARE`), then moved towards the measured
+    samples where they differ by more than their noise (:func:`_restore_measured`).
     """
     if fused.ndim != 4 or fused.shape[0] != 1 or fused.shape[1] not in FUSED_CHANNELS:
         raise ValueError(f"fused stack must be (1, 5|6|11, H, W): RGB + merge weights (+ Bayer (+ raw merge)), "
@@ -356,8 +380,8 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
     factors = torch.tensor(noise_factors, dtype=torch.float32, device=dev)  # (3,)
     shot, read = (torch.tensor(v, dtype=torch.float32, device=dev) * factors for v in noise_per_channel(params))
     if pixel_shift:
-        x = _remosaic_enhance(x, params, shot * PIXEL_SHIFT_NOISE_SHARE, read * PIXEL_SHIFT_NOISE_SHARE)
-        x = sharpen(x, params.sharpen_amount, SHARPEN_SIGMA)
+        estimate = _remosaic_enhance(x, params, shot * PIXEL_SHIFT_NOISE_SHARE, read * PIXEL_SHIFT_NOISE_SHARE)
+        x = _restore_measured(sharpen(estimate, params.sharpen_amount, SHARPEN_SIGMA), x, weight, params)
     else:
         x = denoise_lee(x, shot, read, radius=RGB_DENOISE_RADIUS, noise_scale=1.0 / weight.clamp(min=1.0))
         x = _blend_bayer(sharpen(x, params.sharpen_amount, SHARPEN_SIGMA), fused[:, 4:5].float(), params)
@@ -399,7 +423,7 @@ def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, pa
     h = groups[0].shape[1]
     check_strip(y0, y1, h)
     # the blend windows: B's, and the raw merge's on top of it (its difference to the A/B result)
-    blends = 0 if pixel_shift else 2 if groups[0].shape[0] == 11 else 1
+    blends = 1 if pixel_shift else 2 if groups[0].shape[0] == 11 else 1  # pixel shift: the restore's window
     top, bottom = rows_needed(y0, y1, h, params, blends * BLEND_RADIUS)
     fused = fuse_rows(groups, top, bottom, device)
     return render_fused_spaces(fused, params, stack_noise_factors(pixel_shift),

@@ -199,3 +199,22 @@ def test_frames_smaller_than_the_models_field_merge_and_render(stack: list[Frame
     fused = fuse_groups([merge_frame_group(small[0], small, params=params, stack_size=4, positions=range(4))])
     out = render_rgb(fused, params, noise_factors=stack_noise_factors(False))
     assert out.shape == (h, w, 3) and out.dtype == np.uint16
+
+
+def test_pixel_shift_render_keeps_measured_samples_beyond_the_noise(stack: list[Frame]) -> None:
+    """Pixel shift measures every colour at every site: without noise the render is the measurement itself; where
+    the estimate differs from it by less than the noise explains, the estimate stays; no samples, no restore."""
+    import torch
+
+    from services.pipeline.stack import _restore_measured
+
+    params = shot_render_params(stack[0][1], stack[0][0])
+    gen = torch.Generator().manual_seed(1)
+    estimate = torch.rand(1, 3, 24, 32, generator=gen) * 0.5 + 0.25
+    measured = estimate + 0.05 * torch.randn(1, 3, 24, 32, generator=gen)
+    one = torch.ones(1, 3, 24, 32)
+    quiet = replace(params, noise_shot=0.0, noise_read=0.0)
+    torch.testing.assert_close(_restore_measured(estimate, measured, one, quiet), measured)
+    torch.testing.assert_close(_restore_measured(estimate, measured, one * 0.0, quiet), estimate)
+    loud = replace(params, noise_shot=1.0, noise_read=1.0)  # a variance far above the 0.05 differences
+    torch.testing.assert_close(_restore_measured(estimate, measured, one, loud), estimate)
