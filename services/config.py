@@ -77,9 +77,8 @@ class Settings(BaseSettings):
     )
     cpu_workers: int = Field(default=1, description="GPU-queue workers to start when no GPU is present.")
     workers_per_gpu: int = Field(
-        default=1, ge=1, le=8, description="GPU-queue worker processes per GPU. With 2, one worker's CPU steps (the "
-        "tile streams' writes, downloads) overlap the other's model pass on the same GPU; each plans strips for "
-        "its share of the GPU's memory (docs/OPERATIONS.md).")
+        default=1, ge=1, le=8, description="GPU-queue worker processes per GPU, each planning strips for its share "
+        "of the GPU's memory. 2 was slower on one H200 (latency and batch, docs/PERFORMANCE.md), hence 1.")
     coordinators: int = Field(
         default=2, description="Coordinator processes a launcher starts (serve, coordinator); a survivor takes over "
         "the ingest or finalize of one that dies at once, without waiting for its restart.",
