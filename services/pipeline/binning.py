@@ -35,11 +35,12 @@ def bin_rows_in(y0: int, y1: int, k: int) -> range:
 
 
 @torch.inference_mode()
-def binned(rows: np.ndarray, y0: int, k: int, transfer: str, device: str = "cpu",
+def binned(rows: np.ndarray | torch.Tensor, y0: int, k: int, transfer: str, device: str = "cpu",
            bins: range | None = None) -> np.ndarray:
     """The ``k x k`` linear-light means of ``rows`` ((n, W, 3) uint16 codes of ``transfer``, the image's rows from
     ``y0``) for bin rows ``bins`` (default: all it holds whole): (len(bins), W // k, 3) float32. The last partial
-    bin column is dropped."""
+    bin column is dropped. ``rows`` may be a tensor already on ``device`` (a worker's strip before its download:
+    no second trip across the bus; the same values as from its host copy)."""
     bins = bin_rows_in(y0, y0 + rows.shape[0], k) if bins is None else bins
     wk = rows.shape[1] // k
     out = np.empty((len(bins), wk, 3), dtype=np.float32)
@@ -49,7 +50,8 @@ def binned(rows: np.ndarray, y0: int, k: int, transfer: str, device: str = "cpu"
     lut = decode_lut(transfer).to(dev)
     for j in range(bins.start, bins.stop, _CHUNK_BINS):
         j1 = min(j + _CHUNK_BINS, bins.stop)
-        codes = upload(rows[j * k - y0 : j1 * k - y0, : wk * k], dev).to(torch.int64)  # uint16 across the bus
+        block = rows[j * k - y0 : j1 * k - y0, : wk * k]
+        codes = (block.to(dev) if isinstance(block, torch.Tensor) else upload(block, dev)).to(torch.int64)
         lin = lut[codes]
         if k > 1:  # the k x k box mean, on the interleaved layout (no transposed copy)
             lin = lin.view(j1 - j, k, wk, k, 3).mean(dim=(1, 3))

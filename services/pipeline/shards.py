@@ -9,9 +9,10 @@ Results are intermediates, not synced (docs/ARCHITECTURE.md, "Durability").
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -147,7 +148,8 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     device downloads its rows through the pinned slots into the maps, whose pages are touched on threads while
     the device computes (``prefault``), so no second copy of the rows is made on the host. The extra spaces are
     published first: the primary result's key is the one a reader checks for the whole shard. So is the output work
-    ``shard.ahead`` asks of the worker (:class:`PreEncode`)."""
+    ``shard.ahead`` asks of the worker (:class:`PreEncode`): proof bins and TIFF tiles are made from the rows while
+    they are still on the device. Logs how long the render (with the rows' download), the bins and the tiles took."""
     keys = [shard.out, *shard.space_outs]
     if len(keys) != len(shard.params.spaces):
         raise ValueError(f"{len(shard.params.spaces)} output spaces for {len(keys)} result keys")
@@ -155,35 +157,59 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     ahead = shard.ahead
     tile_spaces = {i for i, key in enumerate(keys) if key in ahead.tiles} if ahead.tiles and tiles.gpu_available(
         device) else set()
-    on_device: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
+    made = _Made()
 
-    def compress(space: int, rows: torch.Tensor) -> None:  # the TIFF tiles from the rows still on the device
-        if space in tile_spaces and rows.shape[0] == shape[0]:  # (an out-of-memory split: the host path below)
+    def on_device(space: int, rows: torch.Tensor) -> None:  # the writer's work from the rows still on the device
+        if rows.shape[0] != shape[0]:  # (an out-of-memory split: the host path in _pre_encode)
+            return
+        t = time.perf_counter()
+        for key, k, transfer in ahead.bins:
+            if key == keys[space]:
+                made.bins[(key, k)] = binned(rows, shard.y0, k, transfer, device)
+        if space in tile_spaces:
             streams = _device_tiles(keys[space], rows, shard.y0, height, device, ahead.level)
             if streams is not None:
-                on_device[keys[space]] = streams
+                made.tiles[keys[space]] = streams
+        made.seconds += time.perf_counter() - t
 
+    t0 = time.perf_counter()
     with ExitStack() as stack:  # entered primary first, so it is published (exited) last
         outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
         waits = [prefault(out) for out in outs]
         split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
-                     compress if tile_spaces else None)
-        _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, on_device)
+                     on_device if tile_spaces or ahead.bins else None)
+        t1 = time.perf_counter()
+        _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, made)
+    log.info("strip %s: rendered and downloaded in %.2fs (of which bins and tiles on the device %.2fs), bins and "
+             "tiles stored in %.2fs", shard.out, t1 - t0, made.seconds, time.perf_counter() - t1)
+
+
+@dataclass
+class _Made:
+    """What a strip's ``on_device`` hook made from its rows before their download: proof bins by (result key,
+    factor), TIFF tile streams (left on the device) by result key; and the seconds it took."""
+
+    bins: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    tiles: dict[str, tuple[torch.Tensor, np.ndarray]] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarray], y0: int, height: int,
-                device: str, on_device: dict[str, tuple[torch.Tensor, np.ndarray]] | None = None) -> None:
+                device: str, made: _Made | None = None) -> None:
     """The writer's work this worker does for the strip's results: proof bins (on any device: the same code the
-    writer would run), then TIFF tiles (a GPU with nvCOMP only): those compressed while the rows were on the
-    device (``on_device``), else from the downloaded rows."""
+    writer would run), then TIFF tiles (a GPU with nvCOMP only): those made while the rows were on the device
+    (``made``), else from the downloaded rows."""
+    made = made or _Made()
     for key, k, transfer in ahead.bins:
         if key in results:
-            rows = binned(results[key], y0, k, transfer, device)
+            rows = made.bins.get((key, k))
+            if rows is None:
+                rows = binned(results[key], y0, k, transfer, device)
             with storage.array_writer(bin_key(key, k), rows.shape, np.float32, durable=False) as out:
                 out[:] = rows
     if ahead.tiles and tiles.gpu_available(device):
         for key in ahead.tiles:
-            streams = (on_device or {}).get(key)
+            streams = made.tiles.get(key)
             if streams is None and key in results:
                 streams = _device_tiles(key, results[key], y0, height, device, ahead.level)
             if streams is not None:
