@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     workers_per_gpu: int = Field(
         default=1, ge=1, le=8, description="GPU-queue worker processes per GPU, each planning strips for its share "
         "of the GPU's memory. 2 was slower on one H200 (latency and batch, docs/PERFORMANCE.md), hence 1.")
+    gpu_worker_threads: int = Field(
+        default=2, ge=1, le=4, description="Shards one GPU worker process computes at once, each on its own CUDA "
+        "stream (one model copy): one shard's downloads and writes overlap another's model pass (a batch on one "
+        "H200: 1.58 frames/s with 2, 1.17-1.19 with 1). Each plans strips for its share of the GPU's memory. CPU "
+        "workers compute one shard at a time.")
     coordinators: int = Field(
         default=2, description="Coordinator processes a launcher starts (serve, coordinator); a survivor takes over "
         "the ingest or finalize of one that dies at once, without waiting for its restart.",

@@ -72,7 +72,9 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
                    "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
-            specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)], "solo", 1, settings),
+            threads = max(1, settings.gpu_worker_threads) if gpu != "cpu" else 1
+            specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)],
+                                                "threads" if threads > 1 else "solo", threads, settings),
                                   env, worker=True))
     return specs
 
@@ -201,15 +203,15 @@ def lease_releaser(settings: Settings) -> Callable[[ProcSpec, int], None]:
 
         client = redis.Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1)
         try:
-            jobs, shard = release_dead(client, spec.name, pid)
+            jobs, shards = release_dead(client, spec.name, pid)
         except redis.RedisError as exc:  # Redis away too: the heartbeat expires by itself
             log.warning("%s died; its leases could not be handed back (%s)", spec.name, exc)
             return
         finally:
             client.close()
-        if jobs or shard is not None:
-            log.warning("%s died holding jobs %s, shard %s: handed back to the reconciler", spec.name,
-                        ", ".join(jobs) or "-", shard if shard is not None else "-")
+        if jobs or shards:
+            log.warning("%s died holding jobs %s, shards %s: handed back to the reconciler", spec.name,
+                        ", ".join(jobs) or "-", ", ".join(map(str, shards)) or "-")
 
     return release
 

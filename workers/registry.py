@@ -37,7 +37,9 @@ class WorkerInfo:
     queue: str  # the worker's own queue
     host: str
     pid: int
-    current_shard: int | None = None  # the shard id being computed, None when idle
+    current_shard: int | None = None  # the (lowest) shard id being computed, None when idle
+    shards: tuple[int, ...] = ()  # every shard being computed (a worker with STRATA_GPU_WORKER_THREADS > 1)
+    slots: int = 1  # shards it computes at once
     memory_mb: float = 0.0  # torch.cuda.memory_allocated on a GPU, the process's RSS on the CPU
     beat_at: float = 0.0  # Unix time of the last heartbeat
     jobs: tuple[str, ...] = ()  # jobs a coordinator is ingesting or advancing now (its leases)
@@ -47,7 +49,7 @@ class WorkerInfo:
     @property
     def busy(self) -> bool:
         """Computing a shard (a GPU worker) or holding a job's ingest or advance (a coordinator)."""
-        return self.current_shard is not None or bool(self.jobs)
+        return bool(self.shards) or self.current_shard is not None or bool(self.jobs)
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -62,7 +64,8 @@ def live_workers(client: redis.Redis, kind: str | None = None) -> list[WorkerInf
         if raw:
             fields = json.loads(raw)
             info = WorkerInfo(**{k: v for k, v in fields.items() if k in WorkerInfo.__dataclass_fields__})
-            info = replace(info, jobs=tuple(info.jobs))
+            info = replace(info, jobs=tuple(info.jobs), shards=tuple(info.shards) or (
+                (info.current_shard,) if info.current_shard is not None else ()))
             if kind is None or info.kind == kind:
                 infos.append(info)
     return sorted(infos, key=lambda i: i.name)
@@ -80,28 +83,30 @@ class Leases:
 def leases(client: redis.Redis) -> Leases:
     workers = live_workers(client)
     return Leases(frozenset(w.name for w in workers),
-                  frozenset(w.current_shard for w in workers if w.current_shard is not None),
+                  frozenset(s for w in workers for s in w.shards),
                   frozenset(j for w in workers for j in w.jobs))
 
 
-def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], int | None]:
+def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], list[int]]:
     """A supervisor saw its child ``name`` (process ``pid``) die: end its leases now rather than when its heartbeat
-    expires. Its heartbeat key goes (if it is still that process's), the jobs and shard it held are marked
-    abandoned for the reconciler, and the exclusive passes it held are unlocked. Returns (jobs, shard) held."""
+    expires. Its heartbeat key goes (if it is still that process's), the jobs and shards it held are marked
+    abandoned for the reconciler, and the exclusive passes it held are unlocked. Returns (jobs, shards) held."""
     key = PREFIX + name
     raw = client.get(key)
     jobs: list[str] = []
-    shard: int | None = None
+    shards: list[int] = []
     if raw:
         fields = json.loads(raw)
         if int(fields.get("pid", -1)) == pid:
-            jobs, shard = list(fields.get("jobs") or ()), fields.get("current_shard")
+            jobs = list(fields.get("jobs") or ())
+            shards = [int(s) for s in fields.get("shards") or ()] or (
+                [int(fields["current_shard"])] if fields.get("current_shard") is not None else [])
             pipe = client.pipeline()
             if jobs:
                 pipe.sadd(ABANDONED_JOBS, *jobs)
                 pipe.expire(ABANDONED_JOBS, 3600)  # with no reconciler running (interval 0) they go by themselves
-            if shard is not None:
-                pipe.sadd(ABANDONED_SHARDS, shard)
+            if shards:
+                pipe.sadd(ABANDONED_SHARDS, *shards)
                 pipe.expire(ABANDONED_SHARDS, 3600)
             pipe.eval(_DELETE_IF, 1, key, raw)
             pipe.execute()
@@ -109,7 +114,7 @@ def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], i
         token = client.get(lock)
         if isinstance(token, bytes) and _TOKEN.fullmatch(token) and token.rsplit(b"-", 1)[0] == name.encode():
             client.eval(_DELETE_IF, 1, lock, token)
-    return jobs, shard
+    return jobs, shards
 
 
 def abandoned(client: redis.Redis) -> tuple[frozenset[str], frozenset[int]]:
@@ -140,7 +145,7 @@ class Heartbeat:
                  memory_mb: Callable[[], float] | None = None) -> None:
         self.client = redis_client(url)
         self.info = info
-        self.current_shard: int | None = None
+        self.shards: set[int] = set()
         self.jobs: dict[str, int] = {}  # job id -> how many of this process's threads hold it
         self._lock = threading.Lock()
         self.memory_mb = memory_mb or (lambda: 0.0)
@@ -152,9 +157,15 @@ class Heartbeat:
         self._beat()
         self._thread.start()
 
-    def set_shard(self, shard_id: int | None) -> None:
-        """Note the shard now computing (None: idle) and beat at once, so the dashboard sees it promptly."""
-        self.current_shard = shard_id
+    def add_shard(self, shard_id: int) -> None:
+        """Note a shard now computing and beat at once (before it starts: the reconciler never sees it unheld)."""
+        with self._lock:
+            self.shards.add(shard_id)
+        self._beat()
+
+    def discard_shard(self, shard_id: int) -> None:
+        with self._lock:
+            self.shards.discard(shard_id)
         self._beat()
 
     def hold(self, job_id: str) -> None:
@@ -174,9 +185,9 @@ class Heartbeat:
 
     def _beat(self) -> None:
         with self._lock:
-            jobs = tuple(sorted(self.jobs))
-        info = replace(self.info, current_shard=self.current_shard, memory_mb=round(self.memory_mb(), 1),
-                       beat_at=time.time(), jobs=jobs)
+            jobs, shards = tuple(sorted(self.jobs)), tuple(sorted(self.shards))
+        info = replace(self.info, current_shard=shards[0] if shards else None, shards=shards,
+                       memory_mb=round(self.memory_mb(), 1), beat_at=time.time(), jobs=jobs)
         try:
             self.client.set(PREFIX + self.info.name, json.dumps(asdict(info)), ex=heartbeat_ttl(self.interval))
         except redis.RedisError as exc:

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 from dataclasses import dataclass
 
 from services.config import get_settings
@@ -115,11 +116,13 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
         _warm_up(device)
         log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)
     _ctx = WorkerContext(name=name, kind=kind, gpu=gpu, device=device)
+    slots = max(1, settings.gpu_worker_threads) if device.startswith("cuda") else 1
     from workers.app import broker_url
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
-                      pid=os.getpid(), strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction
-                                                                       / max(1, settings.workers_per_gpu)))
+                      pid=os.getpid(), slots=slots,
+                      strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction
+                                                       / max(1, settings.workers_per_gpu) / slots))
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s,
                            memory_mb=lambda: memory_mb(device))
     _heartbeat.start()
@@ -157,10 +160,39 @@ def memory_mb(device: str) -> float:
         return 0.0
 
 
-def set_current_shard(shard_id: int | None) -> None:
-    """The shard this worker computes now (None: idle), for its heartbeat."""
+@contextlib.contextmanager
+def computing(shard_id: int, device: str) -> Iterator[None]:
+    """Hold a lease on ``shard_id`` (in this worker's heartbeat) while it computes; on a GPU, on this thread's own
+    CUDA stream (a worker computing several shards at once, STRATA_GPU_WORKER_THREADS: one's copies overlap
+    another's kernels), synchronised before the block exits."""
     if _heartbeat is not None:
-        _heartbeat.set_shard(shard_id)
+        _heartbeat.add_shard(shard_id)
+    try:
+        if device.startswith("cuda"):
+            import torch
+
+            stream = _thread_stream(device)
+            with torch.cuda.stream(stream):
+                yield
+            stream.synchronize()
+        else:
+            yield
+    finally:
+        if _heartbeat is not None:
+            _heartbeat.discard_shard(shard_id)
+
+
+_streams = threading.local()
+
+
+def _thread_stream(device: str) -> Any:
+    """This thread's CUDA stream on ``device`` (created once per thread)."""
+    import torch
+
+    stream = getattr(_streams, "stream", None)
+    if stream is None:
+        stream = _streams.stream = torch.cuda.Stream(device=torch.device(device))
+    return stream
 
 
 @contextlib.contextmanager
@@ -200,7 +232,9 @@ def _strip_memory_mb(device: str, fraction: float) -> int:
 
 
 def gpu_capacity() -> tuple[int, int]:
-    """(live GPU workers, the smallest memory budget among them; 0 when any is unknown) for planning."""
+    """(live GPU workers, the smallest memory budget among them; 0 when any is unknown) for planning. Workers, not
+    their threads (STRATA_GPU_WORKER_THREADS): planning a strip or frame group per thread was measured slower on
+    one H200 (docs/PERFORMANCE.md, "Two shards at once")."""
     from workers.app import broker_url
 
     try:

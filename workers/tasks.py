@@ -157,9 +157,8 @@ def run_shard(self: Task, shard_id: int) -> None:
     settings = get_settings()
     ctx = runtime.context()
     t0 = time.perf_counter()
-    runtime.set_current_shard(shard_id)
     try:
-        with session_scope() as session:
+        with runtime.computing(shard_id, ctx.device), session_scope() as session:
             outcome = flow.run_shard(session, get_storage(), shard_id, worker=ctx.name, gpu=ctx.gpu,
                                      device=ctx.device, delay_s=settings.fault_shard_delay_s)
     except NotFound:
@@ -181,7 +180,6 @@ def run_shard(self: Task, shard_id: int) -> None:
             raise self.retry(exc=exc, countdown=1) from exc
         return
     finally:
-        runtime.set_current_shard(None)
         seconds = time.perf_counter() - t0
         SHARD_SECONDS.labels(kind="shard").observe(seconds)
         GPU_BUSY_SECONDS.labels(gpu=ctx.gpu).inc(seconds)
@@ -249,14 +247,15 @@ def reconcile_once() -> Repairs | None:
 
 def batch_capacity(client: redis.Redis) -> int:
     """Batch-lane jobs allowed in flight: STRATA_BATCH_IN_FLIGHT, else enough to keep every stage busy: two per
-    live GPU worker (one on the GPU, one queued behind it) and one per live coordinator slot but one (jobs decoding
-    or encoding their TIFFs; the spare slot takes an interactive shot's ingest at once). At least GPU workers + 1.
+    live GPU worker slot (one computing, one queued behind it; a worker has STRATA_GPU_WORKER_THREADS slots) and
+    one per live coordinator slot but one (jobs decoding or encoding their TIFFs; the spare slot takes an
+    interactive shot's ingest at once). At least GPU slots + 1.
     Before, GPU workers + 1 left one H200 idle 80 % of a batch: a job's TIFF encode (about 1 s) was the only work
     that overlapped the next job's GPU work."""
     settings = get_settings()
     if settings.batch_in_flight:
         return settings.batch_in_flight
-    gpus = len(live_workers(client, "gpu"))
+    gpus = sum(max(1, w.slots) for w in live_workers(client, "gpu"))
     slots = len(live_workers(client, "coordinator")) * max(1, settings.coordinator_concurrency)
     return max(gpus + 1, 2 * gpus + slots - 1)
 

@@ -18,7 +18,7 @@ router = APIRouter(prefix="/v1", tags=["workers"])
 def _out(w: WorkerInfo) -> WorkerOut:
     beat = dt.datetime.fromtimestamp(w.beat_at, dt.UTC) if w.beat_at else None
     return WorkerOut(name=w.name, kind=w.kind, host=w.host, gpu=w.gpu, device=w.device, busy=w.busy,
-                     current_shard=w.current_shard, jobs=list(w.jobs), memory_mb=w.memory_mb,
+                     current_shard=w.current_shard, shards=list(w.shards), jobs=list(w.jobs), memory_mb=w.memory_mb,
                      last_heartbeat=beat)
 
 

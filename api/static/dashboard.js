@@ -141,7 +141,7 @@
         const tr = el("tr");
         const beat = x.last_heartbeat ? fmtDuration((Date.now() - Date.parse(x.last_heartbeat)) / 1000) + " ago" : "–";
         tr.append(el("td", x.name), el("td", x.host), el("td", x.gpu), el("td", x.kind === "coordinator" ? "coordinator, " + (x.busy ? (x.jobs || []).length + " job(s)" : "idle") : (x.busy ? "busy" : "idle")),
-          el("td", x.current_shard === null ? "–" : x.current_shard), el("td", Math.round(x.memory_mb) + " MB"), el("td", beat));
+          el("td", x.shards && x.shards.length ? x.shards.join(", ") : (x.current_shard === null ? "–" : x.current_shard)), el("td", Math.round(x.memory_mb) + " MB"), el("td", beat));
         return tr;
       }));
       $("queues").querySelector("tbody").replaceChildren(...Object.entries(w.queues).map(([q, d]) => {

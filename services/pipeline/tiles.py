@@ -25,6 +25,7 @@ against 1.53 s (docs/PERFORMANCE.md).
 from __future__ import annotations
 
 import logging
+import threading
 import zlib
 from functools import lru_cache
 from typing import Any
@@ -105,6 +106,9 @@ def cpu_tile_streams(rows: np.ndarray, y0: int, height: int, level: int = 1) -> 
     data = _to_bytes(tiles).numpy()
     streams = [bytes(imagecodecs.deflate_encode(t, level=level)) for t in data]
     return _container(streams, tile_rows, per_row)
+
+
+_CODEC_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=4)
@@ -189,20 +193,22 @@ def _encode_chunk(codec: Any, data: torch.Tensor) -> tuple[torch.Tensor, torch.T
     n, length = data.shape
     dev = data.device
     srcs = nvcomp.as_arrays(_Interface(data.reshape(-1)), [i * length for i in range(n)], [length] * n)
-    torch.cuda.synchronize(dev)  # nvCOMP runs on its own stream
+    torch.cuda.current_stream(dev).synchronize()  # nvCOMP runs on its own stream: this one's rows must be there
     stride = _align16(length * 23 // 10 + 4096)  # nvCOMP 6 asks 111200 bytes for a 49152-byte deflate chunk
     out = torch.empty((n, stride), dtype=torch.uint8, device=dev)
     try:
         dst = nvcomp.as_arrays(_Interface(out.reshape(-1)), [i * stride for i in range(n)], [stride] * n)
-        encoded = codec.encode(srcs, out=dst)
-        sizes = _sizes(encoded)  # reading the sizes waits for the compression
+        with _CODEC_LOCK:  # one codec per device, shared by a worker's threads (STRATA_GPU_WORKER_THREADS)
+            encoded = codec.encode(srcs, out=dst)
+            sizes = _sizes(encoded)  # reading the sizes waits for the compression
         ENCODE_PATH[:] = ["one carved output buffer"]
         return _compact(out, sizes), sizes
     except (ValueError, TypeError) as exc:
         del out
         ENCODE_PATH[:] = [f"nvCOMP's own output ({type(exc).__name__}: {exc})"]
-    encoded = codec.encode(srcs)
-    sizes = _sizes(encoded)
+    with _CODEC_LOCK:
+        encoded = codec.encode(srcs)
+        sizes = _sizes(encoded)
     ptrs = np.array([encoded[i].__cuda_array_interface__["data"][0] for i in range(n)], dtype=np.int64)
     steps = np.diff(ptrs)
     if n > 1 and (steps == steps[0]).all() and steps[0] >= int(sizes.max()):

@@ -218,7 +218,7 @@ def test_workers_show_heartbeats_with_the_current_shard(client: TestClient, redi
     beat = Heartbeat(redis_url, info, 5, memory_mb=lambda: 1234.5)
     beat.start()
     try:
-        beat.set_shard(42)
+        beat.add_shard(42)
         body = client.get("/v1/workers", headers=_token("station-a")).json()
         mine = next(w for w in body["workers"] if w["name"] == "gpu7@test-host")
         assert mine["busy"] and mine["current_shard"] == 42 and mine["memory_mb"] == 1234.5

@@ -92,9 +92,13 @@ def test_a_dead_workers_leases_are_handed_back_by_its_supervisor(tmp_path: Path,
         sup.stop(timeout=5)
     # A key written by a later process of the same name (a restart) is not the dead one's: kept.
     client.set(PREFIX + "gpu0@t", json.dumps({"name": "gpu0@t", "pid": 999999, "current_shard": 7}), ex=60)
-    assert release_dead(client, "gpu0@t", 123) == ([], None)
+    assert release_dead(client, "gpu0@t", 123) == ([], [])
     assert client.get(PREFIX + "gpu0@t") is not None and abandoned(client)[1] == frozenset()
-    assert release_dead(client, "gpu0@t", 999999) == ([], 7) and abandoned(client)[1] == frozenset({7})
+    assert release_dead(client, "gpu0@t", 999999) == ([], [7]) and abandoned(client)[1] == frozenset({7})
+    # A worker computing several shards at once (STRATA_GPU_WORKER_THREADS) hands them all back.
+    client.set(PREFIX + "gpu0@t", json.dumps({"name": "gpu0@t", "pid": 5, "current_shard": 8, "shards": [8, 9]}),
+               ex=60)
+    assert release_dead(client, "gpu0@t", 5) == ([], [8, 9]) and abandoned(client)[1] == frozenset({7, 8, 9})
     client.delete(ABANDONED_JOBS, ABANDONED_SHARDS, RETENTION_LOCK, *(PREFIX + n for n in names))
 
 
@@ -113,3 +117,29 @@ def test_children_see_the_environment_as_it_is_when_they_start(tmp_path: Path, m
     sup.add([ProcSpec("child", [sys.executable, "-c", code], {"STRATA_FROM_SPEC": "b"})])
     sup.procs["child"].wait(30)
     assert out.read_text() == "redis://127.0.0.1:1/0 a b"
+
+
+def test_a_worker_computing_two_shards_holds_both_leases(redis_url: str) -> None:
+    import redis
+
+    from workers.registry import PREFIX, Heartbeat, WorkerInfo, leases, live_workers
+
+    client = redis.Redis.from_url(redis_url)
+    info = WorkerInfo(name="gpu5@lease-test", kind="gpu", gpu="5", device="cuda:0", queue="q", host="t", pid=1,
+                      slots=2)
+    beat = Heartbeat(redis_url, info, 5)
+    try:
+        beat.start()
+        beat.add_shard(11)
+        beat.add_shard(12)
+        assert {11, 12} <= leases(client).shards
+        mine = next(w for w in live_workers(client, "gpu") if w.name == info.name)
+        assert mine.shards == (11, 12) and mine.current_shard == 11 and mine.busy and mine.slots == 2
+        beat.discard_shard(11)
+        assert 12 in leases(client).shards and 11 not in leases(client).shards
+        beat.discard_shard(12)
+        mine = next(w for w in live_workers(client, "gpu") if w.name == info.name)
+        assert not mine.busy and mine.current_shard is None
+    finally:
+        beat.stop()
+        client.delete(PREFIX + info.name)

@@ -48,3 +48,19 @@ def test_workers_per_gpu_start_that_many_pinned_workers(tmp_path: Path) -> None:
     cpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", cpu_workers=1, workers_per_gpu=2), gpus=[],
                        coordinator=False)
     assert [s.name for s in cpu] == ["cpu0@h"]  # no GPU: STRATA_CPU_WORKERS decides
+
+
+def test_gpu_workers_compute_gpu_worker_threads_shards_at_once_cpu_workers_one(tmp_path: Path) -> None:
+    from workers.launcher import worker_specs
+
+    def pool(spec: object) -> tuple[str, str]:
+        argv = spec.argv  # type: ignore[attr-defined]
+        return argv[argv.index("--pool") + 1], argv[argv.index("--concurrency") + 1]
+
+    gpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1), gpus=["0"], coordinator=False)
+    assert [pool(s) for s in gpu] == [("threads", "2")]  # the default: two shards at once, one model copy
+    one = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1), gpus=["0"],
+                       coordinator=False)
+    assert [pool(s) for s in one] == [("solo", "1")]
+    cpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=3), gpus=[], coordinator=False)
+    assert [pool(s) for s in cpu] == [("solo", "1")]
