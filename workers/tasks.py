@@ -222,7 +222,7 @@ def reconcile_once() -> Repairs | None:
                                 stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
                                 grace_s=ttl, gpu_backlog=depths[GPU_QUEUE])
             unsent = unsent_notifications(session, stale_after_s)
-            sweep_recently_ended(session, get_storage(), within_s=60)
+            sweep_recently_ended(session, get_storage(), within_s=60, partials_older_than_s=ttl)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
             sweep_partials(get_storage(), job_id, older_than_s=ttl)  # a live writer's file is newer

@@ -74,15 +74,18 @@ def sweep_intermediates(session: Session, storage: Storage) -> list[str]:
     return swept
 
 
-def sweep_recently_ended(session: Session, storage: Storage, within_s: float) -> list[str]:
+def sweep_recently_ended(session: Session, storage: Storage, within_s: float, partials_older_than_s: float = 0.0
+                         ) -> list[str]:
     """Remove what jobs that ended in the last ``within_s`` seconds may have left: intermediates (a coordinator
     killed between marking the job done and removing them) and half-written files anywhere in the job (its
-    outputs' included). Cheap enough for the reconciler's pass; :func:`sweep_intermediates` catches the rest."""
+    outputs' included) older than ``partials_older_than_s``: the final preview is written after the job is marked
+    done, and sweeping its live file made that write fail (seen on a busy host). Cheap enough for the reconciler's
+    pass; :func:`sweep_intermediates` catches the rest."""
     since = utcnow() - dt.timedelta(seconds=within_s)
     ended = list(session.scalars(select(Job.id).where(Job.status.not_in(ACTIVE), Job.finished_at >= since)))
     for job_id in ended:
         remove_intermediates(storage, job_id)
-        storage.sweep_partials(job_prefix(job_id))
+        storage.sweep_partials(job_prefix(job_id), partials_older_than_s)
     return ended
 
 

@@ -138,3 +138,30 @@ def test_a_shot_of_an_open_batch_is_kept_until_the_batch_ends(db: str) -> None:
     with session_scope() as session:
         assert retention.prune(session, storage, older_than_days=30).jobs == [job_id]
     assert _keys(storage, job_id) == []
+
+
+def test_the_sweep_of_jobs_just_ended_spares_a_live_writers_file(db: str, tmp_path: Path) -> None:
+    """The final preview is written after its job is marked done: the reconciler's sweep of recently ended jobs
+    must not delete that live writer's file (a busy host's preview write failed with FileNotFoundError), while
+    a killed writer's stale file goes."""
+    import os
+    import time
+
+    from services.storage.local import LocalStorage
+
+    storage = LocalStorage(tmp_path / "store")
+    with session_scope() as session:
+        station = Station(name="s", token_hash="s")
+        session.add(station)
+        session.flush()
+        job_id = _job(session, station, "done", 0).id
+    _store(storage, job_id, "raw")
+    root = tmp_path / "store" / "jobs" / job_id
+    stale, live = root / ".part-aaaa-preview.jpg", root / ".part-bbbb-preview.jpg"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"y")
+    old = time.time() - 30
+    os.utime(stale, (old, old))
+    with session_scope() as session:
+        assert retention.sweep_recently_ended(session, storage, within_s=60, partials_older_than_s=10) == [job_id]
+    assert live.exists() and not stale.exists() and _keys(storage, job_id) == []
