@@ -88,6 +88,10 @@ class Settings(BaseSettings):
         default=2, description="Coordinator processes a launcher starts (serve, coordinator); a survivor takes over "
         "the ingest or finalize of one that dies at once, without waiting for its restart.",
     )
+    express_coordinators: int = Field(
+        default=1, ge=0, le=4, description="Coordinator processes per coordinator host that take only interactive "
+        "shots' steps (ingest, finalize), so one never waits behind a batch's finalizes; 0 = none.")
+    coordinator_lane: str = Field(default="all", description="all | interactive (set by the launcher).")
     coordinator_concurrency: int = 2
     torch_threads: int = Field(default=0, description="Torch CPU threads per worker; 0 = cores / workers.")
     # Set by the launcher for each worker process it starts.

@@ -49,17 +49,26 @@ def _celery(name: str, queues: list[str], pool: str, concurrency: int, settings:
 
 def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinator: bool = True,
                  gpu_workers: bool = True) -> list[ProcSpec]:
-    """The processes to run: STRATA_COORDINATORS coordinators (``coordinator@host``, ``coordinator2@host``, ...)
-    and STRATA_WORKERS_PER_GPU GPU-queue workers per GPU (``gpu0@host``, ``gpu0-2@host``, ...; CPU workers
-    without GPUs)."""
+    """The processes to run: STRATA_COORDINATORS coordinators (``coordinator@host``, ``coordinator2@host``, ...),
+    STRATA_EXPRESS_COORDINATORS for interactive shots only (``coordinator-express@host``, ...) and
+    STRATA_WORKERS_PER_GPU GPU-queue workers per GPU (``gpu0@host``, ``gpu0-2@host``, ...; CPU workers without
+    GPUs)."""
+    from workers.app import COORDINATOR_QUEUES, INTERACTIVE_COORDINATOR_QUEUE
     from workers.runtime import SHARED_GPU_QUEUE, own_queue
 
     host = settings.host_name  # STRATA_NODE_NAME, else the hostname
     specs: list[ProcSpec] = []
     for i in range(max(settings.coordinators, 1) if coordinator else 0):
         name = f"coordinator{i + 1 if i else ''}@{host}"
-        specs.append(ProcSpec(name, _celery(name, ["coordinator"], "threads", settings.coordinator_concurrency,
-                                            settings), {"STRATA_WORKER_KIND": "coordinator"}, worker=True))
+        specs.append(ProcSpec(name, _celery(name, list(COORDINATOR_QUEUES), "threads",
+                                            settings.coordinator_concurrency, settings),
+                              {"STRATA_WORKER_KIND": "coordinator"}, worker=True))
+    for i in range(max(settings.express_coordinators, 0) if coordinator else 0):
+        name = f"coordinator-express{i + 1 if i else ''}@{host}"
+        specs.append(ProcSpec(name, _celery(name, [INTERACTIVE_COORDINATOR_QUEUE], "threads",
+                                            settings.coordinator_concurrency, settings),
+                              {"STRATA_WORKER_KIND": "coordinator", "STRATA_COORDINATOR_LANE": "interactive"},
+                              worker=True))
     if gpu_workers:
         ids = detect_gpus(settings) if gpus is None else gpus
         per_gpu = max(1, settings.workers_per_gpu)

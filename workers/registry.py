@@ -40,6 +40,7 @@ class WorkerInfo:
     current_shard: int | None = None  # the (lowest) shard id being computed, None when idle
     shards: tuple[int, ...] = ()  # every shard being computed (a worker with STRATA_GPU_WORKER_THREADS > 1)
     slots: int = 1  # shards it computes at once
+    lane: str = "all"  # a coordinator's: "interactive" for an express coordinator
     memory_mb: float = 0.0  # torch.cuda.memory_allocated on a GPU, the process's RSS on the CPU
     beat_at: float = 0.0  # Unix time of the last heartbeat
     jobs: tuple[str, ...] = ()  # jobs a coordinator is ingesting or advancing now (its leases)

@@ -7,8 +7,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from services.config import get_settings
 from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
@@ -121,6 +121,7 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
                       pid=os.getpid(), slots=slots,
+                      lane=settings.coordinator_lane if kind == "coordinator" else "all",
                       strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction
                                                        / max(1, settings.workers_per_gpu) / slots))
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s,

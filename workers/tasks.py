@@ -34,7 +34,16 @@ from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SEC
 from services.storage import get_storage
 from services.storage.intermediates import sweep_partials
 from workers import runtime
-from workers.app import COORDINATOR_QUEUE, GPU_QUEUE, PRIORITIES, REPAIR_PRIORITY, broker_url, celery_app
+from workers.app import (
+    COORDINATOR_QUEUE,
+    COORDINATOR_QUEUES,
+    GPU_QUEUE,
+    PRIORITIES,
+    REPAIR_PRIORITY,
+    broker_url,
+    celery_app,
+    coordinator_queue,
+)
 from workers.registry import (
     ADMISSION_LOCK,
     RECONCILE_LOCK,
@@ -71,11 +80,11 @@ def dispatch_shards(tickets: list[ShardTicket], repair: bool = False) -> None:
 
 
 def dispatch_advance(job_id: str, priority: str, repair: bool = False) -> None:
-    advance.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=_priority(priority, repair))
+    advance.apply_async((job_id,), queue=coordinator_queue(priority), priority=_priority(priority, repair))
 
 
 def enqueue_ingest(job_id: str, priority: str, repair: bool = False) -> None:
-    ingest.apply_async((job_id,), queue=COORDINATOR_QUEUE, priority=_priority(priority, repair))
+    ingest.apply_async((job_id,), queue=coordinator_queue(priority), priority=_priority(priority, repair))
 
 
 # What a send to a broker that is down raises (kombu wraps connection errors in its OperationalError).
@@ -203,8 +212,8 @@ def reconcile_once() -> Repairs | None:
     def work(client: redis.Redis) -> Repairs:
         settings = get_settings()
         alive = {w.name for w in live_workers(client, "gpu")}
-        depths = queue_depths(client, [COORDINATOR_QUEUE, GPU_QUEUE])
-        backlog = depths[COORDINATOR_QUEUE]
+        depths = queue_depths(client, [*COORDINATOR_QUEUES, GPU_QUEUE])
+        backlog = sum(depths[q] for q in COORDINATOR_QUEUES)
         stale_after_s = max(settings.visibility_timeout_s, 30)
         ttl = heartbeat_ttl(settings.worker_heartbeat_s)
         judged: list[tuple[frozenset[str], frozenset[int]]] = []
@@ -256,7 +265,8 @@ def batch_capacity(client: redis.Redis) -> int:
     if settings.batch_in_flight:
         return settings.batch_in_flight
     gpus = sum(max(1, w.slots) for w in live_workers(client, "gpu"))
-    slots = len(live_workers(client, "coordinator")) * max(1, settings.coordinator_concurrency)
+    slots = sum(1 for w in live_workers(client, "coordinator") if w.lane != "interactive") * max(
+        1, settings.coordinator_concurrency)  # an express coordinator never takes batch work
     return max(gpus + 1, 2 * gpus + slots - 1)
 
 

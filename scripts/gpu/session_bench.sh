@@ -46,7 +46,11 @@ timeout 120 python3 scripts/gpu/verify_outputs.py "$DATA" 2>&1 | tail -8  # GPU-
 grep -h -i -E "fast preview in|GPU tile|Traceback|Error" "$DATA"/logs/*.log 2>/dev/null | sed -E 's/^[0-9-]+ [0-9:,]+ //' \
   | sed -E 's/job [0-9a-f]+/job J/; s/[0-9]\.[0-9]+s/N.NNs/' | sort | uniq -c | sort -rn | head -8
 grep -h "fast preview in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
-grep -h "outputs written and recorded in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
+echo "finalize (outputs written and recorded / final preview / intermediates removed, s):"
+grep -h "outputs written and recorded in" "$DATA"/logs/*.log \
+  | sed -E 's/.*recorded in ([0-9.]+)s; final preview ([0-9.]+)s, intermediates removed ([0-9.]+)s.*/\1\/\2\/\3/' \
+  | tr '\n' ' '; echo
+mkdir -p "$OUT/logs"; cp "$DATA"/logs/*.log "$OUT/logs/" 2>/dev/null
 echo "TIFF writes (encode+write / durable close / rest of the hash, s):"
 grep -h "MB encoded and written in" "$DATA"/logs/*.log | grep "\.tif" \
   | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo

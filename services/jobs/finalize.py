@@ -122,7 +122,10 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
         status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow(),
         params={**job.params, "timings": timings}))
     session.commit()
+    t1 = time.perf_counter()
     final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0)
+    t2 = time.perf_counter()
     remove_intermediates(storage, job_id)
-    log.info("job %s done: %s (%d bytes; outputs written and recorded in %.2fs)", job_id,
-             ", ".join(o.name for o in outs), sum(o.bytes for o in outs), time.perf_counter() - t0)
+    log.info("job %s done: %s (%d bytes; outputs written and recorded in %.2fs; final preview %.2fs, "
+             "intermediates removed %.2fs)", job_id, ", ".join(o.name for o in outs), sum(o.bytes for o in outs),
+             t1 - t0, t2 - t1, time.perf_counter() - t2)

@@ -64,7 +64,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
                               "127.0.0.1", "--port", str(port), "--log-level", "warning"])]
     specs += worker_specs(get_settings())
     assert [s.name.split("@")[0] for s in specs if s.env.get("STRATA_WORKER_KIND") == "coordinator"] == [
-        "coordinator", "coordinator2"]
+        "coordinator", "coordinator2", "coordinator-express"]
     # No restarts: a killed coordinator stays dead, so whatever finishes its job is the other one.
     sup = Supervisor(specs, env=env, log_dir=root / "logs", restart=False, on_exit=lease_releaser(get_settings()))
     sup.start()

@@ -31,9 +31,25 @@ def test_node_name_names_this_host(tmp_path: Path) -> None:
     from workers.launcher import worker_specs
 
     specs = worker_specs(Settings(data_dir=tmp_path, node_name="hostb", cpu_workers=2), gpus=[])
-    assert [s.name for s in specs] == ["coordinator@hostb", "coordinator2@hostb", "cpu0@hostb", "cpu1@hostb"]
-    one = worker_specs(Settings(data_dir=tmp_path, node_name="hostb", coordinators=1), gpus=[], gpu_workers=False)
+    assert [s.name for s in specs] == ["coordinator@hostb", "coordinator2@hostb", "coordinator-express@hostb",
+                                       "cpu0@hostb", "cpu1@hostb"]
+    one = worker_specs(Settings(data_dir=tmp_path, node_name="hostb", coordinators=1, express_coordinators=0),
+                       gpus=[], gpu_workers=False)
     assert [s.name for s in one] == ["coordinator@hostb"]
+
+
+def test_interactive_steps_have_an_express_coordinator_batch_steps_do_not(tmp_path: Path) -> None:
+    from workers.app import COORDINATOR_QUEUE, INTERACTIVE_COORDINATOR_QUEUE, coordinator_queue
+    from workers.launcher import worker_specs
+
+    assert coordinator_queue("interactive") == INTERACTIVE_COORDINATOR_QUEUE
+    assert coordinator_queue("batch") == COORDINATOR_QUEUE
+    specs = {s.name: s for s in worker_specs(Settings(data_dir=tmp_path, node_name="h"), gpus=[], gpu_workers=False)}
+    queues = {name: s.argv[s.argv.index("-Q") + 1].split(",") for name, s in specs.items()}
+    assert queues == {"coordinator@h": [INTERACTIVE_COORDINATOR_QUEUE, COORDINATOR_QUEUE],
+                      "coordinator2@h": [INTERACTIVE_COORDINATOR_QUEUE, COORDINATOR_QUEUE],
+                      "coordinator-express@h": [INTERACTIVE_COORDINATOR_QUEUE]}
+    assert specs["coordinator-express@h"].env["STRATA_COORDINATOR_LANE"] == "interactive"
 
 
 def test_workers_per_gpu_start_that_many_pinned_workers(tmp_path: Path) -> None:
