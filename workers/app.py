@@ -5,22 +5,18 @@ from __future__ import annotations
 from celery import Celery
 
 from services.config import Settings, get_settings
+from workers.queues import (  # noqa: F401 - re-exported: the queue names live beside the app
+    COORDINATOR_QUEUE,
+    COORDINATOR_QUEUES,
+    INTERACTIVE_COORDINATOR_QUEUE,
+    coordinator_queue,
+)
 
-COORDINATOR_QUEUE = "coordinator"
-# Interactive shots' coordinator steps (ingest, advance/finalize): every coordinator takes them, and an express
-# coordinator (STRATA_EXPRESS_COORDINATORS) takes only them, so one never waits behind a batch's finalizes.
-INTERACTIVE_COORDINATOR_QUEUE = "coordinator.interactive"
-COORDINATOR_QUEUES = (INTERACTIVE_COORDINATOR_QUEUE, COORDINATOR_QUEUE)
 GPU_QUEUE = "gpu"
 # Redis transport: priority 0 is served first. Level 0 is kept for repairs: work the reconciler re-dispatches
 # after its worker died goes ahead of the backlog, so a lost shard finishes within seconds, not after the queue.
 PRIORITIES = {"interactive": 1, "batch": 6}
 REPAIR_PRIORITY = 0
-
-
-def coordinator_queue(priority: str) -> str:
-    """The coordinator queue of a job's steps by its priority (docs/OPERATIONS.md, "Express coordinator")."""
-    return INTERACTIVE_COORDINATOR_QUEUE if priority == "interactive" else COORDINATOR_QUEUE
 
 
 def broker_url(settings: Settings) -> str:

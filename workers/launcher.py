@@ -53,7 +53,7 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
     STRATA_EXPRESS_COORDINATORS for interactive shots only (``coordinator-express@host``, ...) and
     STRATA_WORKERS_PER_GPU GPU-queue workers per GPU (``gpu0@host``, ``gpu0-2@host``, ...; CPU workers without
     GPUs)."""
-    from workers.app import COORDINATOR_QUEUES, INTERACTIVE_COORDINATOR_QUEUE
+    from workers.queues import COORDINATOR_QUEUES, INTERACTIVE_COORDINATOR_QUEUE
     from workers.runtime import SHARED_GPU_QUEUE, own_queue
 
     host = settings.host_name  # STRATA_NODE_NAME, else the hostname

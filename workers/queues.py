@@ -1,0 +1,15 @@
+"""Queue names, free of side effects: importing ``workers.app`` creates the Celery app for the settings of that
+moment, so code that only needs a name (the launcher, in a process whose settings change) imports it from here."""
+
+from __future__ import annotations
+
+COORDINATOR_QUEUE = "coordinator"
+# Interactive shots' coordinator steps (ingest, advance/finalize): every coordinator takes them, and an express
+# coordinator (STRATA_EXPRESS_COORDINATORS) takes only them, so one never waits behind a batch's finalizes.
+INTERACTIVE_COORDINATOR_QUEUE = "coordinator.interactive"
+COORDINATOR_QUEUES = (INTERACTIVE_COORDINATOR_QUEUE, COORDINATOR_QUEUE)
+
+
+def coordinator_queue(priority: str) -> str:
+    """The coordinator queue of a job's steps by its priority (docs/OPERATIONS.md, STRATA_EXPRESS_COORDINATORS)."""
+    return INTERACTIVE_COORDINATOR_QUEUE if priority == "interactive" else COORDINATOR_QUEUE
