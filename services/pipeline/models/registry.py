@@ -134,6 +134,8 @@ def load_enhancer(camera: str, device: torch.device | str = "cpu", package: str 
         enhancer = _cache.get(key)
         if enhancer is None:
             enhancer = load_package(path, dev, precision=precision)
+            if dev.type == "cuda":  # its weights' copies done before another thread's stream reads them
+                torch.cuda.current_stream(dev).synchronize()
             _cache[key] = enhancer
             log.info("model package %s v%s (%s, rf %d) resident on %s", enhancer.manifest.name,
                      enhancer.manifest.version, enhancer.manifest.architecture, enhancer.receptive_field, dev)
