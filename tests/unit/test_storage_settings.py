@@ -39,8 +39,8 @@ def test_node_name_names_this_host(tmp_path: Path) -> None:
 
 
 def test_interactive_steps_have_an_express_coordinator_batch_steps_do_not(tmp_path: Path) -> None:
-    from workers.queues import COORDINATOR_QUEUE, INTERACTIVE_COORDINATOR_QUEUE, coordinator_queue
     from workers.launcher import worker_specs
+    from workers.queues import COORDINATOR_QUEUE, INTERACTIVE_COORDINATOR_QUEUE, coordinator_queue
 
     assert coordinator_queue("interactive") == INTERACTIVE_COORDINATOR_QUEUE
     assert coordinator_queue("batch") == COORDINATOR_QUEUE
