@@ -26,10 +26,11 @@ from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, strip_keys
 from services.jobs.previews import final_preview
 from services.jobs.states import ACTIVE, JobStatus, Stage, in_batch_lane
+from services.pipeline.preview import preview_factor
 from services.raw.meta import CaptureInfo
 from services.storage import Storage
 from services.storage.intermediates import load_intermediate, remove_intermediates
-from services.storage.keys import bin_key, tile_keys
+from services.storage.keys import bin_key, preview_sums_key, tile_keys
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class _Strips:
     bands: dict[str, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
     pretiled: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # TIFF tiles
     prebinned: dict[str, dict[int, list[tuple[int, np.ndarray]]]] = field(default_factory=dict)  # proof bins
+    preview: list[tuple[int, np.ndarray]] = field(default_factory=list)  # the final preview's block sums (sRGB)
 
 
 def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard]) -> _Strips:
@@ -48,6 +50,7 @@ def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard])
     and the TIFF tiles and linear-light bins the GPU made beside them (per space, the strips that have them)."""
     found = _Strips()
     spaces = found.bands
+    factor = preview_factor(*plan.size)
     for s in strips:
         y0 = int(s.payload["y0"])
         for space, key in strip_keys(job.id, plan.render, s.phase, s.kind, s.index).items():
@@ -60,6 +63,10 @@ def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard])
                 if bin_space == space and storage.exists(bin_key(key, k)):
                     found.prebinned.setdefault(space, {}).setdefault(k, []).append(
                         (-(-y0 // k), load_intermediate(storage, job.id, bin_key(key, k))))
+            if space == "srgb" and (plan.tile_spaces or plan.bin_specs) and storage.exists(
+                    preview_sums_key(key, factor)):  # made by a worker that knew to (the plan asked for writer work)
+                found.preview.append((-(-y0 // factor), load_intermediate(storage, job.id,
+                                                                          preview_sums_key(key, factor))))
     for space, bands in spaces.items():
         covered = sum(rows.shape[0] for _, rows in bands)
         if covered != plan.height:  # the writer checks their widths and order
@@ -123,7 +130,8 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
         params={**job.params, "timings": timings}))
     session.commit()
     t1 = time.perf_counter()
-    final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0)
+    final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0,
+                  premade=found.preview)
     t2 = time.perf_counter()
     remove_intermediates(storage, job_id)
     log.info("job %s done: %s (%d bytes; outputs written and recorded in %.2fs; final preview %.2fs, "

@@ -128,16 +128,18 @@ def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta,
 
 
 def final_preview(session: Session, storage: Storage, job_id: str,
-                  srgb_bands: Sequence[tuple[int, np.ndarray]] | None, nice: int = 0) -> None:
+                  srgb_bands: Sequence[tuple[int, np.ndarray]] | None, nice: int = 0,
+                  premade: Sequence[tuple[int, np.ndarray]] = ()) -> None:
     """At finalize: the preview becomes a downscale of the final render's sRGB strips (``srgb_bands``; a job
-    whose recipes render no sRGB keeps its fast preview, which is sRGB); computed ``nice`` lower (batch lane)."""
+    whose recipes render no sRGB keeps its fast preview, which is sRGB); computed ``nice`` lower (batch lane), or
+    from the block sums the GPU workers made beside the strips (``premade``)."""
     t0 = time.perf_counter()
     BYTES_WRITTEN.inc(sum(session.scalars(select(Output.bytes).where(Output.job_id == job_id))))
     if srgb_bands is None:
         return
     bands = srgb_bands
     try:
-        etag = at_low_priority(lambda: write_preview(storage, job_id, strips_preview(bands)), nice)
+        etag = at_low_priority(lambda: write_preview(storage, job_id, strips_preview(bands, premade=premade)), nice)
     except Exception:  # noqa: BLE001 - as above
         log.exception("job %s: final preview failed", job_id)
         return

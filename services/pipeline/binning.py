@@ -59,4 +59,26 @@ def binned(rows: np.ndarray | torch.Tensor, y0: int, k: int, transfer: str, devi
     return out
 
 
-__all__ = ["bin_rows_in", "binned", "decode_lut"]
+@torch.inference_mode()
+def preview_sums(rows: np.ndarray | torch.Tensor, y0: int, factor: int, device: str = "cpu") -> np.ndarray:
+    """The exact sums of ``factor x factor`` blocks of codes ((n, W, 3) uint16 rows of the image from ``y0``; a
+    tensor already on ``device`` or a host array) for the block rows they hold whole: (blocks, W // factor, 3)
+    float32, the sums :func:`services.pipeline.preview.strips_preview` makes (integers below 2**24: exact either
+    way). A GPU worker makes them for the final preview beside its strip, so the coordinator does not read the
+    whole render again."""
+    blocks = bin_rows_in(y0, y0 + rows.shape[0], factor)
+    wk = rows.shape[1] // factor
+    out = np.empty((len(blocks), wk, 3), dtype=np.float32)
+    if not len(blocks) or wk == 0:
+        return out
+    dev = torch.device(device)
+    for j in range(blocks.start, blocks.stop, _CHUNK_BINS):
+        j1 = min(j + _CHUNK_BINS, blocks.stop)
+        block = rows[j * factor - y0 : j1 * factor - y0, : wk * factor]
+        codes = (block.to(dev) if isinstance(block, torch.Tensor) else upload(block, dev)).to(torch.int32)
+        sums = codes.reshape(j1 - j, factor, wk, factor, 3).sum(dim=(1, 3), dtype=torch.int32)
+        out[j - blocks.start : j1 - blocks.start] = sums.float().cpu().numpy()
+    return out
+
+
+__all__ = ["bin_rows_in", "binned", "decode_lut", "preview_sums"]

@@ -249,17 +249,40 @@ def linear_preview(image: np.ndarray, *, black: Sequence[float], white: float, g
     return srgb_encode(colour_rgb(cam, gains, srgb_from_wb_cam))
 
 
-def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LONG_EDGE, threads: int = 0
-                   ) -> np.ndarray:
+def preview_factor(height: int, width: int, long_edge: int = LONG_EDGE) -> int:
+    """The integer box factor of :func:`strips_preview` for an image of this size."""
+    return max(1, max(height, width) // long_edge)
+
+
+def _premade_sums(premade: Sequence[tuple[int, np.ndarray]], blocks: int, out_w: int) -> np.ndarray | None:
+    """The block sums of the whole preview from ``premade`` ((first block row, sums) per strip, made by the GPU
+    workers: :func:`services.pipeline.binning.preview_sums`) when they cover every block row in order, else None
+    (a strip boundary inside a block: the caller sums the rows itself)."""
+    parts, row = [], 0
+    for first, sums in sorted(premade, key=lambda p: p[0]):
+        if first != row or sums.ndim != 3 or sums.shape[1:] != (out_w, 3):
+            return None
+        parts.append(sums)
+        row += sums.shape[0]
+    return np.concatenate(parts) if parts and row == blocks else None
+
+
+def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LONG_EDGE, threads: int = 0,
+                   premade: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
     """Box downscale of the final render's strips ((y0, (rows, W, 3) uint16 sRGB-encoded), in order) to uint8,
     by an integer factor whose result's long edge is >= ``long_edge`` where the image allows it. Each chunk of
     output rows first adds its ``factor`` image rows (contiguous, vectorised), then the columns of that one row
     sum (a ``factor``-th of the data); chunks on ``threads`` threads (default: the cores, up to 8). A generic
-    ``sum(axis=(1, 3))`` over the whole frame took 2.4 s of one core for 80 MP, holding a coordinator slot."""
+    ``sum(axis=(1, 3))`` over the whole frame took 2.4 s of one core for 80 MP, holding a coordinator slot.
+    ``premade``: the block sums the GPU workers made beside their strips; used when they cover the whole image
+    (the same bytes, without reading the render again)."""
     height = sum(rows.shape[0] for _, rows in bands)
     width = bands[0][1].shape[1]
-    factor = max(1, max(height, width) // long_edge)
+    factor = preview_factor(height, width, long_edge)
     out_w = width // factor
+    sums = _premade_sums(premade, height // factor, out_w) if premade and out_w else None
+    if sums is not None:
+        return _to_uint8(sums, factor)
     pieces: list[tuple[np.ndarray, int]] = []  # (rows to reduce, output rows), in order
     carry = np.zeros((0, width, 3), dtype=np.uint16)
     for _, rows in bands:
@@ -292,7 +315,12 @@ def strips_preview(bands: Sequence[tuple[int, np.ndarray]], long_edge: int = LON
     threads = _threads(threads)
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="strata-preview") as pool:
         list(pool.map(reduce, jobs))
-    return np.round(out / np.float32(factor * factor * 257.0)).clip(0, 255).astype(np.uint8)
+    return _to_uint8(out, factor)
+
+
+def _to_uint8(sums: np.ndarray, factor: int) -> np.ndarray:
+    """Block sums of 16-bit codes -> the 8-bit means."""
+    return np.round(sums / np.float32(factor * factor * 257.0)).clip(0, 255).astype(np.uint8)
 
 
 def fit_size(height: int, width: int, long_edge: int = LONG_EDGE) -> tuple[int, int]:

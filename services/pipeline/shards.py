@@ -19,7 +19,8 @@ import torch
 
 from services.errors import IntermediateLost
 from services.pipeline import tiles
-from services.pipeline.binning import binned
+from services.pipeline.binning import binned, preview_sums
+from services.pipeline.preview import preview_factor
 from services.pipeline.render import RenderParams, render_strip_spaces
 from services.pipeline.stack import (
     ACCUMULATOR_CHANNELS,
@@ -31,7 +32,7 @@ from services.pipeline.transfer import download_to, prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
 from services.storage.intermediates import load_intermediate
-from services.storage.keys import bin_key, tile_keys
+from services.storage.keys import bin_key, preview_sums_key, tile_keys
 
 log = logging.getLogger(__name__)
 StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its metadata)
@@ -158,6 +159,7 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     tile_spaces = {i for i, key in enumerate(keys) if key in ahead.tiles} if ahead.tiles and tiles.gpu_available(
         device) else set()
     made = _Made()
+    srgb = shard.params.spaces.index("srgb") if "srgb" in shard.params.spaces and (ahead.tiles or ahead.bins) else -1
 
     def on_device(space: int, rows: torch.Tensor) -> None:  # the writer's work from the rows still on the device
         if rows.shape[0] != shape[0]:  # (an out-of-memory split: the host path in _pre_encode)
@@ -166,6 +168,9 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
         for key, k, transfer in ahead.bins:
             if key == keys[space]:
                 made.bins[(key, k)] = binned(rows, shard.y0, k, transfer, device)
+        if space == srgb:  # the final preview's block sums (the coordinator then skips reading the render)
+            factor = preview_factor(height, width)
+            made.preview = (preview_sums_key(keys[space], factor), preview_sums(rows, shard.y0, factor, device))
         if space in tile_spaces:
             streams = _device_tiles(keys[space], rows, shard.y0, height, device, ahead.level)
             if streams is not None:
@@ -191,6 +196,7 @@ class _Made:
 
     bins: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     tiles: dict[str, tuple[torch.Tensor, np.ndarray]] = field(default_factory=dict)
+    preview: tuple[str, np.ndarray] | None = None  # (key, the final preview's block sums)
     seconds: float = 0.0
 
 
@@ -200,6 +206,9 @@ def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarra
     writer would run), then TIFF tiles (a GPU with nvCOMP only): those made while the rows were on the device
     (``made``), else from the downloaded rows."""
     made = made or _Made()
+    if made.preview is not None:
+        with storage.array_writer(made.preview[0], made.preview[1].shape, np.float32, durable=False) as out:
+            out[:] = made.preview[1]
     for key, k, transfer in ahead.bins:
         if key in results:
             rows = made.bins.get((key, k))

@@ -7,6 +7,7 @@ jobs/<id>/p<phase>/<kind>_NNN.npy   shard results: strips, frame-group accumulat
 jobs/<id>/p<phase>/strip_NNN.<space>.npy  a strip in a further output space (a job whose recipes need several)
 jobs/<id>/p<phase>/strip_NNN[.<space>].tiles.npy / .tidx.npy  its TIFF tiles compressed on the GPU, their index
 jobs/<id>/p<phase>/strip_NNN[.<space>].bin<k>.npy  its linear-light k x k bins, made on the GPU (resized outputs)
+jobs/<id>/p<phase>/strip_NNN[.<space>].psum<k>.npy  its k x k code sums for the final preview (the sRGB result's)
 jobs/<id>/out/<name>                outputs (durable)
 jobs/<id>/preview.jpg               the JPEG preview (durable; fast at ingest, replaced at finalize)
 ```
@@ -51,6 +52,11 @@ def tile_keys(result_key: str) -> tuple[str, str]:
 def bin_key(result_key: str, factor: int) -> str:
     """Where a strip result's linear-light bins by ``factor`` (float32, for resized outputs) are kept."""
     return f"{result_key.removesuffix('.npy')}.bin{factor}.npy"
+
+
+def preview_sums_key(result_key: str, factor: int) -> str:
+    """Where a strip result's block sums for the final preview (float32, ``binning.preview_sums``) are kept."""
+    return f"{result_key.removesuffix('.npy')}.psum{factor}.npy"
 
 
 def output_key(job_id: str, name: str) -> str:

@@ -148,6 +148,18 @@ def test_a_worker_bins_its_strips_and_the_proof_written_from_them_is_the_same_fi
     with_bins = write_recipe(storage, "a.jpg", strips, recipe, meta_out, prebinned={k: [b for *_, b in bands]})
     without = write_recipe(storage, "b.jpg", strips, recipe, meta_out)
     assert with_bins == without
+    # The final preview's block sums (the sRGB result of a shard asked for writer work) land beside each strip;
+    # a preview from them is the preview from the strips, whichever strips hold whole blocks.
+    from services.pipeline.preview import preview_factor, strips_preview
+    from services.storage.keys import preview_sums_key
+
+    f = preview_factor(height, width)
+    sums = [(bin_rows_in(y0, y0 + rows.shape[0], f).start,
+             storage.load_array(preview_sums_key(f"p0/strip_{i:03d}.npy", f))) for i, (y0, rows) in enumerate(strips)]
+    reference = strips_preview(strips)
+    covered = sum(s.shape[0] for _, s in sums) == height // f
+    assert covered == (cut % f == 0)  # a strip boundary inside a block: the preview sums those rows itself
+    assert np.array_equal(strips_preview(strips, premade=sums), reference)
 
 
 def test_raw_streams_at_a_fixed_stride_are_framed_into_zlib_streams_back_to_back() -> None:
