@@ -11,6 +11,7 @@ last bit differently).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 
 import numpy as np
@@ -48,15 +49,23 @@ def binned(rows: np.ndarray | torch.Tensor, y0: int, k: int, transfer: str, devi
         return out
     dev = torch.device(device)
     lut = decode_lut(transfer).to(dev)
-    for j in range(bins.start, bins.stop, _CHUNK_BINS):
-        j1 = min(j + _CHUNK_BINS, bins.stop)
-        block = rows[j * k - y0 : j1 * k - y0, : wk * k]
-        codes = (block.to(dev) if isinstance(block, torch.Tensor) else upload(block, dev)).to(torch.int64)
+    for j, j1, codes in _code_chunks(rows, y0, k, bins, dev, torch.int64):
         lin = lut[codes]
         if k > 1:  # the k x k box mean, on the interleaved layout (no transposed copy)
             lin = lin.view(j1 - j, k, wk, k, 3).mean(dim=(1, 3))
         out[j - bins.start : j1 - bins.start] = lin.cpu().numpy()
     return out
+
+
+def _code_chunks(rows: np.ndarray | torch.Tensor, y0: int, k: int, bins: range, dev: torch.device,
+                 dtype: torch.dtype) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """``(j, j1, codes)`` for bin rows ``[j, j1)`` of ``bins`` (up to :data:`_CHUNK_BINS` at a time): their
+    ``k`` image rows each, whole bins wide, on ``dev`` as ``dtype`` (from a tensor there or a host array)."""
+    wk = rows.shape[1] // k
+    for j in range(bins.start, bins.stop, _CHUNK_BINS):
+        j1 = min(j + _CHUNK_BINS, bins.stop)
+        block = rows[j * k - y0 : j1 * k - y0, : wk * k]
+        yield j, j1, (block.to(dev) if isinstance(block, torch.Tensor) else upload(block, dev)).to(dtype)
 
 
 @torch.inference_mode()
@@ -71,11 +80,7 @@ def preview_sums(rows: np.ndarray | torch.Tensor, y0: int, factor: int, device: 
     out = np.empty((len(blocks), wk, 3), dtype=np.float32)
     if not len(blocks) or wk == 0:
         return out
-    dev = torch.device(device)
-    for j in range(blocks.start, blocks.stop, _CHUNK_BINS):
-        j1 = min(j + _CHUNK_BINS, blocks.stop)
-        block = rows[j * factor - y0 : j1 * factor - y0, : wk * factor]
-        codes = (block.to(dev) if isinstance(block, torch.Tensor) else upload(block, dev)).to(torch.int32)
+    for j, j1, codes in _code_chunks(rows, y0, factor, blocks, torch.device(device), torch.int32):
         sums = codes.reshape(j1 - j, factor, wk, factor, 3).sum(dim=(1, 3), dtype=torch.int32)
         out[j - blocks.start : j1 - blocks.start] = sums.float().cpu().numpy()
     return out
