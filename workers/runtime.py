@@ -27,6 +27,7 @@ class WorkerContext:
 
 _ctx: WorkerContext | None = None
 _stopping = threading.Event()
+_wakes: dict[str, threading.Event] = {}  # periodic passes by name: set to run one now (wake)
 _heartbeat: Heartbeat | None = None
 
 
@@ -141,11 +142,26 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
 
 
 def _periodic(what: str, fn: Callable[[], object], interval: float) -> None:
-    while not _stopping.wait(interval):
+    wake = _wakes.setdefault(what, threading.Event())
+    while not _stopping.is_set():
+        wake.wait(interval)
+        wake.clear()  # a wake while the pass runs asks for one more
+        if _stopping.is_set():
+            return
         try:
             fn()
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("%s pass failed", what)
+
+
+def wake(what: str) -> bool:
+    """Run the periodic ``what`` pass (e.g. "admission") on its own thread now rather than at its next tick;
+    False where this process runs no such pass (the caller then runs it itself)."""
+    event = _wakes.get(what)
+    if event is None or _stopping.is_set():
+        return False
+    event.set()
+    return True
 
 
 def memory_mb(device: str) -> float:
@@ -211,6 +227,8 @@ def holding(job_id: str) -> Iterator[None]:
 
 def stop() -> None:
     _stopping.set()
+    for event in _wakes.values():
+        event.set()
     if _heartbeat is not None:
         _heartbeat.stop()
 

@@ -328,7 +328,11 @@ def retention_once() -> PruneReport | None:
 
 
 def admit_soon() -> None:
-    """A job ended: run an admission pass now rather than at the next tick (skipped if one is running)."""
+    """A job ended: run an admission pass now rather than at the next tick, on the coordinator's admission thread
+    (the slot that ended the job is free at once: under a batch the pass held it 0.25 s after each finalize), or
+    here where this process runs none (skipped if a pass is running elsewhere)."""
+    if runtime.wake("admission"):
+        return
     try:
         admit_once()
     except Exception:  # noqa: BLE001 - the periodic pass runs again within a second

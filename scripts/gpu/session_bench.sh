@@ -7,6 +7,7 @@
 # FAST=1 also times the latency scenarios with the fast model tier (recipe tiff16-fast) on the same service;
 # TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
 # LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run).
+# AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -25,7 +26,7 @@ fi
 [ "${LATENCY:-1}" = 1 ] && python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -12
 echo "durable write, 2 GiB:"; dd if=/dev/zero of=/tmp/strata-dd bs=4M count=512 conv=fsync 2>&1 | tail -1; rm -f /tmp/strata-dd
 serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
-  python3 -m cli.main serve --port 8765 --data-dir "$1" > "$2" 2>&1 &
+  env ${SERVE_ENV:-} python3 -m cli.main serve --port 8765 --data-dir "$1" > "$2" 2>&1 &  # env execs: $! is serve
   SERVE=$!
   for _ in $(seq 1 180); do grep -qx "ready" "$2" && break; kill -0 "$SERVE" 2>/dev/null || break; sleep 1; done
 }
@@ -50,7 +51,7 @@ echo "finalize (outputs written and recorded / final preview / intermediates rem
 grep -h "outputs written and recorded in" "$DATA"/logs/*.log \
   | sed -E 's/.*recorded in ([0-9.]+)s; final preview ([0-9.]+)s, intermediates removed ([0-9.]+)s.*/\1\/\2\/\3/' \
   | tr '\n' ' '; echo
-mkdir -p "$OUT/logs"; cp "$DATA"/logs/*.log "$OUT/logs/" 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$DATA" logs 2>/dev/null  # one file: a call brings back only a few
 echo "TIFF writes (encode+write / durable close / rest of the hash, s):"
 grep -h "MB encoded and written in" "$DATA"/logs/*.log | grep "\.tif" \
   | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo
@@ -66,6 +67,15 @@ if [ "${TILES_AB:-0}" = 1 ]; then
   echo "latency with STRATA_GPU_DEFLATE=batch"
   python3 -m cli.main bench service --data-dir "$DATA3" --scale 1.0 --scenarios single --repeats "$((REPEATS * 2))" \
     --json "$OUT/latency-tiles-batch.json" 2>&1
+  stop
+fi
+if [ -n "${AB:-}" ]; then  # AB="NAME=VALUE ...": the batch again on a service started with those settings
+  DATA4=$(mktemp -d /tmp/strata-svc-XXXX)
+  SERVE_ENV=$AB serve "$DATA4" "$DATA4/serve.log"
+  echo "service with $AB"
+  python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats 2 \
+    --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch \
+    --json "$OUT/batch-ab.json" 2>&1
   stop
 fi
 if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then

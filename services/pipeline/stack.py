@@ -28,6 +28,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from services.config import get_settings
 from services.pipeline.models import load_enhancer
 from services.pipeline.models.classical import DEMOSAIC_NOISE_FACTORS
 from services.pipeline.ops import (
@@ -88,7 +89,10 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
         raise ValueError(f"stack_size must be >= 1, got {stack_size}")
     demosaic = None
     if device is not None:
-        enhancer = load_enhancer(params.camera, device, package=params.model)
+        dev = torch.device(device)
+        wanted = get_settings().merge_precision  # STRATA_MERGE_PRECISION; float32: as the strips (one resident copy)
+        precision = wanted if dev.type == "cuda" and wanted != "float32" else None
+        enhancer = load_enhancer(params.camera, dev, package=params.model, precision=precision)
         told = MERGE_NOISE_FACTOR / stack_size if stack_size > 1 else 1.0  # 1: a frame at its own noise (pixel shift)
         shot = tuple(g * params.noise_shot * told for g in params.gains)
         read = tuple(g * g * params.noise_read * told for g in params.gains)

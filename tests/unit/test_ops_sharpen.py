@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from services.pipeline.ops import sharpen, sharpen_radius
+from services.pipeline.ops.filters import local_min_max
 
 
 def _blurred_edge() -> torch.Tensor:
@@ -46,3 +47,14 @@ def test_bad_input() -> None:
         sharpen(torch.rand(3, 9, 9))
     with pytest.raises(ValueError, match="sigma"):
         sharpen(torch.rand(1, 3, 9, 9), sigma=0.0)
+
+
+@pytest.mark.parametrize("radius", [0, 1, 2])
+def test_local_min_max_on_the_cpu_equals_the_max_pool(radius: int) -> None:
+    """The CPU's rows-then-columns window gives the max-pool's values exactly (odd sizes, reflect padding)."""
+    x = torch.randn(2, 3, 11, 17, generator=torch.Generator().manual_seed(radius))
+    padded = F.pad(x, (radius,) * 4, mode="reflect") if radius else x
+    size = 2 * radius + 1
+    lo, hi = local_min_max(x, radius)
+    assert torch.equal(hi, F.max_pool2d(padded, size, stride=1))
+    assert torch.equal(lo, -F.max_pool2d(-padded, size, stride=1))

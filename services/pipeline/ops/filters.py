@@ -75,11 +75,25 @@ def box_mean(x: Tensor, radius: int) -> Tensor:
 
 
 def local_min_max(x: Tensor, radius: int = 1) -> tuple[Tensor, Tensor]:
-    """Minimum and maximum over a (2r+1)^2 window (reflect padding); exact, order-independent."""
+    """Minimum and maximum over a (2r+1)^2 window (reflect padding); exact, order-independent.
+
+    On CUDA one max-pool kernel each; on the CPU, where ``max_pool2d`` walks each plane on one thread (0.38 s for
+    a 1600 x 1200 proof's sharpen on a 2-core VM), the window is taken as rows then columns of element-wise
+    maxima and minima (0.03 s): the same values, min and max being exact."""
     padded = reflect_pad(x, radius)
     size = 2 * radius + 1
-    hi = F.max_pool2d(padded, size, stride=1)
-    lo = -F.max_pool2d(-padded, size, stride=1)
+    if x.device.type != "cpu":
+        hi = F.max_pool2d(padded, size, stride=1)
+        lo = -F.max_pool2d(-padded, size, stride=1)
+        return lo, hi
+    h, w = x.shape[-2], x.shape[-1]
+    row_hi = row_lo = padded[..., :, :w]
+    for d in range(1, size):
+        view = padded[..., :, d : d + w]
+        row_hi, row_lo = torch.maximum(row_hi, view), torch.minimum(row_lo, view)
+    hi, lo = row_hi[..., :h, :], row_lo[..., :h, :]
+    for d in range(1, size):
+        hi, lo = torch.maximum(hi, row_hi[..., d : d + h, :]), torch.minimum(lo, row_lo[..., d : d + h, :])
     return lo, hi
 
 
