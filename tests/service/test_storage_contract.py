@@ -197,3 +197,28 @@ def test_scratch_cache_is_bounded(s3_server: S3Server, tmp_path: Path) -> None:
     with storage.writer("k/0.bin") as f:  # a new version is re-validated by its ETag
         f.write(b"new")
     assert storage.local_path("k/0.bin").read_bytes() == b"new"
+
+
+def test_a_tiff_of_gpu_tiles_is_written_in_one_pass_and_hashed_as_stored(storage: Storage) -> None:
+    """The laid-out TIFF (GPU tile streams written front to back, hashed beside the write) goes to either backend
+    as one stream (on S3 a multipart upload of several parts, no scratch file): the stored object is a TIFF of the
+    image, and the returned hash and size are the object's."""
+    import hashlib
+    import io
+
+    import tifffile
+
+    from services.export.tiff import write_tiff
+    from services.pipeline import tiles
+
+    rng = np.random.default_rng(7)
+    img = rng.integers(0, 65535, (1400, 1800, 3), dtype=np.uint16)
+    bands = [(0, img[:900]), (900, img[900:])]  # off the tile grid: the writer compresses the straddling row
+    pretiled = [tiles.cpu_tile_streams(rows, y0, img.shape[0]) for y0, rows in bands]
+    sha, size = write_tiff(storage, "jobs/t/out/x.tif", bands, compression="deflate", pretiled=pretiled)
+    with storage.open("jobs/t/out/x.tif") as f:
+        data = f.read()
+    assert size > 2 * PART and (sha, size) == (hashlib.sha256(data).hexdigest(), len(data))
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
+        np.testing.assert_array_equal(tif.pages[0].asarray(), img)
+    assert _pending_uploads(storage) == []

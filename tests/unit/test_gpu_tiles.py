@@ -224,3 +224,33 @@ def test_a_worker_compresses_tiles_from_the_rows_on_the_device_and_streams_them(
     with storage.open("w.tif") as f, tifffile.TiffFile(io.BytesIO(f.read())) as tif:
         assert (tif.pages[0].tilelength, tif.pages[0].tilewidth) == (tiles.TILE_H, tiles.TILE_W)
         np.testing.assert_array_equal(tif.pages[0].asarray(), np.concatenate([r for _, r in bands]))
+
+
+@pytest.mark.parametrize("cuts", [[0, 200], [0, 90, 130, 200]])
+def test_the_one_pass_tiff_is_the_file_tifffile_writes_and_its_hash_is_the_files(tmp_path, cuts) -> None:
+    """The laid-out write (tifffile places the tiles, the file is written front to back and hashed beside the
+    write) gives the very bytes tifffile writes from the same tiles, tags and ICC profile included."""
+    import hashlib
+
+    from services.export.icc import icc_profile
+    from services.export.tiff import _deflated_tiles, _pretiled_items, _Stored
+
+    img = _image(200, 300, seed=5)
+    bands = [(a, img[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    pretiled = [p for p in (tiles.cpu_tile_streams(rows, a, img.shape[0]) for a, rows in bands) if p[1][3] > 0]
+    storage = LocalStorage(tmp_path)
+    extratags = [(33432, "s", 0, "(c) studio", True)]
+    sha, size = write_tiff(storage, "c.tif", bands, compression="deflate", pretiled=pretiled, software="Strata t",
+                           ppi=300.0, description="shot.dng", extratags=extratags)
+    written = storage.open("c.tif").read()
+    tile, items = _pretiled_items(bands, 200, 300, pretiled)
+    direct = [bytes(memoryview(t.blob)[t.start : t.end]) if isinstance(t, _Stored) else t  # type: ignore[arg-type]
+              for t in _deflated_tiles(items, 2, tile)]
+    expected = io.BytesIO()
+    tifffile.imwrite(expected, iter(direct), shape=img.shape, dtype=img.dtype, photometric="rgb", tile=tile,
+                     compression="adobe_deflate", predictor=2, iccprofile=icc_profile("srgb"), software="Strata t",
+                     description="shot.dng", resolution=(300.0, 300.0), resolutionunit="INCH", extratags=extratags,
+                     metadata=None)
+    assert written == expected.getvalue()
+    assert (sha, size) == (hashlib.sha256(written).hexdigest(), len(written))
+
