@@ -7,10 +7,12 @@ pipeline benchmark leaves out (queue hops, group accumulators and strips through
 
 Per run: ``upload`` (client side, the POST until 202), ``processing`` (the job's started_at -> finished_at:
 decode, shared parameters, every GPU phase, the TIFF) and ``queued -> done`` (created_at -> finished_at), and the
-processing split from the shards' own stamps (``timeline``): ``ingest`` (job started -> first shard started: decode,
-shared parameters, plan), each phase's span (its first shard started -> its last finished), the ``hop`` between
-phases (dispatch of the next phase's shards) and ``finalize`` (last shard finished -> job finished: the TIFF). The
-first run of each scenario also warms the workers (model load, CUDA start, decoder children); the table marks it.
+processing split from the shards' own stamps (``timeline``): ``ingest`` (decode, shared parameters, plan: the
+job's ``prepare_s``), ``queue`` (the rest of job started -> first shard started: dispatch and the wait for a GPU
+worker slot; before 2026-12-03 ``ingest`` held both), each phase's span (its first shard started -> its last
+finished), the ``hop`` between phases (dispatch of the next phase's shards) and ``finalize`` (last shard
+finished -> job finished: the TIFF). The first run of each scenario also warms the workers (model load, CUDA
+start, decoder children); the table marks it.
 Frames are the pipeline benchmark's procedural DNGs (content does not change the work).
 
 Scenarios (``--scenarios``): ``single`` (an IQ3_S frame), ``stack4`` / ``stack8`` (IQ2_XS stacks), ``stack``
@@ -61,7 +63,11 @@ def timeline(job: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     phases = sorted({s["phase"] for s in shards})
     start = min(s["started_at"] for s in shards if s["phase"] == phases[0])
-    out["ingest"] = _seconds(job["started_at"], start) or 0.0
+    waited = _seconds(job["started_at"], start) or 0.0
+    prepare = float((job.get("timings") or {}).get("prepare_s") or 0.0)  # the ingest's own time, where recorded
+    out["ingest"] = min(prepare, waited) if prepare else waited
+    if prepare and waited > prepare:
+        out["queue"] = waited - prepare  # dispatched, waiting for a GPU worker slot
     last_end = None
     for p in phases:
         mine = [s for s in shards if s["phase"] == p]

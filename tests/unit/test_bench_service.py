@@ -24,6 +24,15 @@ def test_timeline_splits_processing_into_ingest_phases_hops_and_finalize() -> No
     assert abs(sum(t.values()) - 3.0) < 1e-9  # the parts cover the whole processing time
 
 
+def test_the_wait_for_a_gpu_slot_is_told_apart_from_the_ingest() -> None:
+    job = {"started_at": "2026-11-30T10:00:00.000000Z", "finished_at": "2026-11-30T10:00:02.000000Z",
+           "timings": {"decode_s": 0.1, "prepare_s": 0.2}, "shards": [_shard(0, "strip", "00.900000", "01.500000")]}
+    t = timeline(job)
+    assert list(t) == ["ingest", "queue", "phase 0 strip", "finalize"]
+    assert abs(t["ingest"] - 0.2) < 1e-9 and abs(t["queue"] - 0.7) < 1e-9
+    assert abs(sum(t.values()) - 2.0) < 1e-9
+
+
 def test_timeline_is_empty_without_stamps() -> None:
     assert timeline({"started_at": None, "finished_at": None, "shards": []}) == {}
 
