@@ -150,13 +150,19 @@ def write_tiff(
     data: np.ndarray | Iterator[np.ndarray] | Iterator[bytes] = source
     codec, predictor, codec_args = tiff_compression(compression)
     tile = (TILE, TILE)
-    laid_out = bool(codec == "adobe_deflate" and pretiled and dtype == np.uint16)
-    if laid_out and not isinstance(rgb, np.ndarray):
+    laid_out = False
+    if codec == "adobe_deflate" and pretiled and not isinstance(rgb, np.ndarray) and dtype == np.uint16:
         tile, items = _pretiled_items(rgb, shape[0], shape[1], pretiled)
-        stand_ins = [_StandIn(t) for t in _deflated_tiles(items, encode_threads(threads), tile)]
-        data = iter(stand_ins)
+        tiled = _deflated_tiles(items, encode_threads(threads), tile)
+        # In one pass only when the stored streams hold all but the rows straddling their strips: the pass keeps
+        # the tiles compressed here in memory until the write (the streamed path holds a few at a time).
+        laid_out = -(-shape[0] // tile[0]) - sum(int(index[3]) for _, index in pretiled) <= len(pretiled)
+        if laid_out:
+            data = iter([_StandIn(t) for t in tiled])
+        else:
+            data = (bytes(memoryview(t.blob)[t.start : t.end]) if isinstance(t, _Stored) else t  # type: ignore[arg-type]
+                    for t in tiled)
     elif codec == "adobe_deflate":  # pre-compressed with libdeflate on our own threads (tifffile writes the bytes)
-        laid_out = False
         whole = source if not isinstance(source, np.ndarray) else _tiles([(0, source)], shape[0], shape[1])
         data = _deflated_tiles(whole, encode_threads(threads))  # type: ignore[assignment]  # only bytes here
 

@@ -254,3 +254,20 @@ def test_the_one_pass_tiff_is_the_file_tifffile_writes_and_its_hash_is_the_files
     assert written == expected.getvalue()
     assert (sha, size) == (hashlib.sha256(written).hexdigest(), len(written))
 
+
+
+def test_a_tiff_whose_stored_streams_cover_little_is_streamed_and_still_exact(tmp_path) -> None:
+    """Stored streams for one strip of a long image (the other strip's tiles failed on its GPU): the writer
+    compresses the rest a few tiles at a time and tifffile writes the file (no one-pass layout holding them all)."""
+    import hashlib
+
+    img = _image(300, 200, seed=8)
+    bands = [(0, img[:64]), (64, img[64:])]
+    pretiled = [tiles.cpu_tile_streams(img[:64], 0, 300)]
+    storage = LocalStorage(tmp_path)
+    sha, size = write_tiff(storage, "e.tif", bands, compression="deflate", pretiled=pretiled)
+    data = storage.open("e.tif").read()
+    assert (sha, size) == (hashlib.sha256(data).hexdigest(), len(data))
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
+        assert tif.pages[0].tilelength == tiles.TILE_H
+        np.testing.assert_array_equal(tif.pages[0].asarray(), img)
