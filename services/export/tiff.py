@@ -152,16 +152,7 @@ def write_tiff(
     tile = (TILE, TILE)
     laid_out = False
     if codec == "adobe_deflate" and pretiled and not isinstance(rgb, np.ndarray) and dtype == np.uint16:
-        tile, items = _pretiled_items(rgb, shape[0], shape[1], pretiled)
-        tiled = _deflated_tiles(items, encode_threads(threads), tile)
-        # In one pass only when the stored streams hold all but the rows straddling their strips: the pass keeps
-        # the tiles compressed here in memory until the write (the streamed path holds a few at a time).
-        laid_out = -(-shape[0] // tile[0]) - sum(int(index[3]) for _, index in pretiled) <= len(pretiled)
-        if laid_out:
-            data = iter([_StandIn(t) for t in tiled])
-        else:
-            data = (bytes(memoryview(t.blob)[t.start : t.end]) if isinstance(t, _Stored) else t  # type: ignore[arg-type]
-                    for t in tiled)
+        tile, data, laid_out = _with_stored_tiles(rgb, shape[0], shape[1], pretiled, encode_threads(threads))
     elif codec == "adobe_deflate":  # pre-compressed with libdeflate on our own threads (tifffile writes the bytes)
         whole = source if not isinstance(source, np.ndarray) else _tiles([(0, source)], shape[0], shape[1])
         data = _deflated_tiles(whole, encode_threads(threads))  # type: ignore[assignment]  # only bytes here
@@ -180,6 +171,19 @@ def write_tiff(
         encode(layout)  # type: ignore[arg-type]  # tifffile lays the file out; the tiles stay where they are
         return write_segments(storage, key, layout.segments())
     return write_hashed(storage, key, encode)
+
+
+def _with_stored_tiles(bands: Bands, height: int, width: int, pretiled: PreTiled, threads: int
+                       ) -> tuple[tuple[int, int], Iterator[bytes], bool]:
+    """The tile geometry, what tifffile is handed for the tiles, and whether the file is written in one pass
+    (:class:`_Layout`): only when the stored streams hold all but the rows straddling their strips, since the pass
+    keeps the tiles compressed here in memory until the write (the streamed path holds a few at a time)."""
+    tile, items = _pretiled_items(bands, height, width, pretiled)
+    tiled = _deflated_tiles(items, threads, tile)
+    if -(-height // tile[0]) - sum(int(index[3]) for _, index in pretiled) <= len(pretiled):
+        return tile, iter([_StandIn(t) for t in tiled]), True
+    return tile, (bytes(memoryview(t.blob)[t.start : t.end]) if isinstance(t, _Stored) else t  # type: ignore[arg-type]
+                  for t in tiled), False
 
 
 DEFLATE_LEVEL = 1  # libdeflate 1: on noisy 16-bit renders both faster and smaller than 6 (docs/PERFORMANCE.md)
