@@ -1,13 +1,17 @@
 """Resource sampling while a benchmark runs: GPU and CPU busy fractions, GPU memory per process, host memory.
 
 A thread samples every ``interval`` seconds: NVML (``nvidia-ml-py``, where a GPU driver exists) for each GPU's
-utilisation and the memory of each process on it, psutil for the busy fraction of all cores and the host's used
-memory. ``window(t0, t1)`` summarises the samples taken between two ``time.monotonic()`` stamps, so one sampler
-serves every scenario of a run.
+utilisation and the memory of each process on it, psutil for the busy fraction of all cores, the host's used
+memory and each process's CPU seconds, labelled by role (a Celery worker by its node name without the host, the
+``strata serve`` process, redis, this benchmark; the rest "other"), so a window says how many core-seconds each role
+spent.
+``window(t0, t1)`` summarises the samples taken between two ``time.monotonic()`` stamps, so one sampler serves
+every scenario of a run.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +27,39 @@ class Sample:
     host_used_bytes: int
     gpu_busy: list[float] = field(default_factory=list)  # 0..1 per GPU
     gpu_process_bytes: dict[int, int] = field(default_factory=dict)  # pid -> bytes on any GPU
+    cpu_seconds: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (role, user + system seconds)
+
+
+def role(cmdline: list[str]) -> str:
+    """A process's role for the CPU breakdown: a Celery worker's node name without ``@host`` (``coordinator``,
+    ``gpu0``, ``cpu1``), ``serve`` for ``strata serve`` (API, launcher), ``redis``; else ``other``."""
+    if "-n" in cmdline[:-1] and any("celery" in part for part in cmdline):
+        return cmdline[cmdline.index("-n") + 1].split("@")[0]
+    text = " ".join(cmdline[:4])
+    if "redis-server" in text or "valkey" in text:
+        return "redis"
+    if "serve" in cmdline[:4] or "uvicorn" in text:
+        return "serve"
+    return "other"
+
+
+class _Processes:
+    """Each process's role (read once per pid) and CPU seconds."""
+
+    def __init__(self) -> None:
+        self.roles: dict[int, str] = {}
+
+    def read(self) -> dict[int, tuple[str, float]]:
+        out: dict[int, tuple[str, float]] = {}
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid not in self.roles:
+                    self.roles[proc.pid] = "bench" if proc.pid == os.getpid() else role(proc.cmdline())
+                times = proc.cpu_times()
+                out[proc.pid] = (self.roles[proc.pid], times.user + times.system)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return out
 
 
 class _Nvml:
@@ -59,6 +96,7 @@ class ResourceSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
         self._nvml = _Nvml()
+        self._procs = _Processes()
 
     @property
     def gpus(self) -> int:
@@ -77,7 +115,7 @@ class ResourceSampler:
         while not self._stop.wait(self.interval):
             busy, per_pid = self._nvml.read() if self._nvml.handles else ([], {})
             self.samples.append(Sample(time.monotonic(), psutil.cpu_percent(interval=None) / 100.0,
-                                       int(psutil.virtual_memory().used), busy, per_pid))
+                                       int(psutil.virtual_memory().used), busy, per_pid, self._procs.read()))
 
     def window(self, t0: float, t1: float) -> dict[str, Any]:
         """Mean busy fractions and peaks of the samples taken in [t0, t1] (empty dict when none were)."""
@@ -89,6 +127,7 @@ class ResourceSampler:
             "cpu_busy_mean": sum(s.cpu_busy for s in inside) / len(inside),
             "cpu_busy_max": max(s.cpu_busy for s in inside),
             "host_used_peak_bytes": max(s.host_used_bytes for s in inside),
+            "cpu_seconds_by_role": self._cpu_by_role(t0, inside),
         }
         if inside[0].gpu_busy:
             n = len(inside[0].gpu_busy)
@@ -100,6 +139,30 @@ class ResourceSampler:
                     peaks[pid] = max(peaks.get(pid, 0), used)
             out["gpu_memory_peak_bytes_by_pid"] = {str(pid): b for pid, b in sorted(peaks.items())}
         return out
+
+
+    def _cpu_by_role(self, t0: float, inside: list[Sample]) -> dict[str, float]:
+        """Core-seconds each role spent between the last sample before ``t0`` (or the first inside) and the last
+        sample inside; a process started in between counts from zero."""
+        before = [s for s in self.samples if s.t < t0]
+        base = (before[-1] if before else inside[0]).cpu_seconds
+        out: dict[str, float] = {}
+        for pid, (name, seconds) in inside[-1].cpu_seconds.items():
+            start = base.get(pid)
+            spent = seconds - (start[1] if start else 0.0)
+            if spent > 0:
+                out[name] = out.get(name, 0.0) + spent
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def cpu_summary(window: dict[str, Any], frames: int) -> str:
+    """One line: core-seconds per frame by role (the largest first), from a window's ``cpu_seconds_by_role``."""
+    roles = window.get("cpu_seconds_by_role") or {}
+    if not roles or frames <= 0:
+        return "no CPU breakdown"
+    total = sum(roles.values())
+    return f"CPU core-s per frame {total / frames:.2f}: " + ", ".join(
+        f"{name} {seconds / frames:.2f}" for name, seconds in roles.items() if seconds / frames >= 0.01)
 
 
 def busy_summary(window: dict[str, Any]) -> str:

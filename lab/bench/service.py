@@ -42,7 +42,7 @@ import httpx
 import numpy as np
 
 from lab.bench.pipeline import machine, procedural_mosaic, write_frame
-from lab.bench.sampler import ResourceSampler, busy_summary
+from lab.bench.sampler import ResourceSampler, busy_summary, cpu_summary
 from services.local_service import local_service
 
 
@@ -234,6 +234,7 @@ def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[P
                                                                 if idle_latency else None)}
     print(f"batch  {len(done)} shots  render span {span:6.2f} s  {result['frames_per_s']:.2f} frames/s  "
           f"{busy_summary(result['resources'])}", flush=True)
+    print(f"       {cpu_summary(result['resources'], len(done))}", flush=True)
     if inter is not None:
         print(f"       interactive during the batch: queued->done {inter['queued_to_done_s']:.2f} s "
               f"(idle {idle_latency or float('nan'):.2f} s)", flush=True)
@@ -320,10 +321,12 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         if r["scenario"] == "batch":
             print(f"{'batch':<8} {r['shots']:>6} {'':>9} {'':>13} {r['frames_per_s']:>9.2f}  "
                   f"{busy_summary(r['resources'])}")
+            print(f"{'':<8} {cpu_summary(r['resources'], r['shots'])}")
             continue
         print(f"{r['scenario']:<8} {r['frames']:>6} {r['processing_median_s']:>9.2f} "
               f"{r['processing_min_s']:>6.2f}-{r['processing_max_s']:<6.2f} {r['frames_per_s']:>9.2f}  "
               f"{busy_summary(r['resources'])}")
+        print(f"{'':<8} {cpu_summary(r['resources'], r['frames'] * len(r['runs']))} (cold run included)")
         if r.get("preview_after_upload_median_s") is not None:
             print(f"{'':<8} preview available {r['preview_after_upload_median_s']:.3f} s after the upload "
                   f"(median of the warm runs; p95 {r['preview_after_upload_p95_s']:.3f} s, "

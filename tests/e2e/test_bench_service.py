@@ -27,3 +27,5 @@ def test_bench_service_runs_every_scenario_and_writes_json(stack: Stack, tmp_pat
     assert batch["shots"] == 2 and batch["frames_per_s"] > 0 and sum(batch["shards_by_gpu"].values()) >= 2
     assert batch["interactive_during_batch"]["queued_to_done_s"] > 0
     assert 0 <= batch["resources"]["cpu_busy_mean"] <= 1 and batch["resources"]["host_used_peak_bytes"] > 0
+    roles = batch["resources"]["cpu_seconds_by_role"]  # core-seconds by process role: the workers are named
+    assert any(name.startswith("coordinator") for name in roles) and any(name.startswith("cpu") for name in roles)

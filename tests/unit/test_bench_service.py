@@ -48,3 +48,13 @@ def test_strata_bench_help_lists_the_kinds_and_each_kind_has_its_own_help() -> N
     assert done.returncode == 0 and "usage: strata bench service" in done.stdout
     done = bench()
     assert done.returncode == 2 and "[options]" in done.stderr
+
+
+def test_the_cpu_breakdown_names_each_process_by_its_role() -> None:
+    from lab.bench.sampler import role
+
+    celery = ["/usr/bin/python3", "-m", "celery", "-A", "workers.app:celery_app", "worker", "-n", "gpu0-2@host-a"]
+    assert role(celery) == "gpu0-2"
+    assert role(["/x/.venv/bin/python", "-m", "cli.main", "serve", "--port", "8765"]) == "serve"
+    assert role(["/usr/bin/redis-server", "127.0.0.1:6379"]) == "redis"
+    assert role(["bash", "-c", "sleep 1"]) == "other"
