@@ -32,7 +32,10 @@ class Sample:
 
 def role(cmdline: list[str]) -> str:
     """A process's role for the CPU breakdown: a Celery worker's node name without ``@host`` (``coordinator``,
-    ``gpu0``, ``cpu1``), ``serve`` for ``strata serve`` (API, launcher), ``redis``; else ``other``."""
+    ``gpu0``, ``cpu1``), ``serve`` for ``strata serve`` (API, launcher), ``redis``, ``kernel`` for kernel threads
+    (no command line: page writeback, I/O); else ``other``."""
+    if not cmdline:
+        return "kernel"
     if "-n" in cmdline[:-1] and any("celery" in part for part in cmdline):
         return cmdline[cmdline.index("-n") + 1].split("@")[0]
     text = " ".join(cmdline[:4])

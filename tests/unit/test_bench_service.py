@@ -57,4 +57,4 @@ def test_the_cpu_breakdown_names_each_process_by_its_role() -> None:
     assert role(celery) == "gpu0-2"
     assert role(["/x/.venv/bin/python", "-m", "cli.main", "serve", "--port", "8765"]) == "serve"
     assert role(["/usr/bin/redis-server", "127.0.0.1:6379"]) == "redis"
-    assert role(["bash", "-c", "sleep 1"]) == "other"
+    assert role(["bash", "-c", "sleep 1"]) == "other" and role([]) == "kernel"
