@@ -93,7 +93,8 @@ class Settings(BaseSettings):
         "shots' steps (ingest, finalize), so one never waits behind a batch's finalizes; 0 = none.")
     coordinator_lane: str = Field(default="all", description="all | interactive (set by the launcher).")
     coordinator_concurrency: int = 2
-    torch_threads: int = Field(default=0, description="Torch CPU threads per worker; 0 = cores / workers.")
+    torch_threads: int = Field(default=0, description="Torch CPU threads per worker process; 0 = cores / CPU "
+                               "workers, cores / coordinator slots for coordinators, torch's default on GPU workers.")
     # Set by the launcher for each worker process it starts.
     worker_kind: str = Field(default="gpu", description="gpu | coordinator (set by the launcher).")
     worker_gpu: str = Field(default="cpu", description="GPU id this worker is pinned to, or 'cpu'.")

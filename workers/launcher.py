@@ -47,6 +47,18 @@ def _celery(name: str, queues: list[str], pool: str, concurrency: int, settings:
             "--loglevel", settings.log_level.upper()]
 
 
+def coordinator_threads(settings: Settings) -> dict[str, str]:
+    """Torch's CPU threads in each coordinator (proof resizes, previews): STRATA_TORCH_THREADS, else the host's
+    cores shared among the coordinator slots (processes x STRATA_COORDINATOR_CONCURRENCY), at least one. Torch's
+    default, every core in every process, made a batch on a 16-core host spend 5.3 core-seconds a frame in the
+    coordinators and render 1.62 frames/s; two threads each, 2.2 core-seconds and 1.84 frames/s
+    (docs/PERFORMANCE.md, "Torch threads in the coordinators")."""
+    slots = (max(settings.coordinators, 1) + max(settings.express_coordinators, 0)) * max(
+        settings.coordinator_concurrency, 1)
+    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // slots)
+    return {"STRATA_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+
+
 def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinator: bool = True,
                  gpu_workers: bool = True) -> list[ProcSpec]:
     """The processes to run: STRATA_COORDINATORS coordinators (``coordinator@host``, ``coordinator2@host``, ...),
@@ -58,17 +70,16 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
 
     host = settings.host_name  # STRATA_NODE_NAME, else the hostname
     specs: list[ProcSpec] = []
+    env = {"STRATA_WORKER_KIND": "coordinator", **coordinator_threads(settings)}
     for i in range(max(settings.coordinators, 1) if coordinator else 0):
         name = f"coordinator{i + 1 if i else ''}@{host}"
         specs.append(ProcSpec(name, _celery(name, list(COORDINATOR_QUEUES), "threads",
-                                            settings.coordinator_concurrency, settings),
-                              {"STRATA_WORKER_KIND": "coordinator"}, worker=True))
+                                            settings.coordinator_concurrency, settings), env, worker=True))
     for i in range(max(settings.express_coordinators, 0) if coordinator else 0):
         name = f"coordinator-express{i + 1 if i else ''}@{host}"
         specs.append(ProcSpec(name, _celery(name, [INTERACTIVE_COORDINATOR_QUEUE], "threads",
                                             settings.coordinator_concurrency, settings),
-                              {"STRATA_WORKER_KIND": "coordinator", "STRATA_COORDINATOR_LANE": "interactive"},
-                              worker=True))
+                              {**env, "STRATA_COORDINATOR_LANE": "interactive"}, worker=True))
     if gpu_workers:
         ids = detect_gpus(settings) if gpus is None else gpus
         per_gpu = max(1, settings.workers_per_gpu)

@@ -178,17 +178,18 @@ def memory_mb(device: str) -> float:
 
 
 @contextlib.contextmanager
-def computing(shard_id: int, device: str) -> Iterator[None]:
+def computing(shard_id: int, device: str, urgent: bool = False) -> Iterator[None]:
     """Hold a lease on ``shard_id`` (in this worker's heartbeat) while it computes; on a GPU, on this thread's own
     CUDA stream (a worker computing several shards at once, STRATA_GPU_WORKER_THREADS: one's copies overlap
-    another's kernels), synchronised before the block exits."""
+    another's kernels), synchronised before the block exits. ``urgent`` (an interactive shot's shard): on the
+    thread's high-priority stream, whose kernels the GPU schedules ahead of the batch strips' beside it."""
     if _heartbeat is not None:
         _heartbeat.add_shard(shard_id)
     try:
         if device.startswith("cuda"):
             import torch
 
-            stream = _thread_stream(device)
+            stream = _thread_stream(device, urgent)
             with torch.cuda.stream(stream):
                 yield
             stream.synchronize()
@@ -202,13 +203,16 @@ def computing(shard_id: int, device: str) -> Iterator[None]:
 _streams = threading.local()
 
 
-def _thread_stream(device: str) -> Any:
-    """This thread's CUDA stream on ``device`` (created once per thread)."""
+def _thread_stream(device: str, urgent: bool = False) -> Any:
+    """This thread's CUDA stream on ``device``, its high-priority one when ``urgent`` (each created once per
+    thread; torch maps the priority onto the device's range)."""
     import torch
 
-    stream = getattr(_streams, "stream", None)
+    name = "urgent" if urgent else "stream"
+    stream = getattr(_streams, name, None)
     if stream is None:
-        stream = _streams.stream = torch.cuda.Stream(device=torch.device(device))
+        stream = torch.cuda.Stream(device=torch.device(device), priority=-8 if urgent else 0)
+        setattr(_streams, name, stream)
     return stream
 
 

@@ -76,7 +76,8 @@ def dispatch_shards(tickets: list[ShardTicket], repair: bool = False) -> None:
                 slots = live_workers(redis_client(broker_url(get_settings())), "gpu")
             if t.slot < len(slots):
                 queue = slots[t.slot].queue
-        run_shard.apply_async((t.shard_id,), queue=queue, priority=_priority(t.priority, repair))
+        run_shard.apply_async((t.shard_id,), {"urgent": t.priority == "interactive"}, queue=queue,
+                              priority=_priority(t.priority, repair))
 
 
 def dispatch_advance(job_id: str, priority: str, repair: bool = False) -> None:
@@ -162,12 +163,13 @@ def ingest(job_id: str) -> None:
 
 
 @celery_app.task(name="strata.run_shard", bind=True, max_retries=get_settings().shard_max_retries)
-def run_shard(self: Task, shard_id: int) -> None:
+def run_shard(self: Task, shard_id: int, urgent: bool = False) -> None:
+    """Compute one shard; ``urgent`` (an interactive shot's) on the worker's high-priority GPU stream."""
     settings = get_settings()
     ctx = runtime.context()
     t0 = time.perf_counter()
     try:
-        with runtime.computing(shard_id, ctx.device), session_scope() as session:
+        with runtime.computing(shard_id, ctx.device, urgent), session_scope() as session:
             outcome = flow.run_shard(session, get_storage(), shard_id, worker=ctx.name, gpu=ctx.gpu,
                                      device=ctx.device, delay_s=settings.fault_shard_delay_s)
     except NotFound:

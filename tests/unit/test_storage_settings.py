@@ -80,3 +80,16 @@ def test_gpu_workers_compute_gpu_worker_threads_shards_at_once_cpu_workers_one(t
     assert [pool(s) for s in one] == [("solo", "1")]
     cpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=3), gpus=[], coordinator=False)
     assert [pool(s) for s in cpu] == [("solo", "1")]
+
+
+def test_coordinators_share_the_cores_for_torch_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import launcher
+
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 16)
+    specs = launcher.worker_specs(Settings(data_dir=tmp_path, node_name="h"), gpus=["0"])
+    threads = {s.name: s.env.get("STRATA_TORCH_THREADS") for s in specs}
+    # three coordinator processes (two + the express one) of two slots each share 16 cores: two threads each
+    assert threads == {"coordinator@h": "2", "coordinator2@h": "2", "coordinator-express@h": "2", "gpu0@h": None}
+    pinned = launcher.worker_specs(Settings(data_dir=tmp_path, node_name="h", torch_threads=3), gpus=[],
+                                   gpu_workers=False)
+    assert {s.env["OMP_NUM_THREADS"] for s in pinned} == {"3"}
