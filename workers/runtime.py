@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -113,11 +114,15 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     gpu = settings.worker_gpu if kind == "gpu" else "cpu"
     device = pick_device(gpu) if kind == "gpu" else "cpu"
     _configure_torch(kind, device)
+    slots = max(1, settings.gpu_worker_threads) if device.startswith("cuda") else 1
     if kind == "gpu":
         _warm_up(device)
         log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)
+        if device.startswith("cuda"):
+            from services.pipeline.shards import set_device_section
+
+            set_device_section(DeviceGate(device, slots).section)
     _ctx = WorkerContext(name=name, kind=kind, gpu=gpu, device=device)
-    slots = max(1, settings.gpu_worker_threads) if device.startswith("cuda") else 1
     from workers.app import broker_url
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
@@ -179,41 +184,80 @@ def memory_mb(device: str) -> float:
 
 @contextlib.contextmanager
 def computing(shard_id: int, device: str, urgent: bool = False) -> Iterator[None]:
-    """Hold a lease on ``shard_id`` (in this worker's heartbeat) while it computes; on a GPU, on this thread's own
-    CUDA stream (a worker computing several shards at once, STRATA_GPU_WORKER_THREADS: one's copies overlap
-    another's kernels), synchronised before the block exits. ``urgent`` (an interactive shot's shard): on the
-    thread's high-priority stream, whose kernels the GPU schedules ahead of the batch strips' beside it."""
+    """Hold a lease on ``shard_id`` (in this worker's heartbeat) while it computes. On a GPU the shard's device
+    work runs in the worker's gate (:class:`DeviceGate`); the rest (its results' downloads) on this thread's own
+    CUDA stream, synchronised before the block exits. ``urgent`` (an interactive shot's shard): through the
+    gate's high-priority lane."""
     if _heartbeat is not None:
         _heartbeat.add_shard(shard_id)
+    _local.urgent = urgent
     try:
         if device.startswith("cuda"):
             import torch
 
-            stream = _thread_stream(device, urgent)
+            stream = _thread_stream(device)
             with torch.cuda.stream(stream):
                 yield
             stream.synchronize()
         else:
             yield
     finally:
+        _local.urgent = False
         if _heartbeat is not None:
             _heartbeat.discard_shard(shard_id)
 
 
-_streams = threading.local()
+_local = threading.local()
 
 
-def _thread_stream(device: str, urgent: bool = False) -> Any:
-    """This thread's CUDA stream on ``device``, its high-priority one when ``urgent`` (each created once per
-    thread; torch maps the priority onto the device's range)."""
+def _thread_stream(device: str) -> Any:
+    """This thread's CUDA stream on ``device`` (created once per thread) for what a shard does outside the gate."""
     import torch
 
-    name = "urgent" if urgent else "stream"
-    stream = getattr(_streams, name, None)
+    stream = getattr(_local, "stream", None)
     if stream is None:
-        stream = torch.cuda.Stream(device=torch.device(device), priority=-8 if urgent else 0)
-        setattr(_streams, name, stream)
+        stream = _local.stream = torch.cuda.Stream(device=torch.device(device))
     return stream
+
+
+class DeviceGate:
+    """Shards in their device section at once on one GPU worker: STRATA_GPU_WORKER_THREADS permits, each with its
+    own CUDA stream, so at most that many strips' working memory is in use (each planned for its share) and
+    the allocator caches memory for that many streams. The worker runs twice as many Celery threads: while two
+    shards compute, others read their inputs or store their results (tile streams, bins), so the device does not
+    wait for a shard's host work. An interactive shot's shard does not wait for a permit: it takes the gate's one
+    high-priority stream (one such shard at a time), whose kernels the GPU schedules ahead of the batch's."""
+
+    def __init__(self, device: str, permits: int) -> None:
+        import torch
+
+        self.permits: queue.Queue[Any] = queue.Queue()
+        for _ in range(max(1, permits)):
+            self.permits.put(torch.cuda.Stream(device=torch.device(device)))
+        self.urgent = torch.cuda.Stream(device=torch.device(device), priority=-8)  # mapped onto the device's range
+        self.urgent_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def section(self) -> Iterator[None]:
+        import torch
+
+        urgent = getattr(_local, "urgent", False)
+        if urgent:
+            self.urgent_lock.acquire()
+            stream = self.urgent
+        else:
+            stream = self.permits.get()
+        try:
+            with torch.cuda.stream(stream):
+                yield
+        finally:
+            try:
+                stream.synchronize()
+            finally:
+                if urgent:
+                    self.urgent_lock.release()
+                else:
+                    self.permits.put(stream)
 
 
 @contextlib.contextmanager

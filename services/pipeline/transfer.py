@@ -9,8 +9,9 @@ CPU these are plain conversions.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
@@ -18,19 +19,51 @@ import numpy as np
 import torch
 
 STAGING_BYTES = 64 << 20
-SLOTS = 4  # pinned slots per device = host copy threads
+SLOTS = 4  # pinned slots per staging buffer
+STAGING_BUFFERS = 3  # pinned staging buffers per device: transfers of that many threads at once
 _TORCH_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(np.int32): torch.int32, np.dtype(np.uint16): torch.uint16,
                                                np.dtype(np.uint8): torch.uint8}
-_staging: dict[str, tuple[threading.Lock, torch.Tensor, ThreadPoolExecutor]] = {}
 _staging_lock = threading.Lock()
 
 
-def _pinned(device: torch.device) -> tuple[threading.Lock, torch.Tensor, ThreadPoolExecutor]:
-    """The device's pinned host staging bytes (allocated once per process), its lock and its copy threads."""
+class _Staging:
+    """A device's pinned host staging buffers (made on first need, up to :data:`STAGING_BUFFERS`, kept for the
+    process) and the threads that copy host memory in and out of their slots. A transfer holds one buffer; a
+    shard's download no longer waits for another shard's upload or download to finish (a worker computing
+    several shards at once, each storing its rows and tiles)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.free: list[torch.Tensor] = []
+        self.made = 0
+        self.cond = threading.Condition()
+        self.pool = ThreadPoolExecutor(SLOTS * 2, thread_name_prefix=f"strata-copy-{device}")
+
+    @contextlib.contextmanager
+    def buffer(self) -> Iterator[torch.Tensor]:
+        with self.cond:
+            while not self.free and self.made >= STAGING_BUFFERS:
+                self.cond.wait()
+            if self.free:
+                raw = self.free.pop()
+            else:
+                raw = torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True)
+                self.made += 1
+        try:
+            yield raw
+        finally:
+            with self.cond:
+                self.free.append(raw)
+                self.cond.notify()
+
+
+_staging: dict[str, _Staging] = {}
+
+
+def _pinned(device: torch.device) -> _Staging:
+    """The device's staging buffers and copy threads (one set per process)."""
     with _staging_lock:
         if str(device) not in _staging:
-            _staging[str(device)] = (threading.Lock(), torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True),
-                                     ThreadPoolExecutor(SLOTS, thread_name_prefix=f"strata-copy-{device}"))
+            _staging[str(device)] = _Staging(device)
         return _staging[str(device)]
 
 
@@ -124,11 +157,11 @@ def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     dtype = _TORCH_DTYPES[arr.dtype]
     out = torch.empty(arr.shape, dtype=dtype, device=device)
     flat_out = out.reshape(-1)
-    lock, raw, pool = _pinned(device)
-    bufs = _slots(raw, dtype)
-    with lock:
+    staging = _pinned(device)
+    with staging.buffer() as raw:
+        bufs = _slots(raw, dtype)
         _stage_in(arr, [b.numpy().view(arr.dtype) for b in bufs],
-                  lambda offset, n, s: flat_out[offset : offset + n].copy_(bufs[s][:n]), pool)  # synchronous
+                  lambda offset, n, s: flat_out[offset : offset + n].copy_(bufs[s][:n]), staging.pool)  # synchronous
     return out
 
 
@@ -169,12 +202,12 @@ def download_to(tensor: torch.Tensor, f: BinaryIO) -> None:
 def _through_slots(tensor: torch.Tensor, put: Callable[[int, np.ndarray], object], threaded: bool) -> None:
     flat = tensor.reshape(-1)
     dtype = _host_dtype(tensor)
-    lock, raw, pool = _pinned(tensor.device)
-    bufs = _slots(raw, tensor.dtype)
-    with lock:
+    staging = _pinned(tensor.device)
+    with staging.buffer() as raw:
+        bufs = _slots(raw, tensor.dtype)
         _stage_out(flat.numel(), [b.numpy().view(dtype) for b in bufs],
                    lambda offset, n, s: bufs[s][:n].copy_(flat[offset : offset + n]),  # synchronous
-                   put, pool if threaded else None)
+                   put, staging.pool if threaded else None)
 
 
 PREFAULT_THREADS = 8
