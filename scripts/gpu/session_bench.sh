@@ -7,7 +7,8 @@
 # FAST=1 also times the latency scenarios with the fast model tier (recipe tiff16-fast) on the same service;
 # TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
 # LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run).
-# AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease).
+# AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease);
+# several sets separated by ";" run one after the other (batch-ab.json, batch-ab-1.json, ...).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -70,15 +71,16 @@ if [ "${TILES_AB:-0}" = 1 ]; then
     --json "$OUT/latency-tiles-batch.json" 2>&1
   stop
 fi
-if [ -n "${AB:-}" ]; then  # AB="NAME=VALUE ...": the batch again on a service started with those settings
+IFS=';' read -ra SETS <<< "${AB:-}"  # AB="NAME=VALUE ...[;NAME=VALUE ...]": the batch again on a service per set
+for i in "${!SETS[@]}"; do
   DATA4=$(mktemp -d /tmp/strata-svc-XXXX)
-  SERVE_ENV=$AB serve "$DATA4" "$DATA4/serve.log"
-  echo "service with $AB"
+  SERVE_ENV=${SETS[$i]} serve "$DATA4" "$DATA4/serve.log"
+  echo "service with ${SETS[$i]}"
   python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats 2 \
     --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch \
-    --json "$OUT/batch-ab.json" 2>&1
+    --json "$OUT/batch-ab$([ "$i" = 0 ] || echo "-$i").json" 2>&1
   stop
-fi
+done
 if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
   DATA2=$(mktemp -d /tmp/strata-svc-XXXX)
   STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"
