@@ -30,6 +30,7 @@ _ctx: WorkerContext | None = None
 _stopping = threading.Event()
 _wakes: dict[str, threading.Event] = {}  # periodic passes by name: set to run one now (wake)
 _heartbeat: Heartbeat | None = None
+_gated = False  # a DeviceGate set (a GPU worker with STRATA_GPU_GATE)
 
 
 def own_queue(name: str) -> str:
@@ -108,7 +109,7 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat; a coordinator
     also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S, ``admit`` every STRATA_ADMISSION_INTERVAL_S and
     ``retention`` every STRATA_RETENTION_INTERVAL_S."""
-    global _ctx, _heartbeat
+    global _ctx, _heartbeat, _gated
     settings = get_settings()
     kind = settings.worker_kind
     gpu = settings.worker_gpu if kind == "gpu" else "cpu"
@@ -118,10 +119,11 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     if kind == "gpu":
         _warm_up(device)
         log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)
-        if device.startswith("cuda"):
+        if device.startswith("cuda") and settings.gpu_gate:
             from services.pipeline.shards import set_device_section
 
             set_device_section(DeviceGate(device, slots).section)
+            _gated = True
     _ctx = WorkerContext(name=name, kind=kind, gpu=gpu, device=device)
     from workers.app import broker_url
 
@@ -195,7 +197,7 @@ def computing(shard_id: int, device: str, urgent: bool = False) -> Iterator[None
         if device.startswith("cuda"):
             import torch
 
-            stream = _thread_stream(device)
+            stream = _thread_stream(device, urgent and not _gated)
             with torch.cuda.stream(stream):
                 yield
             stream.synchronize()
@@ -210,13 +212,16 @@ def computing(shard_id: int, device: str, urgent: bool = False) -> Iterator[None
 _local = threading.local()
 
 
-def _thread_stream(device: str) -> Any:
-    """This thread's CUDA stream on ``device`` (created once per thread) for what a shard does outside the gate."""
+def _thread_stream(device: str, urgent: bool = False) -> Any:
+    """This thread's CUDA stream on ``device`` (created once per thread) for what a shard does outside the gate;
+    without a gate (STRATA_GPU_GATE=false) for the whole shard, its high-priority one for an ``urgent`` shard."""
     import torch
 
-    stream = getattr(_local, "stream", None)
+    name = "urgent_stream" if urgent else "stream"
+    stream = getattr(_local, name, None)
     if stream is None:
-        stream = _local.stream = torch.cuda.Stream(device=torch.device(device))
+        stream = torch.cuda.Stream(device=torch.device(device), priority=-8 if urgent else 0)
+        setattr(_local, name, stream)
     return stream
 
 
