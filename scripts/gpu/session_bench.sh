@@ -6,7 +6,8 @@
 # the same batch again with the tiles off (A/B) unless BOTH=0.
 # FAST=1 also times the latency scenarios with the fast model tier (recipe tiff16-fast) on the same service;
 # TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
-# LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run).
+# LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run); SINGLE_REPEATS (2) is the
+# number of idle IQ3_S runs timed before each batch.
 # AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease);
 # several sets separated by ";" run one after the other (batch-ab.json, batch-ab-1.json, ...).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
@@ -37,7 +38,7 @@ STRATA_GPU_DEFLATE=$TILES serve "$DATA" "$OUT/serve.log"
 echo "service with STRATA_GPU_DEFLATE=$TILES"
 [ "${LATENCY:-1}" = 1 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 \
   --scenarios single,stack4,stack8 --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
-python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats 2 \
+python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
   --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
 if [ "${FAST:-0}" = 1 ]; then
   echo "latency with the fast tier (recipe tiff16-fast)"
@@ -76,7 +77,7 @@ for i in "${!SETS[@]}"; do
   DATA4=$(mktemp -d /tmp/strata-svc-XXXX)
   SERVE_ENV=${SETS[$i]} serve "$DATA4" "$DATA4/serve.log"
   echo "service with ${SETS[$i]}"
-  python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats 2 \
+  python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
     --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch \
     --json "$OUT/batch-ab$([ "$i" = 0 ] || echo "-$i").json" 2>&1
   stop
@@ -85,7 +86,7 @@ if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
   DATA2=$(mktemp -d /tmp/strata-svc-XXXX)
   STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"
   echo "service with STRATA_GPU_DEFLATE=off"
-  python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats 2 \
+  python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
     --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch \
     --json "$OUT/batch-cpu-deflate.json" 2>&1
   stop
