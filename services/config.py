@@ -84,10 +84,6 @@ class Settings(BaseSettings):
         "stream (one model copy): one shard's downloads and writes overlap another's model pass (a batch on one "
         "H200: 1.58 frames/s with 2, 1.17-1.19 with 1). Each plans strips for its share of the GPU's memory. CPU "
         "workers compute one shard at a time.")
-    gpu_gate: bool = Field(
-        default=True, description="A GPU worker runs twice STRATA_GPU_WORKER_THREADS Celery threads, of which "
-        "STRATA_GPU_WORKER_THREADS at a time do device work (workers.runtime.DeviceGate); the others read inputs or "
-        "store results. False: STRATA_GPU_WORKER_THREADS threads, each a shard from start to end.")
     coordinators: int = Field(
         default=2, description="Coordinator processes a launcher starts (serve, coordinator); a survivor takes over "
         "the ingest or finalize of one that dies at once, without waiting for its restart.",

@@ -92,9 +92,7 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
                    "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
-            # a GPU worker: twice its gate's permits (workers.runtime.DeviceGate), so shards store while others
-            # compute; a CPU worker: one shard at a time
-            threads = (2 if settings.gpu_gate else 1) * max(1, settings.gpu_worker_threads) if gpu != "cpu" else 1
+            threads = max(1, settings.gpu_worker_threads) if gpu != "cpu" else 1
             specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)],
                                                 "threads" if threads > 1 else "solo", threads, settings),
                                   env, worker=True))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ _ctx: WorkerContext | None = None
 _stopping = threading.Event()
 _wakes: dict[str, threading.Event] = {}  # periodic passes by name: set to run one now (wake)
 _heartbeat: Heartbeat | None = None
-_gated = False  # a DeviceGate set (a GPU worker with STRATA_GPU_GATE)
 
 
 def own_queue(name: str) -> str:
@@ -109,22 +107,17 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     """Called once when the Celery worker is ready: pick the device, warm up, start the heartbeat; a coordinator
     also runs ``reconcile`` every STRATA_RECONCILE_INTERVAL_S, ``admit`` every STRATA_ADMISSION_INTERVAL_S and
     ``retention`` every STRATA_RETENTION_INTERVAL_S."""
-    global _ctx, _heartbeat, _gated
+    global _ctx, _heartbeat
     settings = get_settings()
     kind = settings.worker_kind
     gpu = settings.worker_gpu if kind == "gpu" else "cpu"
     device = pick_device(gpu) if kind == "gpu" else "cpu"
     _configure_torch(kind, device)
-    slots = max(1, settings.gpu_worker_threads) if device.startswith("cuda") else 1
     if kind == "gpu":
         _warm_up(device)
         log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)
-        if device.startswith("cuda") and settings.gpu_gate:
-            from services.pipeline.shards import set_device_section
-
-            set_device_section(DeviceGate(device, slots).section)
-            _gated = True
     _ctx = WorkerContext(name=name, kind=kind, gpu=gpu, device=device)
+    slots = max(1, settings.gpu_worker_threads) if device.startswith("cuda") else 1
     from workers.app import broker_url
 
     info = WorkerInfo(name=name, kind=kind, gpu=gpu, device=device, queue=own_queue(name), host=this_host(),
@@ -186,83 +179,41 @@ def memory_mb(device: str) -> float:
 
 @contextlib.contextmanager
 def computing(shard_id: int, device: str, urgent: bool = False) -> Iterator[None]:
-    """Hold a lease on ``shard_id`` (in this worker's heartbeat) while it computes. On a GPU the shard's device
-    work runs in the worker's gate (:class:`DeviceGate`); the rest (its results' downloads) on this thread's own
-    CUDA stream, synchronised before the block exits. ``urgent`` (an interactive shot's shard): through the
-    gate's high-priority lane."""
+    """Hold a lease on ``shard_id`` (in this worker's heartbeat) while it computes; on a GPU, on this thread's own
+    CUDA stream (a worker computing several shards at once, STRATA_GPU_WORKER_THREADS: one's copies overlap
+    another's kernels), synchronised before the block exits. ``urgent`` (an interactive shot's shard): on the
+    thread's high-priority stream, whose kernels the GPU schedules ahead of the batch strips' beside it."""
     if _heartbeat is not None:
         _heartbeat.add_shard(shard_id)
-    _local.urgent = urgent
     try:
         if device.startswith("cuda"):
             import torch
 
-            stream = _thread_stream(device, urgent and not _gated)
+            stream = _thread_stream(device, urgent)
             with torch.cuda.stream(stream):
                 yield
             stream.synchronize()
         else:
             yield
     finally:
-        _local.urgent = False
         if _heartbeat is not None:
             _heartbeat.discard_shard(shard_id)
 
 
-_local = threading.local()
+_streams = threading.local()
 
 
 def _thread_stream(device: str, urgent: bool = False) -> Any:
-    """This thread's CUDA stream on ``device`` (created once per thread) for what a shard does outside the gate;
-    without a gate (STRATA_GPU_GATE=false) for the whole shard, its high-priority one for an ``urgent`` shard."""
+    """This thread's CUDA stream on ``device``, its high-priority one when ``urgent`` (each created once per
+    thread; torch maps the priority onto the device's range)."""
     import torch
 
-    name = "urgent_stream" if urgent else "stream"
-    stream = getattr(_local, name, None)
+    name = "urgent" if urgent else "stream"
+    stream = getattr(_streams, name, None)
     if stream is None:
         stream = torch.cuda.Stream(device=torch.device(device), priority=-8 if urgent else 0)
-        setattr(_local, name, stream)
+        setattr(_streams, name, stream)
     return stream
-
-
-class DeviceGate:
-    """Shards in their device section at once on one GPU worker: STRATA_GPU_WORKER_THREADS permits, each with its
-    own CUDA stream, so at most that many strips' working memory is in use (each planned for its share) and
-    the allocator caches memory for that many streams. The worker runs twice as many Celery threads: while two
-    shards compute, others read their inputs or store their results (tile streams, bins), so the device does not
-    wait for a shard's host work. An interactive shot's shard does not wait for a permit: it takes the gate's one
-    high-priority stream (one such shard at a time), whose kernels the GPU schedules ahead of the batch's."""
-
-    def __init__(self, device: str, permits: int) -> None:
-        import torch
-
-        self.permits: queue.Queue[Any] = queue.Queue()
-        for _ in range(max(1, permits)):
-            self.permits.put(torch.cuda.Stream(device=torch.device(device)))
-        self.urgent = torch.cuda.Stream(device=torch.device(device), priority=-8)  # mapped onto the device's range
-        self.urgent_lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def section(self) -> Iterator[None]:
-        import torch
-
-        urgent = getattr(_local, "urgent", False)
-        if urgent:
-            self.urgent_lock.acquire()
-            stream = self.urgent
-        else:
-            stream = self.permits.get()
-        try:
-            with torch.cuda.stream(stream):
-                yield
-        finally:
-            try:
-                stream.synchronize()
-            finally:
-                if urgent:
-                    self.urgent_lock.release()
-                else:
-                    self.permits.put(stream)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,17 +36,6 @@ from services.storage.keys import bin_key, preview_sums_key, tile_keys
 
 log = logging.getLogger(__name__)
 StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its metadata)
-DeviceSection = Callable[[], AbstractContextManager[object]]
-_device_section: DeviceSection = nullcontext
-
-
-def set_device_section(section: DeviceSection) -> None:
-    """The gate around each shard's device work (the model pass with the rows' download, a frame group's merge),
-    set by a GPU worker (``workers.runtime``): it bounds how many shards use the device's memory at once and gives
-    each its CUDA stream, while reading inputs and storing results (tile streams, bins) happen outside it, beside
-    the next shard's device work. Without one (CPU workers, tests) nothing is gated."""
-    global _device_section
-    _device_section = section
 
 
 @dataclass(frozen=True)
@@ -188,19 +177,16 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
                 made.tiles[keys[space]] = streams
         made.seconds += time.perf_counter() - t
 
-    opened = time.perf_counter()
+    t0 = time.perf_counter()
     with ExitStack() as stack:  # entered primary first, so it is published (exited) last
         outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
         waits = [prefault(out) for out in outs]
-        with _device_section():
-            t0 = time.perf_counter()
-            split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
-                         on_device if tile_spaces or ahead.bins else None)
+        split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
+                     on_device if tile_spaces or ahead.bins else None)
         t1 = time.perf_counter()
         _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, made)
     log.info("strip %s: rendered and downloaded in %.2fs (of which bins and tiles on the device %.2fs), bins and "
-             "tiles stored in %.2fs; waited %.2fs for the device", shard.out, t1 - t0, made.seconds,
-             time.perf_counter() - t1, t0 - opened)
+             "tiles stored in %.2fs", shard.out, t1 - t0, made.seconds, time.perf_counter() - t1)
 
 
 @dataclass
@@ -227,16 +213,14 @@ def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarra
         if key in results:
             rows = made.bins.get((key, k))
             if rows is None:
-                with _device_section():
-                    rows = binned(results[key], y0, k, transfer, device)
+                rows = binned(results[key], y0, k, transfer, device)
             with storage.array_writer(bin_key(key, k), rows.shape, np.float32, durable=False) as out:
                 out[:] = rows
     if ahead.tiles and tiles.gpu_available(device):
         for key in ahead.tiles:
             streams = made.tiles.get(key)
             if streams is None and key in results:
-                with _device_section():
-                    streams = _device_tiles(key, results[key], y0, height, device, ahead.level)
+                streams = _device_tiles(key, results[key], y0, height, device, ahead.level)
             if streams is not None:
                 _write_tiles(storage, key, *streams)
 
@@ -299,8 +283,7 @@ def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:
     ref_key, ref_meta = shard.reference
     reference = (load_intermediate(storage, shard.job_id, ref_key), ref_meta)
     channels = accumulator_channels(shard.params, pixel_shift=bool(shard.pixel_shift))
-    with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out, \
-            _device_section():
+    with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out:
         merge_frame_group(reference, frames, device=device, stack_size=shard.stack_size, positions=shard.positions,
                           params=shard.params, pixel_shift=list(shard.pixel_shift) if shard.pixel_shift else None,
                           out=out, out_ready=prefault(out))

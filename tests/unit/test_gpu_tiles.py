@@ -271,32 +271,3 @@ def test_a_tiff_whose_stored_streams_cover_little_is_streamed_and_still_exact(tm
     with tifffile.TiffFile(io.BytesIO(data)) as tif:
         assert tif.pages[0].tilelength == tiles.TILE_H
         np.testing.assert_array_equal(tif.pages[0].asarray(), img)
-
-
-def test_a_shards_device_work_runs_in_the_gate_and_its_results_are_stored_after(tmp_path, synth_dir) -> None:  # type: ignore[no-untyped-def]
-    """A GPU worker's gate (workers.runtime.DeviceGate) covers the render with the rows' download only: the bins
-    made from the rows are stored after the gate is left, beside the next shard's device work."""
-    import contextlib
-
-    from services.pipeline import shards
-    from services.pipeline.shards import PreEncode, StripShard, compute_shard
-    from services.storage.keys import bin_key
-
-    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
-    key = "p0/strip_000.npy"
-    seen: list[tuple[str, bool]] = []
-
-    @contextlib.contextmanager
-    def section():  # type: ignore[no-untyped-def]
-        seen.append(("enter", storage.exists(bin_key(key, 4))))
-        yield
-        seen.append(("leave", storage.exists(bin_key(key, 4))))
-
-    shards.set_device_section(section)
-    try:
-        compute_shard(storage, StripShard(job_id="j", out=key, params=params, y0=0, y1=mosaic.shape[0],
-                                          source="raw.npy", ahead=PreEncode(bins=((key, 4, "srgb"),))), "cpu")
-    finally:
-        shards.set_device_section(contextlib.nullcontext)
-    assert seen == [("enter", False), ("leave", False)]
-    assert storage.exists(bin_key(key, 4)) and storage.load_array(key).shape[0] == mosaic.shape[0]

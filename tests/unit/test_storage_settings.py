@@ -74,11 +74,10 @@ def test_gpu_workers_compute_gpu_worker_threads_shards_at_once_cpu_workers_one(t
         return argv[argv.index("--pool") + 1], argv[argv.index("--concurrency") + 1]
 
     gpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1), gpus=["0"], coordinator=False)
-    # the default: two shards on the device at once (the gate's permits), two more reading or storing; one model
-    assert [pool(s) for s in gpu] == [("threads", "4")]
+    assert [pool(s) for s in gpu] == [("threads", "2")]  # the default: two shards at once, one model copy
     one = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1), gpus=["0"],
                        coordinator=False)
-    assert [pool(s) for s in one] == [("threads", "2")]
+    assert [pool(s) for s in one] == [("solo", "1")]
     cpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=3), gpus=[], coordinator=False)
     assert [pool(s) for s in cpu] == [("solo", "1")]
 
