@@ -9,7 +9,7 @@ python3 -m cli.main serve --port 8765 --data-dir "$DATA" > $OUT/serve.log 2>&1 &
 S=$!
 for _ in $(seq 1 120); do grep -qx ready $OUT/serve.log && break; sleep 1; done
 python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single --repeats 6 --json $OUT/latency.json 2>&1 | grep -E "^single  |run [0-9]|^    " | tail -14
-timeout 100 python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats 2 --batch-size 24 --recipe tiff16 --recipe jpeg-proof --interactive-during-batch --json $OUT/batch.json 2>&1 | grep -E "^batch  |interactive during"
+timeout 100 python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats 2 --batch-size 24 --recipe tiff16 --recipe jpeg-proof --interactive-during-batch --json $OUT/batch.json 2>&1 | grep -E "^batch  |interactive during|^       CPU core-s"
 grep -h "MB encoded and written in" "$DATA"/logs/*.log | grep "\.tif" | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo
 tar czf $OUT/logs.tgz -C "$DATA" logs
 kill $S
