@@ -59,18 +59,28 @@ def apply_matrix(rgb: Tensor, m: Tensor | np.ndarray | tuple) -> Tensor:
     return torch.cat(rows, dim=1)  # (B, 3, H, W)
 
 
+def _pow(x: Tensor, exponent: float) -> Tensor:
+    """``x ** exponent`` computed in float64 and rounded to ``x``'s dtype. In float32 the vectorised and the scalar
+    pow kernels differ in the last bit for some inputs, and which elements take which depends on how the tensor is
+    split among threads, that is on its shape: a pixel of a strip then encoded one code off the same pixel of the
+    whole frame (a pixel-shift stack on two CPU threads). Rounded from float64 they agree."""
+    if x.dtype == torch.float64:
+        return x.pow(exponent)
+    return x.double().pow(exponent).to(x.dtype)
+
+
 def srgb_encode(linear: Tensor) -> Tensor:
     """Linear -> sRGB-encoded with the IEC 61966-2-1 piecewise curve; input clamped to [0, 1]; any shape."""
     _check_float(linear, "linear")
     x = linear.clamp(0.0, 1.0)
-    return torch.where(x <= 0.0031308, x * 12.92, x.pow(1.0 / 2.4) * 1.055 - 0.055)
+    return torch.where(x <= 0.0031308, x * 12.92, _pow(x, 1.0 / 2.4) * 1.055 - 0.055)
 
 
 def srgb_decode(encoded: Tensor) -> Tensor:
     """sRGB-encoded -> linear (inverse of :func:`srgb_encode`); input clamped to [0, 1]; any shape."""
     _check_float(encoded, "encoded")
     v = encoded.clamp(0.0, 1.0)
-    return torch.where(v <= 0.04045, v / 12.92, ((v + 0.055) / 1.055).pow(2.4))
+    return torch.where(v <= 0.04045, v / 12.92, _pow((v + 0.055) / 1.055, 2.4))
 
 
 def _check_transfer(name: str) -> None:
@@ -91,9 +101,9 @@ def encode_transfer(linear: Tensor, name: str) -> Tensor:
     _check_float(linear, "linear")
     x = linear.clamp(0.0, 1.0)
     if name == "adobergb":
-        return x.pow(1.0 / ADOBE_RGB_GAMMA)
+        return _pow(x, 1.0 / ADOBE_RGB_GAMMA)
     if name == "prophoto":
-        return torch.where(x < PROPHOTO_LINEAR_LIMIT, x * 16.0, x.pow(1.0 / PROPHOTO_GAMMA))
+        return torch.where(x < PROPHOTO_LINEAR_LIMIT, x * 16.0, _pow(x, 1.0 / PROPHOTO_GAMMA))
     return x
 
 
@@ -105,9 +115,9 @@ def decode_transfer(encoded: Tensor, name: str) -> Tensor:
     _check_float(encoded, "encoded")
     v = encoded.clamp(0.0, 1.0)
     if name == "adobergb":
-        return v.pow(ADOBE_RGB_GAMMA)
+        return _pow(v, ADOBE_RGB_GAMMA)
     if name == "prophoto":
-        return torch.where(v < 16.0 * PROPHOTO_LINEAR_LIMIT, v / 16.0, v.pow(PROPHOTO_GAMMA))
+        return torch.where(v < 16.0 * PROPHOTO_LINEAR_LIMIT, v / 16.0, _pow(v, PROPHOTO_GAMMA))
     return v
 
 
