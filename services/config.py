@@ -159,6 +159,10 @@ class Settings(BaseSettings):
         "threads, docs/PERFORMANCE.md), batch-lane jobs only, or none. true / false mean on / off.")
     gpu_deflate_level: int = Field(default=0, ge=0, le=5, description="nvCOMP deflate algorithm type (0-5); 0 was "
                                    "the fastest on an H200 at the same ratio as 1 and 2.")
+    lean_strips: bool = Field(
+        default=True, description="When every output of a colour space is made from what the GPU workers make "
+        "beside the strips (deflate TIFF tiles, proof bins, the final preview's sums), a worker that made them all "
+        "downloads only the strip's rows straddling its neighbours, not its whole full-resolution render.")
     stack_raw_merge: bool = Field(
         default=False, description="Sub-pixel stacks also merge the frames' raw samples per colour onto the output "
                                    "grid (multi-frame demosaicking, docs/QUALITY.md); accumulators 44 bytes a pixel "

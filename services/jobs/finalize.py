@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,13 +18,13 @@ from sqlalchemy.orm import Session
 
 from services.config import Settings
 from services.db.models import Job, Output, Shard, Station, as_utc, job_recipes, utcnow
-from services.errors import NotFound
+from services.errors import IntermediateLost, NotFound
 from services.export.metadata import OutputMetadata
 from services.export.naming import NameTokens
 from services.export.output import WrittenOutput, write_outputs
-from services.export.recipes import resolve_recipes
+from services.export.recipes import Recipe, resolve_recipes
 from services.jobs.lowprio import at_low_priority
-from services.jobs.plan import JobPlan, strip_keys
+from services.jobs.plan import JobPlan, served_without_rows, strip_keys
 from services.jobs.previews import final_preview
 from services.jobs.states import ACTIVE, JobStatus, Stage, in_batch_lane
 from services.pipeline.preview import preview_factor
@@ -98,6 +99,16 @@ def _record_outputs(session: Session, job_id: str, outs: list[WrittenOutput]) ->
             row.recipe, row.media_type = out.recipe, out.media_type
 
 
+def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe]) -> None:
+    """A recipe that needs the full rows of a space the workers rendered lean (a studio's recipe changed after
+    the job was planned): the job starts over, re-planned for the recipes it has now (IntermediateLost)."""
+    for r in recipes:
+        if r.colour_space in plan.lean_spaces and not served_without_rows(r, plan.tile_spaces, plan.bin_specs,
+                                                                           *plan.size):
+            raise IntermediateLost(job_id, f"{r.colour_space} strips", f"recipe {r.name!r} needs the full render "
+                                   "and the strips were rendered for files made from GPU tiles and bins only")
+
+
 def finalize_job(session: Session, storage: Storage, settings: Settings, job_id: str) -> None:
     """Write one output per recipe from the last phase's strips (of each recipe's colour space), record them,
     mark the job done, drop intermediates."""
@@ -111,6 +122,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     spaces = found.bands
     t0 = time.perf_counter()
     recipes = resolve_recipes(job_recipes(job))
+    _check_lean(job_id, plan, recipes)
     naming = job.params.get("naming")
     if naming:  # the job's own template for every recipe (validated at creation)
         recipes = [r.model_copy(update={"naming": naming}) for r in recipes]

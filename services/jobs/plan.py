@@ -91,7 +91,7 @@ class ShardPayload:
 
 # What ingest adds to a job's params (removed again when the job starts over).
 PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings",
-                "tile_spaces", "tile_level", "bin_specs")
+                "tile_spaces", "tile_level", "bin_specs", "lean_spaces")
 # The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
 # (5|6|11, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators); version 2 had
 # no raw-sample merge (``RenderParams.raw_merge``, 11-channel accumulators). A worker meeting a plan of another
@@ -115,6 +115,7 @@ class JobPlan:
     tile_spaces: tuple[str, ...] = ()  # spaces whose strips also get GPU-compressed TIFF tiles (:func:`tile_plan`)
     tile_level: int = 2  # nvCOMP's deflate algorithm type for them
     bin_specs: tuple[tuple[str, int], ...] = ()  # (space, factor): linear-light bins made on the GPU (:func:`bin_plan`)
+    lean_spaces: tuple[str, ...] = ()  # spaces no output reads the full rows of (:func:`lean_plan`)
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
     version: int = PLAN_VERSION  # the layout version of the plan, its payloads and intermediates
 
@@ -135,6 +136,7 @@ class JobPlan:
             "plan_version": self.version,
             **({"tile_spaces": list(self.tile_spaces), "tile_level": self.tile_level} if self.tile_spaces else {}),
             **({"bin_specs": [list(b) for b in self.bin_specs]} if self.bin_specs else {}),
+            **({"lean_spaces": list(self.lean_spaces)} if self.lean_spaces else {}),
         }
 
     @classmethod
@@ -154,6 +156,7 @@ class JobPlan:
             tile_spaces=tuple(params.get("tile_spaces") or ()),
             tile_level=int(params.get("tile_level", 2)),
             bin_specs=tuple((str(s), int(k)) for s, k in params.get("bin_specs") or ()),
+            lean_spaces=tuple(params.get("lean_spaces") or ()),
             extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
             version=int(params.get("plan_version", 1)),
         )
@@ -178,6 +181,28 @@ def bin_plan(recipes: Sequence[Recipe], height: int, width: int, gpu_encode: boo
             if k > 1:
                 specs.append((r.colour_space, k))
     return tuple(dict.fromkeys(specs)) if gpu_encode else ()
+
+
+def lean_plan(recipes: Sequence[Recipe], tile_spaces: Sequence[str], bin_specs: Sequence[tuple[str, int]],
+              height: int, width: int) -> tuple[str, ...]:
+    """The plan's ``lean_spaces``: the colour spaces whose every recipe is made from what the GPU workers make
+    beside the strips, a full-size 16-bit deflate TIFF from the tiles (``tile_spaces``) or a resized output from
+    its bins (``bin_specs``); the final preview of sRGB comes from the block sums made with them. A worker that
+    made them all for a strip of such a space keeps only the strip's rows that units (tile rows, bins, preview
+    blocks) straddling its neighbours need (:func:`services.pipeline.shards.kept_rows`)."""
+    return tuple(space for space in dict.fromkeys(r.colour_space for r in recipes)
+                 if all(served_without_rows(r, tile_spaces, bin_specs, height, width)
+                        for r in recipes if r.colour_space == space))
+
+
+def served_without_rows(recipe: Recipe, tile_spaces: Sequence[str], bin_specs: Sequence[tuple[str, int]],
+                        height: int, width: int) -> bool:
+    """Whether ``recipe``'s file is made without its space's full rows: by GPU tiles or GPU bins."""
+    if recipe.long_edge is None:
+        return (recipe.colour_space in tile_spaces and recipe.format == Format.TIFF and recipe.bits == 16
+                and recipe.compression == Compression.DEFLATE)
+    h, w = fit_long_edge(height, width, recipe.long_edge)
+    return (recipe.colour_space, box_factor(height, width, h, w)) in bin_specs
 
 
 def is_planned(params: Mapping[str, Any]) -> bool:
@@ -207,7 +232,8 @@ def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: Sha
     extra = tuple(keys.values())[1:]
     ahead = PreEncode(tiles=tuple(k for space, k in keys.items() if space in plan.tile_spaces), level=plan.tile_level,
                       bins=tuple((keys[space], k, output_space(space).transfer) for space, k in plan.bin_specs
-                                 if space in keys))
+                                 if space in keys),
+                      lean=tuple(k for space, k in keys.items() if space in plan.lean_spaces))
     if spec.groups_phase is not None:
         groups = tuple(shard_key(job_id, spec.groups_phase, ShardKind.FRAME_GROUP.value, i)
                        for i in range(payload.groups or 0))

@@ -15,6 +15,7 @@ from services.jobs.plan import (
     ShardKind,
     ShardPayload,
     bin_plan,
+    lean_plan,
     single_frame_phases,
     stack_phases,
     tile_plan,
@@ -133,10 +134,11 @@ def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params
     render = replace(shot.render, raw_merge=True) if stack and settings.stack_raw_merge and not shot.pixel_shift \
         else shot.render
     height, width = shot.frames[0].height, shot.frames[0].width
+    tiles = tile_plan(recipes, settings.gpu_deflate == "on" or (settings.gpu_deflate == "batch" and batch_lane))
+    bins = bin_plan(recipes, height, width, settings.gpu_encode)
     return JobPlan(frames=shot.frames, render=render, n_workers=n_workers,
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(height, width), gpu_memory_mb=gpu_memory_mb,
-                   tile_spaces=tile_plan(recipes, settings.gpu_deflate == "on" or (
-                       settings.gpu_deflate == "batch" and batch_lane)), tile_level=settings.gpu_deflate_level,
-                   bin_specs=bin_plan(recipes, height, width, settings.gpu_encode),
+                   tile_spaces=tiles, tile_level=settings.gpu_deflate_level, bin_specs=bins,
+                   lean_spaces=lean_plan(recipes, tiles, bins, height, width) if settings.lean_strips else (),
                    extra=with_decoded_source(params, shot.frames[0]))

@@ -163,19 +163,25 @@ def mosaic_tensor(mosaic: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(arr if arr.flags.writeable else arr.copy()).to(device)
 
 
+# A strip's rows on the device, per output space -> the row ranges still to download (None: all of them).
+OnDevice = Callable[[int, torch.Tensor], Sequence[tuple[int, int]] | None]
+
+
 @dataclass(frozen=True)
 class RowsOut:
     """Where a strip's rows go: rows ``[top, bottom)`` of the rendered (halo'd) image, downloaded through the
     pinned staging slots straight into ``into`` (one C-contiguous (bottom - top, W, 3) uint16 array per output
     space, e.g. the memory maps a shard publishes), after ``ready()`` (a prefault's wait) returns.
     ``on_device(space, rows)``: called with each space's rows while they are still on the device, before their
-    download (a worker compresses TIFF tiles from them: no second upload)."""
+    download (a worker compresses TIFF tiles from them: no second upload); it may return the row ranges
+    ``[(a, b), ...]`` of ``into`` still wanted (a lean strip, :func:`services.pipeline.shards.kept_rows`): only
+    those are downloaded, the rest of ``into`` is left as it is."""
 
     top: int
     bottom: int
     into: Sequence[np.ndarray] | None = None
     ready: Callable[[], object] | None = None
-    on_device: Callable[[int, torch.Tensor], object] | None = None
+    on_device: OnDevice | None = None
 
 
 def encode_spaces(rgb: torch.Tensor, params: RenderParams, rows: RowsOut | None = None) -> list[np.ndarray]:
@@ -191,14 +197,18 @@ def encode_spaces(rgb: torch.Tensor, params: RenderParams, rows: RowsOut | None 
             out.append(codes.contiguous().cpu().numpy())
             continue
         codes = codes[rows.top : rows.bottom].contiguous()  # the strip's own rows, cropped on the device
-        if rows.on_device is not None:
-            rows.on_device(i, codes)
+        wanted = rows.on_device(i, codes) if rows.on_device is not None else None
         if rows.into is None:
             out.append(codes.cpu().numpy())
             continue
         if i == 0 and rows.ready is not None:
             rows.ready()
-        out.append(download(codes, rows.into[i]))
+        if wanted is None:
+            out.append(download(codes, rows.into[i]))
+            continue
+        for a, b in wanted:
+            download(codes[a:b], rows.into[i][a:b])
+        out.append(rows.into[i])
     return out
 
 
@@ -270,7 +280,7 @@ def render_strip(source: np.ndarray, y0: int, y1: int, params: RenderParams,
 def render_strip_spaces(source: np.ndarray, y0: int, y1: int, params: RenderParams,
                         device: torch.device | str = "cpu", normalized: bool = False,
                         into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None,
-                        on_device: Callable[[int, torch.Tensor], object] | None = None) -> list[np.ndarray]:
+                        on_device: OnDevice | None = None) -> list[np.ndarray]:
     """Render rows [y0, y1) of the full (H, W) mosaic ``source`` (may be a ``np.memmap``): one (y1 - y0, W, 3)
     uint16 array per output space (primary first), from one model pass.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -19,15 +19,16 @@ import torch
 
 from services.errors import IntermediateLost
 from services.pipeline import tiles
-from services.pipeline.binning import binned, preview_sums
+from services.pipeline.binning import bin_rows_in, binned, preview_sums
 from services.pipeline.preview import preview_factor
-from services.pipeline.render import RenderParams, render_strip_spaces
+from services.pipeline.render import OnDevice, RenderParams, render_strip_spaces
 from services.pipeline.stack import (
     ACCUMULATOR_CHANNELS,
     accumulator_channels,
     merge_frame_group,
     render_stack_strip_spaces,
 )
+from services.pipeline.tiles import TILE_H, tile_rows_in
 from services.pipeline.transfer import download_to, prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
@@ -49,6 +50,7 @@ class PreEncode:
     tiles: tuple[str, ...] = ()
     level: int = 2
     bins: tuple[tuple[str, int, str], ...] = ()
+    lean: tuple[str, ...] = ()  # result keys no output reads the full rows of once their tiles and bins are made
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,27 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
     return shard.out
 
 
-OnDevice = Callable[[int, torch.Tensor], object]
 Render = Callable[..., None]  # (y0, y1, into, ready, on_device=None): a strip's rows into ``into``
+
+
+def kept_rows(y0: int, y1: int, height: int, units: Sequence[int], tiled: bool) -> list[tuple[int, int]]:
+    """The rows ``[a, b)`` (from ``y0``) of a lean strip ``[y0, y1)`` that the writer may still read: those of the
+    units (TIFF tile rows when ``tiled``, bins and preview blocks of ``units`` rows each) that straddle the strip's
+    neighbours, which the writer makes from both strips' rows. The rest it takes from the tiles, bins and sums made
+    beside the strip; the image's last rows that make no whole bin are read by nothing. All of them when the strip
+    holds no whole unit of some kind."""
+    held = [(TILE_H, tile_rows_in(y0, y1, height))] if tiled else []
+    held += [(k, bin_rows_in(y0, y1, k)) for k in units]
+    head, tail = 0, y1 - y0
+    for size, inside in held:
+        if not len(inside):
+            return [(0, y1 - y0)]
+        head = max(head, inside.start * size - y0)
+        if y1 < height:
+            tail = min(tail, inside.stop * size - y0)
+    if head >= tail:
+        return [(0, y1 - y0)]
+    return [(a, b) for a, b in ((0, head), (tail, y1 - y0)) if b > a]
 
 
 def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: int, height: int, render: Render,
@@ -161,9 +182,11 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     made = _Made()
     srgb = shard.params.spaces.index("srgb") if "srgb" in shard.params.spaces and (ahead.tiles or ahead.bins) else -1
 
-    def on_device(space: int, rows: torch.Tensor) -> None:  # the writer's work from the rows still on the device
+    lean = _lean_spaces(shard, keys, tile_spaces, srgb, height, width)
+
+    def on_device(space: int, rows: torch.Tensor) -> list[tuple[int, int]] | None:  # the writer's work, on device
         if rows.shape[0] != shape[0]:  # (an out-of-memory split: the host path in _pre_encode)
-            return
+            return None
         t = time.perf_counter()
         for key, k, transfer in ahead.bins:
             if key == keys[space]:
@@ -176,17 +199,38 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
             if streams is not None:
                 made.tiles[keys[space]] = streams
         made.seconds += time.perf_counter() - t
+        if space in lean and made.covers(keys[space], ahead, space == srgb):
+            made.lean.append(keys[space])
+            return lean[space]  # a lean strip: only the rows its neighbours' straddling units need
+        return None
 
     t0 = time.perf_counter()
     with ExitStack() as stack:  # entered primary first, so it is published (exited) last
         outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
-        waits = [prefault(out) for out in outs]
+        waits = [prefault(out[a:b]) for i, out in enumerate(outs) for a, b in lean.get(i, [(0, shape[0])])]
         split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
                      on_device if tile_spaces or ahead.bins else None)
         t1 = time.perf_counter()
         _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, made)
     log.info("strip %s: rendered and downloaded in %.2fs (of which bins and tiles on the device %.2fs), bins and "
-             "tiles stored in %.2fs", shard.out, t1 - t0, made.seconds, time.perf_counter() - t1)
+             "tiles stored in %.2fs%s", shard.out, t1 - t0, made.seconds, time.perf_counter() - t1,
+             f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "")
+
+
+def _lean_spaces(shard: StripShard | StackStripShard, keys: list[str], tile_spaces: set[int], srgb: int,
+                 height: int, width: int) -> dict[int, list[tuple[int, int]]]:
+    """The output spaces (by index) whose strip may be lean on this worker, with the rows it keeps
+    (:func:`kept_rows` of its tile rows, bins and preview blocks): those the plan made lean whose tiles, if asked
+    for, this worker makes, and that hold some whole unit."""
+    out = {}
+    for i, key in enumerate(keys):
+        if key not in shard.ahead.lean or (key in shard.ahead.tiles and i not in tile_spaces):
+            continue
+        units = [k for b, k, _ in shard.ahead.bins if b == key] + ([preview_factor(height, width)] if i == srgb else [])
+        rows = kept_rows(shard.y0, shard.y1, height, units, i in tile_spaces)
+        if rows != [(0, shard.y1 - shard.y0)]:
+            out[i] = rows
+    return out
 
 
 @dataclass
@@ -198,6 +242,14 @@ class _Made:
     tiles: dict[str, tuple[torch.Tensor, np.ndarray]] = field(default_factory=dict)
     preview: tuple[str, np.ndarray] | None = None  # (key, the final preview's block sums)
     seconds: float = 0.0
+    lean: list[str] = field(default_factory=list)  # result keys whose full rows were not downloaded
+
+    def covers(self, key: str, ahead: PreEncode, srgb: bool) -> bool:
+        """Whether everything ``ahead`` asks of ``key``'s rows was made (then the writer needs none but the
+        straddling ones)."""
+        return ((key not in ahead.tiles or key in self.tiles)
+                and all((key, k) in self.bins for b, k, _ in ahead.bins if b == key)
+                and (not srgb or self.preview is not None))
 
 
 def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarray], y0: int, height: int,

@@ -49,6 +49,7 @@ from services.pipeline.ops.merge import (
 )
 from services.pipeline.render import (
     SHARPEN_SIGMA,
+    OnDevice,
     RenderParams,
     RowsOut,
     check_strip,
@@ -415,7 +416,7 @@ def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: R
 def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, params: RenderParams,
                               device: str | torch.device = "cpu", *, pixel_shift: bool,
                               into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None,
-                              on_device: Callable[[int, torch.Tensor], object] | None = None) -> list[np.ndarray]:
+                              on_device: OnDevice | None = None) -> list[np.ndarray]:
     """Rows [y0, y1) of the stack's final image, one (y1 - y0, W, 3) uint16 array per output space (primary
     first), straight from the group accumulators.
 

@@ -103,6 +103,21 @@ def test_bins_are_planned_for_resized_outputs_only() -> None:
     assert bin_plan(recipes, 7728, 10304, False) == () and bin_plan(recipes[:1], 7728, 10304, True) == ()
 
 
+def test_a_space_is_lean_when_every_recipe_of_it_is_made_from_gpu_tiles_or_bins() -> None:
+    from services.export.recipes import resolve_recipes
+    from services.jobs.plan import bin_plan, lean_plan, tile_plan
+
+    def lean(names: list[str], tiles: bool = True, bins: bool = True) -> tuple[str, ...]:
+        recipes = resolve_recipes(names)
+        return lean_plan(recipes, tile_plan(recipes, tiles), bin_plan(recipes, 7728, 10304, bins), 7728, 10304)
+
+    assert lean(["tiff16", "jpeg-proof"]) == ("srgb",)
+    assert lean(["tiff16", "jpeg-proof"], tiles=False) == ()  # the TIFF is compressed from the rows
+    assert lean(["jpeg-proof"], tiles=False) == ("srgb",)  # bins only: lean on any worker
+    assert lean(["tiff16", "jpeg-proof"], bins=False) == ()
+    assert lean(["tiff16", "png16"]) == ()  # a full-size PNG reads every row
+
+
 def _stored_shot(tmp_path, synth_dir):  # type: ignore[no-untyped-def]
     """The synthetic IQ3_S frame decoded into a LocalStorage at ``raw.npy``: (storage, mosaic, render params)."""
     from services.pipeline.shot import shot_render_params
@@ -271,3 +286,78 @@ def test_a_tiff_whose_stored_streams_cover_little_is_streamed_and_still_exact(tm
     with tifffile.TiffFile(io.BytesIO(data)) as tif:
         assert tif.pages[0].tilelength == tiles.TILE_H
         np.testing.assert_array_equal(tif.pages[0].asarray(), img)
+
+
+def test_kept_rows_of_a_lean_strip_are_the_straddling_units_rows() -> None:
+    from services.pipeline.shards import kept_rows
+    from services.pipeline.tiles import TILE_H
+
+    assert kept_rows(0, 1000, 1000, [3, 8], tiled=True) == []  # one strip holds every unit whole: no rows
+    # a middle strip: rows before its first whole tile row and bin, and after its last
+    head = -(-100 // TILE_H) * TILE_H - 100
+    tail = 900 // TILE_H * TILE_H - 100
+    assert kept_rows(100, 900, 2000, [3], tiled=True) == [(0, head), (tail, 800)]
+    assert kept_rows(100, 902, 2000, [3], tiled=False) == [(0, 2), (800, 802)]  # bins of 3 rows only
+    assert kept_rows(0, 8, 2000, [16], tiled=False) == [(0, 8)]  # no whole bin: every row
+
+
+def test_a_lean_strip_keeps_only_the_straddling_rows_and_its_outputs_are_the_same(tmp_path, synth_dir) -> None:  # type: ignore[no-untyped-def]
+    """A proof-only job's strips (bins and preview sums made beside them, ``PreEncode.lean``): the rows no unit
+    straddling the strips needs are not downloaded, and the proof and final preview made from the lean strips
+    are byte for byte those made from full ones."""
+    from services.export.derive import box_factor, fit_long_edge
+    from services.export.metadata import OutputMetadata
+    from services.export.output import write_recipe
+    from services.export.recipes import Recipe
+    from services.pipeline.binning import bin_rows_in
+    from services.pipeline.preview import preview_factor, strips_preview
+    from services.pipeline.shards import PreEncode, StripShard, compute_shard, kept_rows
+    from services.raw.meta import CaptureInfo
+    from services.storage.keys import bin_key, preview_sums_key
+
+    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
+    height, width = mosaic.shape
+    recipe = Recipe(name="small-proof", format="jpeg", bits=8, long_edge=max(height, width) // 10, quality=90)
+    k = box_factor(height, width, *fit_long_edge(height, width, recipe.long_edge))
+    f = preview_factor(height, width)
+    cut = height // 3 // (2 * k) * (2 * k) + 2  # an even row inside a bin (k > 2 rows)
+    assert k > 2 and cut % k
+    meta_out = OutputMetadata(CaptureInfo(make="Phase One", model="IQ3"), "frame_00.dng")
+    results = {}
+    for lean in (False, True):
+        strips, bins, sums = [], {k: []}, []
+        for i, (y0, y1) in enumerate([(0, cut), (cut, height)]):
+            key = f"{'lean' if lean else 'full'}/strip_{i:03d}.npy"
+            shard = StripShard(job_id="j", out=key, params=params, y0=y0, y1=y1, source="raw.npy",
+                               ahead=PreEncode(bins=((key, k, "srgb"),), lean=(key,) if lean else ()))
+            compute_shard(storage, shard, "cpu")
+            rows = storage.load_array(key)
+            strips.append((y0, rows))
+            bins[k].append((bin_rows_in(y0, y1, k).start, storage.load_array(bin_key(key, k))))
+            sums.append((bin_rows_in(y0, y1, f).start, storage.load_array(preview_sums_key(key, f))))
+            if lean:  # rows outside the kept ranges were never written (the file's zero pages)
+                kept = np.zeros(y1 - y0, dtype=bool)
+                for a, b in kept_rows(y0, y1, height, [k, f], tiled=False):
+                    kept[a:b] = True
+                assert 0 < kept.sum() < y1 - y0, (height, width, k, f, cut, y0, y1)
+                assert not rows[~kept].any()
+                assert np.array_equal(rows[kept], results[False][0][i][1][kept])
+        proof = write_recipe(storage, f"{lean}.jpg", strips, recipe, meta_out, prebinned=bins)
+        results[lean] = (strips, proof, strips_preview(strips, premade=sums))
+    assert results[True][1] == results[False][1]  # the proof's (sha256, bytes)
+    assert np.array_equal(results[True][2], results[False][2])  # the final preview
+
+
+def test_a_recipe_that_needs_the_full_render_of_a_lean_space_starts_the_job_over() -> None:
+    """A studio's recipe changed between the plan and the finalize to one that reads every row (a full-size PNG)
+    of a space the workers rendered lean: the job starts over (IntermediateLost), re-planned for it."""
+    from types import SimpleNamespace
+
+    from services.errors import IntermediateLost
+    from services.export.recipes import resolve_recipes
+    from services.jobs.finalize import _check_lean
+
+    plan = SimpleNamespace(lean_spaces=("srgb",), tile_spaces=("srgb",), bin_specs=(("srgb", 3),), size=(7728, 10304))
+    _check_lean("j", plan, resolve_recipes(["tiff16", "jpeg-proof"]))  # type: ignore[arg-type]
+    with pytest.raises(IntermediateLost, match="png16"):
+        _check_lean("j", plan, resolve_recipes(["tiff16", "png16"]))  # type: ignore[arg-type]
