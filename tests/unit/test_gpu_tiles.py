@@ -361,3 +361,38 @@ def test_a_recipe_that_needs_the_full_render_of_a_lean_space_starts_the_job_over
     _check_lean("j", plan, resolve_recipes(["tiff16", "jpeg-proof"]))  # type: ignore[arg-type]
     with pytest.raises(IntermediateLost, match="png16"):
         _check_lean("j", plan, resolve_recipes(["tiff16", "png16"]))  # type: ignore[arg-type]
+
+
+def test_a_tiff_from_lean_strips_and_their_gpu_tiles_is_the_full_render(tmp_path, synth_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Lean strips with TIFF tiles (nvCOMP stood in for by the CPU container): each strip keeps only the rows of
+    the tile row straddling the cut; the TIFF the writer makes from them and their tiles reads back as the full
+    render (the straddling tile row compressed from the kept rows of both strips)."""
+    from services.pipeline import shards
+    from services.pipeline.shards import PreEncode, StripShard, compute_shard
+    from services.storage.keys import tile_keys
+
+    def fake_device_tiles(rows, y0, height, device, level=0):  # type: ignore[no-untyped-def]
+        blob, index = tiles.cpu_tile_streams(rows.cpu().numpy(), y0, height)
+        return torch.from_numpy(blob.copy()), index
+
+    monkeypatch.setattr(shards.tiles, "gpu_available", lambda device: True)
+    monkeypatch.setattr(shards.tiles, "device_tile_streams", fake_device_tiles)
+    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
+    height = mosaic.shape[0]
+    cut = (height // 3 + 37) // 2 * 2  # off the 64-row tile grid
+    full, lean, pretiled = [], [], []
+    for i, (y0, y1) in enumerate([(0, cut), (cut, height)]):
+        for name, bands in (("full", full), ("lean", lean)):
+            key = f"{name}/strip_{i:03d}.npy"
+            compute_shard(storage, StripShard(job_id="j", out=key, params=params, y0=y0, y1=y1, source="raw.npy",
+                                              ahead=PreEncode(tiles=(key,), level=0,
+                                                              lean=(key,) if name == "lean" else ())), "cpu")
+            bands.append((y0, storage.load_array(key)))
+        blob_key, index_key = tile_keys(key)
+        pretiled.append((storage.load_array(blob_key), storage.load_array(index_key)))
+    whole = np.concatenate([r for _, r in full])
+    assert not np.array_equal(np.concatenate([r for _, r in lean]), whole)  # rows were left out
+    assert not lean[0][1][: cut // tiles.TILE_H * tiles.TILE_H].any()  # strip 0 kept only its last partial tile row
+    write_tiff(storage, "lean.tif", lean, compression="deflate", pretiled=pretiled)
+    with storage.open("lean.tif") as f, tifffile.TiffFile(io.BytesIO(f.read())) as tif:
+        np.testing.assert_array_equal(tif.pages[0].asarray(), whole)
