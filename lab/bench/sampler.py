@@ -2,7 +2,8 @@
 
 A thread samples every ``interval`` seconds: NVML (``nvidia-ml-py``, where a GPU driver exists) for each GPU's
 utilisation and the memory of each process on it, psutil for the busy fraction of all cores, the host's used
-memory and each process's CPU seconds, labelled by role (a Celery worker by its node name without the host, the
+memory, each disk's bytes and busy time (``/proc/diskstats``: where a batch waits on the disk) and each process's
+CPU seconds, labelled by role (a Celery worker by its node name without the host, the
 ``strata serve`` process, redis, this benchmark; the rest "other"), so a window says how many core-seconds each role
 spent.
 ``window(t0, t1)`` summarises the samples taken between two ``time.monotonic()`` stamps, so one sampler serves
@@ -28,6 +29,7 @@ class Sample:
     gpu_busy: list[float] = field(default_factory=list)  # 0..1 per GPU
     gpu_process_bytes: dict[int, int] = field(default_factory=dict)  # pid -> bytes on any GPU
     cpu_seconds: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (role, user + system seconds)
+    disks: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # disk -> (read, written bytes, busy ms)
 
 
 def role(cmdline: list[str]) -> str:
@@ -118,7 +120,8 @@ class ResourceSampler:
         while not self._stop.wait(self.interval):
             busy, per_pid = self._nvml.read() if self._nvml.handles else ([], {})
             self.samples.append(Sample(time.monotonic(), psutil.cpu_percent(interval=None) / 100.0,
-                                       int(psutil.virtual_memory().used), busy, per_pid, self._procs.read()))
+                                       int(psutil.virtual_memory().used), busy, per_pid, self._procs.read(),
+                                       _disks()))
 
     def window(self, t0: float, t1: float) -> dict[str, Any]:
         """Mean busy fractions and peaks of the samples taken in [t0, t1] (empty dict when none were)."""
@@ -132,6 +135,9 @@ class ResourceSampler:
             "host_used_peak_bytes": max(s.host_used_bytes for s in inside),
             "cpu_seconds_by_role": self._cpu_by_role(t0, inside),
         }
+        disks = _disk_window(inside)
+        if disks:
+            out["disks"] = disks
         if inside[0].gpu_busy:
             n = len(inside[0].gpu_busy)
             out["gpu_busy_mean"] = [sum(s.gpu_busy[i] for s in inside) / len(inside) for i in range(n)]
@@ -158,6 +164,39 @@ class ResourceSampler:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def _disks() -> dict[str, tuple[int, int, int]]:
+    """Each whole disk's (read bytes, written bytes, busy milliseconds); partitions, loop and RAM devices left out
+    (empty where psutil cannot read the counters)."""
+    try:
+        counters = psutil.disk_io_counters(perdisk=True, nowrap=True) or {}
+    except (OSError, RuntimeError):
+        return {}
+    whole = set(os.listdir("/sys/block")) if os.path.isdir("/sys/block") else set(counters)
+    out = {}
+    for name, c in counters.items():
+        if name not in whole or name.startswith(("loop", "ram", "zram", "sr")):
+            continue
+        out[name] = (int(c.read_bytes), int(c.write_bytes), int(getattr(c, "busy_time", 0)))
+    return out
+
+
+def _disk_window(inside: list[Sample]) -> dict[str, dict[str, float]]:
+    """Per disk that moved data between the first and last sample: busy fraction (the kernel's io_ticks: time with
+    a request in flight), MB read and written per second."""
+    first, last = inside[0], inside[-1]
+    span = last.t - first.t
+    out: dict[str, dict[str, float]] = {}
+    for name, (read, written, busy) in last.disks.items():
+        if name not in first.disks or span <= 0:
+            continue
+        r0, w0, b0 = first.disks[name]
+        if read == r0 and written == w0:
+            continue
+        out[name] = {"busy": min(1.0, (busy - b0) / 1000.0 / span), "read_mb_s": (read - r0) / 1e6 / span,
+                     "write_mb_s": (written - w0) / 1e6 / span}
+    return out
+
+
 def cpu_summary(window: dict[str, Any], frames: int) -> str:
     """One line: core-seconds per frame by role (the largest first), from a window's ``cpu_seconds_by_role``."""
     roles = window.get("cpu_seconds_by_role") or {}
@@ -178,5 +217,9 @@ def busy_summary(window: dict[str, Any]) -> str:
         peak = max(window["gpu_memory_peak_bytes_by_pid"].values(), default=0)
         parts.append(f"GPU mem peak/worker {peak / 2**30:.1f} GiB")
     parts.append(f"CPU busy {window['cpu_busy_mean']:.0%}")
+    disks = window.get("disks") or {}
+    if disks:  # the busiest disk: a batch that writes faster than it can sync waits here
+        name, d = max(disks.items(), key=lambda kv: kv[1]["busy"])
+        parts.append(f"disk {name} busy {d['busy']:.0%} (write {d['write_mb_s']:.0f} MB/s)")
     parts.append(f"host mem peak {window['host_used_peak_bytes'] / 2**30:.1f} GiB")
     return ", ".join(parts)

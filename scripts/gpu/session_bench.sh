@@ -6,6 +6,7 @@
 # the same batch again with the tiles off (A/B) unless BOTH=0.
 # FAST=1 also times the latency scenarios with the fast model tier (recipe tiff16-fast) on the same service;
 # TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
+# DATA_ROOT (/tmp) holds the services' data dirs (/dev/shm: no disk under the storage, an A/B of the disk).
 # LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run); SINGLE_REPEATS (2) is the
 # number of idle IQ3_S runs timed before each batch.
 # AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease);
@@ -33,7 +34,7 @@ serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   for _ in $(seq 1 180); do grep -qx "ready" "$2" && break; kill -0 "$SERVE" 2>/dev/null || break; sleep 1; done
 }
 stop() { kill "$SERVE"; wait "$SERVE" 2>/dev/null; sleep 2; }
-DATA=$(mktemp -d /tmp/strata-svc-XXXX)
+DATA=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
 STRATA_GPU_DEFLATE=$TILES serve "$DATA" "$OUT/serve.log"
 echo "service with STRATA_GPU_DEFLATE=$TILES"
 [ "${LATENCY:-1}" = 1 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 \
@@ -64,7 +65,7 @@ grep -h "ingested:" "$DATA"/logs/*.log | grep -o "decoded in [0-9.]*s, planned i
   | tr '\n' ' '; echo
 stop
 if [ "${TILES_AB:-0}" = 1 ]; then
-  DATA3=$(mktemp -d /tmp/strata-svc-XXXX)
+  DATA3=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
   STRATA_GPU_DEFLATE=batch serve "$DATA3" "$DATA3/serve.log"
   echo "latency with STRATA_GPU_DEFLATE=batch"
   python3 -m cli.main bench service --data-dir "$DATA3" --scale 1.0 --scenarios single --repeats "$((REPEATS * 2))" \
@@ -73,7 +74,7 @@ if [ "${TILES_AB:-0}" = 1 ]; then
 fi
 IFS=';' read -ra SETS <<< "${AB:-}"  # AB="NAME=VALUE ...[;NAME=VALUE ...]": the batch again on a service per set
 for i in "${!SETS[@]}"; do
-  DATA4=$(mktemp -d /tmp/strata-svc-XXXX)
+  DATA4=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
   SERVE_ENV=${SETS[$i]} serve "$DATA4" "$DATA4/serve.log"
   echo "service with ${SETS[$i]}"
   python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
@@ -82,7 +83,7 @@ for i in "${!SETS[@]}"; do
   stop
 done
 if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
-  DATA2=$(mktemp -d /tmp/strata-svc-XXXX)
+  DATA2=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
   STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"
   echo "service with STRATA_GPU_DEFLATE=off"
   python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \

@@ -33,6 +33,7 @@ from services.pipeline.ops import (
     white_balance,
     white_balance_rgb,
 )
+from services.pipeline.ops._checks import small
 from services.pipeline.transfer import download, upload
 from services.raw.meta import LAYOUT_BAYER, LAYOUT_LINEAR, LAYOUTS
 
@@ -257,7 +258,7 @@ def render_linear_spaces(image: np.ndarray, params: RenderParams, device: torch.
         torch.from_numpy(np.array(image, dtype=np.float32)).to(dev)  # (H, W, 3)
     rgb = white_balance_rgb(normalize_linear(x, params.black, params.white), params.gains)  # (1, 3, H, W)
     shot, read = noise_per_channel(params)
-    rgb = denoise_lee(rgb, torch.tensor(shot, device=dev), torch.tensor(read, device=dev),
+    rgb = denoise_lee(rgb, small(shot, dev), small(read, dev),
                       radius=LINEAR_DENOISE_RADIUS)
     rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W) linear WB camera RGB
     return encode_spaces(rgb, params, rows)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -206,7 +207,9 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
 
     t0 = time.perf_counter()
     with ExitStack() as stack:  # entered primary first, so it is published (exited) last
-        outs = [stack.enter_context(storage.array_writer(key, shape, np.uint16, durable=False)) for key in keys]
+        outs = [stack.enter_context(storage.array_writer(
+            key, shape, np.uint16, durable=False, written=partial(_written_rows, made, key, lean.get(i))))
+            for i, key in enumerate(keys)]
         waits = [prefault(out[a:b]) for i, out in enumerate(outs) for a, b in lean.get(i, [(0, shape[0])])]
         split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
                      on_device if tile_spaces or ahead.bins else None)
@@ -215,6 +218,11 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     log.info("strip %s: rendered and downloaded in %.2fs (of which bins and tiles on the device %.2fs), bins and "
              "tiles stored in %.2fs%s", shard.out, t1 - t0, made.seconds, time.perf_counter() - t1,
              f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "")
+
+
+def _written_rows(made: _Made, key: str, kept: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+    """The rows of ``key``'s strip that hold values: those kept where the strip went lean, else all (None)."""
+    return kept if key in made.lean else None
 
 
 def _lean_spaces(shard: StripShard | StackStripShard, keys: list[str], tile_spaces: set[int], srgb: int,

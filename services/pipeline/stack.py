@@ -37,6 +37,7 @@ from services.pipeline.ops import (
     sharpen,
     white_balance,
 )
+from services.pipeline.ops._checks import small
 from services.pipeline.ops.align import estimate_shift
 from services.pipeline.ops.filters import box_mean
 from services.pipeline.ops.levels import normalize_levels
@@ -307,7 +308,7 @@ def _restore_measured(estimate: torch.Tensor, measured: torch.Tensor, weight: to
     not explain (:data:`PIXEL_SHIFT_RESTORE_TOLERANCE`). ``weight`` (1, 3, H, W): samples per channel; a site
     with less than one (the reference's demosaiced fallback) keeps the estimate in proportion."""
     dev = estimate.device
-    shot, read = (torch.tensor(v, dtype=torch.float32, device=dev).view(1, 3, 1, 1) for v in noise_per_channel(params))
+    shot, read = (small(v, dev, torch.float32).view(1, 3, 1, 1) for v in noise_per_channel(params))
     variance = (shot * measured.clamp(min=0.0) + read) / weight.clamp(min=1e-3)
     diff = measured - estimate
     energy = box_mean(diff.square(), BLEND_RADIUS)
@@ -329,8 +330,8 @@ def _blend_raw(x: torch.Tensor, raw: torch.Tensor, raw_weight: torch.Tensor, wei
     colour has enough kernel weight ``raw_weight`` (1, 3, H, W) (:data:`RAW_MERGE_MIN_WEIGHT`) and where the merge
     weight ``weight`` (1, 1, H, W, frames) says no frame moved."""
     dev = x.device
-    shot, read = (torch.tensor(v, dtype=torch.float32, device=dev) / params.frames for v in noise_per_channel(params))
-    gains = torch.tensor(params.gains, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    shot, read = (small(v, dev, torch.float32) / params.frames for v in noise_per_channel(params))
+    gains = small(params.gains, dev, torch.float32).view(1, 3, 1, 1)
     d = _remosaic_enhance(raw * gains, params, shot * RAW_MERGE_NOISE_SHARE, read * RAW_MERGE_NOISE_SHARE)
     d = sharpen(d, params.sharpen_amount, SHARPEN_SIGMA)
     noise = (shot.view(1, 3, 1, 1) * x.clamp(min=0.0) + read.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
@@ -343,7 +344,7 @@ def _blend_bayer(a: torch.Tensor, bayer: torch.Tensor, params: RenderParams) -> 
     """Blend the sharpened RGB path ``a`` (1, 3, H, W) with the package's render of the fused Bayer mosaic
     (1, 1, H, W, normalised camera values) where the two agree (see :data:`BLEND_TOLERANCE`)."""
     dev = a.device
-    shot, read = (torch.tensor(v, dtype=torch.float32, device=dev) / params.frames for v in noise_per_channel(params))
+    shot, read = (small(v, dev, torch.float32) / params.frames for v in noise_per_channel(params))
     enhancer = load_enhancer(params.camera, dev, package=params.model)
     b = enhancer.enhance(white_balance(bayer, params.gains, params.cfa), params.cfa, shot, read)
     b = sharpen(b, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W)
@@ -379,11 +380,11 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
         raise ValueError(f"fused stack must be (1, 5|6|11, H, W): RGB + merge weights (+ Bayer (+ raw merge)), "
                          f"got {tuple(fused.shape)}")
     dev = fused.device
-    gains = torch.tensor(params.gains, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    gains = small(params.gains, dev, torch.float32).view(1, 3, 1, 1)
     pixel_shift = fused.shape[1] == 6
     x, weight = fused[:, :3].float() * gains, fused[:, 3:6 if pixel_shift else 4].float()
-    factors = torch.tensor(noise_factors, dtype=torch.float32, device=dev)  # (3,)
-    shot, read = (torch.tensor(v, dtype=torch.float32, device=dev) * factors for v in noise_per_channel(params))
+    factors = small(noise_factors, dev, torch.float32)  # (3,)
+    shot, read = (small(v, dev, torch.float32) * factors for v in noise_per_channel(params))
     if pixel_shift:
         estimate = _remosaic_enhance(x, params, shot * PIXEL_SHIFT_NOISE_SHARE, read * PIXEL_SHIFT_NOISE_SHARE)
         x = _restore_measured(sharpen(estimate, params.sharpen_amount, SHARPEN_SIGMA), x, weight, params)

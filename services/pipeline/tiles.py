@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from services.pipeline.ops._checks import small
 from services.pipeline.transfer import download, upload
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ def zlib_pack(flat: torch.Tensor, sizes: torch.Tensor, checks: torch.Tensor) -> 
     src_starts = torch.cumsum(sizes, 0) - sizes
     shift = torch.repeat_interleave(starts + 2 - src_starts, sizes, output_size=flat.numel())
     out[torch.arange(flat.numel(), device=dev) + shift] = flat
-    shifts = torch.tensor([24, 16, 8, 0], dtype=torch.int64, device=dev)
+    shifts = small([24, 16, 8, 0], dev, torch.int64)
     trailer = ((checks.to(device=dev, dtype=torch.int64)[:, None] >> shifts) & 0xFF).to(torch.uint8)
     out[(starts + 2 + sizes)[:, None] + torch.arange(4, device=dev)] = trailer
     return out if n else out[:0]

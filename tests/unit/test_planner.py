@@ -119,6 +119,28 @@ def test_memory_mapped_arrays_carry_a_sample_digest(tmp_path: Path) -> None:
         storage.load_array("jobs/a/g.npy")
 
 
+def test_a_lean_array_samples_only_the_rows_it_wrote(tmp_path: Path) -> None:
+    """A lean strip leaves rows unwritten on purpose (holes of a sparse file): its digest samples the rows it wrote,
+    the reader samples the same rows, and a hole inside them is still noticed."""
+    storage = LocalStorage(tmp_path)
+    values = np.arange(40 * 300 * 3, dtype=np.uint16).reshape(40, 300, 3) + 1
+    kept = [(0, 6), (30, 40)]
+    with storage.array_writer("jobs/a/s.npy", values.shape, np.uint16, durable=False, written=lambda: kept) as out:
+        for a, b in kept:
+            out[a:b] = values[a:b]
+    assert storage.local_path("jobs/a/s.npy.sample").read_text().startswith("rows 0:6,30:40 ")
+    loaded = storage.load_array("jobs/a/s.npy")
+    np.testing.assert_array_equal(loaded[30:40], values[30:40])
+    assert not loaded[6:30].any()
+    path = storage.local_path("jobs/a/s.npy")
+    data = bytearray(path.read_bytes())
+    row = 300 * 3 * 2
+    data[len(data) - 5 * row : len(data) - 3 * row] = bytes(2 * row)  # a hole inside the written rows
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="sample digest"):
+        storage.load_array("jobs/a/s.npy")
+
+
 def test_strips_are_sized_from_the_gpu_memory_budget() -> None:
     from services.jobs.planner import DEFAULT_STRIP_ROWS, STRIP_BYTES_PER_PIXEL, strip_rows_for
 

@@ -13,6 +13,7 @@ from torch import Tensor
 from services.pipeline.models.base import Enhancer
 from services.pipeline.models.manifest import Manifest
 from services.pipeline.ops import MALVAR_RADIUS, demosaic_malvar, denoise_lee
+from services.pipeline.ops._checks import small
 
 ARCHITECTURE = "classical"
 DENOISE_RADIUS = 2
@@ -36,7 +37,7 @@ class ClassicalEnhancer(Enhancer):
         self.noise_factors = tuple(float(f) for f in manifest.config.get("noise_factors", DEMOSAIC_NOISE_FACTORS))
 
     def _enhance(self, mosaic: Tensor, cfa: str, shot: Tensor, read: Tensor) -> Tensor:
-        factors = torch.tensor(self.noise_factors, dtype=mosaic.dtype, device=mosaic.device)  # (3,)
+        factors = small(self.noise_factors, mosaic.device, mosaic.dtype)  # (3,)
         rgb = demosaic_malvar(mosaic, cfa)  # (B, 3, H, W)
         return denoise_lee(rgb, factors * shot, factors * read, radius=self.denoise_radius)
 

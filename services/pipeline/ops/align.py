@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from services.pipeline.ops._checks import check_mosaic
+from services.pipeline.ops._checks import check_mosaic, small
 from services.pipeline.ops.cfa import cfa_channels, split_sites
 from services.pipeline.ops.demosaic import demosaic_malvar
 
@@ -67,7 +67,7 @@ def mosaic_grey(mosaic: Tensor, cfa: str) -> Tensor:
 
 def _blur(image: Tensor) -> Tensor:
     """Separable binomial blur of (h, w), replicate borders."""
-    k = torch.tensor(_PYRAMID_TAPS, dtype=image.dtype, device=image.device)
+    k = small(_PYRAMID_TAPS, image.device, image.dtype)
     x = F.pad(image[None, None], (2, 2, 2, 2), mode="replicate")  # (1, 1, h+4, w+4)
     x = F.conv2d(x, k.view(1, 1, 5, 1))  # (1, 1, h, w+4)
     return F.conv2d(x, k.view(1, 1, 1, 5))[0, 0]  # (h, w)

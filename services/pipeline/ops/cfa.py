@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from services.pipeline.ops._checks import small
+
 CFA_PATTERNS: tuple[str, ...] = ("RGGB", "BGGR", "GRBG", "GBRG")
 _CHANNEL = {"R": 0, "G": 1, "B": 2}
 
@@ -27,7 +29,7 @@ def site_map(values: Tensor, h: int, w: int) -> Tensor:
 def cfa_masks(cfa: str, h: int, w: int, device: torch.device | str | None = None,
               dtype: torch.dtype = torch.float32) -> Tensor:
     """One-hot colour masks (3, H, W): mask[c, y, x] = 1 where site (y, x) records channel c."""
-    sites = torch.tensor(cfa_channels(cfa), device=device).view(2, 2)
+    sites = small(cfa_channels(cfa), device).view(2, 2)
     channel = site_map(sites, h, w)  # (H, W) channel index per pixel
     wanted = torch.arange(3, device=device).view(3, 1, 1)
     return (channel.unsqueeze(0) == wanted).to(dtype)  # (3, H, W)

@@ -50,7 +50,7 @@ def apply_matrix(rgb: Tensor, m: Tensor | np.ndarray | tuple) -> Tensor:
     """
     check_image(rgb, 3, "rgb")
     mat = torch.as_tensor(np.asarray(m, dtype=np.float64) if not isinstance(m, Tensor) else m,
-                          dtype=rgb.dtype, device=rgb.device)
+                          dtype=rgb.dtype).cpu()  # on the host: a device matrix's tolist() waits for the device
     if mat.shape != (3, 3):
         raise ValueError(f"matrix must be (3, 3), got {tuple(mat.shape)}")
     coef = mat.tolist()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from services.pipeline.ops._checks import small
 from services.pipeline.ops.cfa import site_map
 
 
@@ -24,7 +25,7 @@ def normalize_levels(raw: Tensor, black: Sequence[float], white: float) -> Tenso
         raise ValueError(f"black must hold 4 per-site levels, got {len(black)}")
     if any(float(b) >= float(white) for b in black):
         raise ValueError(f"white level {white} must exceed every black level {tuple(black)}")
-    b = torch.tensor([float(v) for v in black], dtype=torch.float32, device=raw.device).view(2, 2)
+    b = small([float(v) for v in black], raw.device, torch.float32).view(2, 2)
     black_map = site_map(b, *raw.shape)  # (H, W)
     return ((raw.to(torch.float32) - black_map) / (float(white) - black_map)).clamp_(0.0, 1.0)
 
@@ -40,6 +41,6 @@ def normalize_linear(raw: Tensor, black: Sequence[float], white: float) -> Tenso
         raise ValueError(f"black must hold the R, G, B levels, got {len(black)} values")
     if any(float(b) >= float(white) for b in black[:3]):
         raise ValueError(f"white level {white} must exceed every black level {tuple(black)}")
-    b = torch.tensor([float(v) for v in black[:3]], dtype=torch.float32, device=raw.device).view(1, 3, 1, 1)
+    b = small([float(v) for v in black[:3]], raw.device, torch.float32).view(1, 3, 1, 1)
     x = raw.to(torch.float32).permute(2, 0, 1)[None]  # (1, 3, H, W)
     return ((x - b) / (float(white) - b)).clamp_(0.0, 1.0)

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from services.pipeline.ops._checks import check_mosaic
+from services.pipeline.ops._checks import check_mosaic, small
 from services.pipeline.ops.align import AlignParams, align_frame, grey_pyramid, tiles_to_pixels, warp
 from services.pipeline.ops.cfa import (
     ORIENTATIONS,
@@ -146,7 +146,7 @@ def demosaic_camera(mosaic: Tensor, params: MergeParams, orientation: int = 0) -
     white-balanced mosaic, gains undone. With an ``orientation`` (index into ``ORIENTATIONS``) the demosaic sees
     the mosaic turned or mirrored that way (even H and W: still a Bayer mosaic) and its result is turned back."""
     check_mosaic(mosaic, "mosaic", min_size=8)
-    gains = torch.tensor(params.gains, dtype=torch.float32, device=mosaic.device).view(3, 1, 1)
+    gains = small(params.gains, mosaic.device, torch.float32).view(3, 1, 1)
     balanced = white_balance(mosaic.to(torch.float32)[None, None], params.gains, params.cfa)  # (1, 1, H, W)
     demosaic = params.demosaic or demosaic_malvar
     if orientation == 0:
@@ -187,7 +187,7 @@ def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params
     (:func:`prepare_reference`).
     """
     r = params.window_radius
-    share = torch.tensor(_CHANNEL_SHARE, dtype=reference.dtype, device=reference.device).view(1, 3, 1, 1)
+    share = small(_CHANNEL_SHARE, reference.device, reference.dtype).view(1, 3, 1, 1)
     if local_range:
         lo, hi = local_min_max(reference[None], 1)  # (1, 3, H, W) each
         diff = ((candidate[None] - hi).clamp(min=0.0) - (lo - candidate[None]).clamp(min=0.0)) * samples
@@ -257,7 +257,7 @@ def raw_kernel_sums(frame: Tensor, pixels: Tensor | None, cfa: str, sigma: float
     if pixels is not None:
         sy, sx = sy + pixels[0], sx + pixels[1]
     by, bx = torch.floor(sy), torch.floor(sx)
-    sites = torch.tensor(cfa_channels(cfa), device=dev).view(4)  # channel of site (y % 2) * 2 + x % 2
+    sites = small(cfa_channels(cfa), dev).view(4)  # channel of site (y % 2) * 2 + x % 2
     flat = frame.to(torch.float32).reshape(-1)
     out = torch.zeros(6, h, w, dtype=torch.float32, device=dev)
     wanted = torch.arange(3, device=dev).view(3, 1, 1)
