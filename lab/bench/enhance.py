@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +87,15 @@ def make_inputs(h: int, w: int, dev: str) -> Inputs:
 
 
 def bench_enhance(name: str, package: Path, note: str, precisions: list[str], data: Inputs, dev: str,
-                  repeats: int) -> list[dict[str, Any]]:
+                  repeats: int, orientations: int = 1) -> list[dict[str, Any]]:
     """``Enhancer.enhance`` alone, per precision, the model resident and the data on the device."""
     rows = []
     h, w = data.raw.shape
     for precision in precisions:
         configure_cuda_numerics(precision.endswith("+tf32"))
         enhancer = load_enhancer("IQ3_S", dev, package=str(package), precision=precision.split("+")[0])
-        times = _timed(lambda e=enhancer: e.enhance(data.mosaic, "RGGB", data.shot, data.read), dev, repeats)
+        times = _timed(lambda e=enhancer: e.enhance(data.mosaic, "RGGB", data.shot, data.read, orientations), dev,
+                       repeats)
         rows.append({"package": name, "weights": note, "precision": precision, "stage": "enhance",
                      "megapixels": data.megapixels, "median_s": float(np.median(times)), "min_s": min(times)})
         print(f"{name:<26} {precision:<9} enhance {h}x{w}: median {np.median(times):.4f} s "
@@ -163,14 +164,16 @@ def main(argv: list[str] | None = None) -> None:
     data = make_inputs(h, w, dev)
     rows: list[dict[str, Any]] = []
     for name in [p.strip() for p in args.packages.split(",") if p.strip()]:
-        package = PACKAGES_DIR / name
+        file, _, count = name.partition("@")  # NAME@N: a self-ensemble of N orientations (the max tier: @4)
+        orientations = int(count) if count else 1
+        package = PACKAGES_DIR / file
         note = "shipped weights"
         if not package.exists():
             package, note = _untrained_package(args.tmp), "initialised weights (not yet trained)"
         # "float32+tf32": float32 activations, TF32 tensor cores in the convolutions (the GPU workers' default).
         precisions = ["float32"] + (["float32+tf32", "bfloat16"] if dev.startswith("cuda") else [])
-        rows += bench_enhance(name, package, note, precisions, data, dev, args.repeats)
-        params = params_for(str(package))
+        rows += bench_enhance(name, package, note, precisions, data, dev, args.repeats, orientations)
+        params = replace(params_for(str(package)), orientations=orientations)
         rows.append(bench_render(name, note, params, data, dev, args.repeats))
         rows += check_strips(name, params, data.raw, precisions, dev)
         if dev.startswith("cuda"):

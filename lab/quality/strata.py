@@ -20,17 +20,29 @@ BEST = "strata_jdd_v2"  # the best tier (the default)
 DEFAULT_PACKAGES = (f"{CLASSICAL}.strata", f"{LEARNED}.strata", f"{BEST}.strata")
 
 
+def split_ensemble(package: str) -> tuple[str, int]:
+    """``PACKAGE@N`` (a package rendered as a self-ensemble of N orientations, N = 2, 4 or 8: the ``max`` tier is
+    ``strata_jdd_v2.strata@4``) -> (PACKAGE, N); a plain package -> (package, 1)."""
+    base, _, count = package.rpartition("@")
+    if base and count.isdigit():
+        return base, int(count)
+    return package, 1
+
+
 def package_label(package: str) -> str:
-    """Method name of a package: its file stem (``classical_v1.strata`` -> ``classical_v1``)."""
-    name = Path(package).name
-    return name[: -len(".strata")] if name.endswith(".strata") else name
+    """Method name of a package: its file stem (``classical_v1.strata`` -> ``classical_v1``), with ``@N`` for an
+    ensemble of N orientations."""
+    base, n = split_ensemble(package)
+    name = Path(base).name
+    name = name[: -len(".strata")] if name.endswith(".strata") else name
+    return f"{name}@{n}" if n > 1 else name
 
 
 def package_available(package: str) -> bool:
     """Whether the package resolves to an existing file or directory."""
     from services.pipeline.models.registry import resolve_package
 
-    return resolve_package(package).exists()
+    return resolve_package(split_ensemble(package)[0]).exists()
 
 
 def decode(dng: Path, work: Path) -> tuple[Any, np.ndarray, float]:
@@ -47,7 +59,8 @@ def decode(dng: Path, work: Path) -> tuple[Any, np.ndarray, float]:
 
 def render_strata(meta: Any, mosaic: np.ndarray, package: str, device: str,
                   sharpen_amount: float | None = None) -> tuple[np.ndarray, float]:
-    """The real pipeline: ``shot_render_params`` (sRGB, IQ3_S, ``package``) -> ``render_mosaic``; (image, s).
+    """The real pipeline: ``shot_render_params`` (sRGB, IQ3_S, ``package``, ``PACKAGE@N`` an ensemble of N
+    orientations) -> ``render_mosaic``; (image, s).
 
     ``sharpen_amount`` overrides the pipeline's unsharp-mask amount (a diagnostic; None keeps the default).
     """
@@ -59,7 +72,8 @@ def render_strata(meta: Any, mosaic: np.ndarray, package: str, device: str,
     from services.pipeline.shot import shot_render_params
 
     t0 = time.perf_counter()
-    params = shot_render_params(meta, mosaic, SPACE, CAMERA, model=package)
+    package, orientations = split_ensemble(package)
+    params = replace(shot_render_params(meta, mosaic, SPACE, CAMERA, model=package), orientations=orientations)
     if sharpen_amount is not None:
         params = replace(params, sharpen_amount=sharpen_amount)
     out = render_mosaic(mosaic, params, device)
@@ -72,4 +86,4 @@ def warm_up(package: str, device: str) -> None:
     """Load the package onto the device once, so timings exclude loading (workers keep packages resident)."""
     from services.pipeline.models.registry import load_enhancer
 
-    load_enhancer(CAMERA, device, package=package)
+    load_enhancer(CAMERA, device, package=split_ensemble(package)[0])

@@ -6,6 +6,7 @@
 # the same batch again with the tiles off (A/B) unless BOTH=0.
 # FAST=1 also times the latency scenarios with the fast model tier (recipe tiff16-fast) on the same service;
 # TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
+# BATCH_RECIPE (tiff16) is the batch's main recipe (tiff16-fast: the fast model tier).
 # DATA_ROOT (/tmp) holds the services' data dirs (/dev/shm: no disk under the storage, an A/B of the disk).
 # LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run); SINGLE_REPEATS (2) is the
 # number of idle IQ3_S runs timed before each batch.
@@ -40,7 +41,7 @@ echo "service with STRATA_GPU_DEFLATE=$TILES"
 [ "${LATENCY:-1}" = 1 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 \
   --scenarios single,stack4,stack8 --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
 python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-  --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
+  --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
 if [ "${FAST:-0}" = 1 ]; then
   echo "latency with the fast tier (recipe tiff16-fast)"
   python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,stack4,stack8 \
@@ -78,7 +79,7 @@ for i in "${!SETS[@]}"; do
   SERVE_ENV=${SETS[$i]} serve "$DATA4" "$DATA4/serve.log"
   echo "service with ${SETS[$i]}"
   python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-    --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch \
+    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch \
     --json "$OUT/batch-ab$([ "$i" = 0 ] || echo "-$i").json" 2>&1
   stop
 done
@@ -87,7 +88,7 @@ if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
   STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"
   echo "service with STRATA_GPU_DEFLATE=off"
   python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-    --batch-size "$BATCH" --recipe tiff16 --recipe jpeg-proof --interactive-during-batch \
+    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch \
     --json "$OUT/batch-cpu-deflate.json" 2>&1
   stop
 fi

@@ -54,6 +54,7 @@ class ModelTier(StrEnum):
 
     BEST = "best"
     FAST = "fast"
+    MAX = "max"  # the best package averaged over 4 orientations: +0.6 dB without noise, 4x its GPU time
 
 
 class Compression(StrEnum):
@@ -164,6 +165,8 @@ BUILTIN_RECIPES: dict[str, Recipe] = {r.name: r for r in (
     _builtin("tiff8", "8-bit sRGB TIFF, deflate + predictor, ICC embedded", bits=8),
     _builtin("tiff16-fast", "16-bit sRGB TIFF like tiff16, rendered with the fast model package (less GPU time, "
              "a little less detail and noise reduction)", model="fast"),
+    _builtin("tiff16-max", "16-bit sRGB TIFF like tiff16, the best package averaged over four orientations "
+             "(single frames: about 0.3-0.6 dB more detail, 4x the model's GPU time)", model="max"),
     _builtin("jpeg-proof", "sRGB JPEG proof, 1600 px long edge, quality 90, light output sharpening",
              format="jpeg", bits=8, long_edge=1600, quality=90, sharpen=0.4),
     _builtin("jpeg", "Full-size sRGB JPEG, quality 92", format="jpeg", bits=8, quality=92),
@@ -255,12 +258,13 @@ def resolve_recipes(names: Iterable[str] | None, recipes: Mapping[str, Recipe] |
 
 
 def job_model_tier(recipes: Iterable[Recipe], default: str) -> str:
-    """The package tier a job renders with: ``best`` when any recipe asks for it, else ``fast`` when any asks
-    for that, else ``default`` (the setting)."""
+    """The package tier a job renders with: the most thorough any recipe asks for (``max``, then ``best``, then
+    ``fast``), else ``default`` (the setting)."""
     asked = {r.model for r in recipes if r.model is not None}
-    if ModelTier.BEST in asked:
-        return ModelTier.BEST.value
-    return ModelTier.FAST.value if asked else default
+    for tier in (ModelTier.MAX, ModelTier.BEST, ModelTier.FAST):
+        if tier in asked:
+            return tier.value
+    return default
 
 
 def job_spaces(recipes: Iterable[Recipe]) -> list[str]:

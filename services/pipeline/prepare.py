@@ -75,7 +75,7 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
                  model_tier: str | None = None) -> PreparedShot:
     """Decode the shot and compute its shared parameters once, on the reference frame (frame 0), for the
     primary ``colour_space`` and any ``extra_spaces`` the job's recipes need, with the model package of
-    ``model_tier`` (best | fast; None: the setting)."""
+    ``model_tier`` (best | fast | max; None: the setting)."""
     t0 = time.perf_counter()
     binner = MosaicBinner()
     metas = decode_frames(storage, job_id, uploads, limits, binner)
@@ -85,6 +85,8 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     try:
         params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
                                             extra_spaces=extra_spaces, tier=model_tier), frames=len(metas))
+        if len(metas) > 1:  # a stack's frames are averaged across orientations already (ops.merge)
+            params = replace(params, orientations=1)
     except ValueError as exc:  # the file's levels or colour tags are unusable (white under black, zero gains ...)
         raise BadRawFile(f"implausible RAW metadata: {exc}") from exc
     offsets = None

@@ -20,6 +20,7 @@ import torch
 
 from services.pipeline.models import halo_rows as radius_halo
 from services.pipeline.models import load_enhancer, package_manifest
+from services.pipeline.models.base import ENSEMBLE_SIZES
 from services.pipeline.ops import (
     apply_matrix,
     cfa_channels,
@@ -96,6 +97,9 @@ class RenderParams:
     # Sub-pixel stacks: also merge the frames' raw samples per colour onto the output grid (multi-frame
     # demosaicking, services.pipeline.stack); set once per job by the coordinator (STRATA_STACK_RAW_MERGE)
     raw_merge: bool = False
+    # The model's self-ensemble (Enhancer.enhance): 1, or 2 / 4 / 8 orientations averaged (the `max` tier) for
+    # single frames; stacks' frames are averaged across orientations already and render with 1
+    orientations: int = 1
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -114,6 +118,8 @@ class RenderParams:
             raise ValueError(f"noise must be >= 0, got shot={self.noise_shot} read={self.noise_read}")
         if self.frames < 1:
             raise ValueError(f"frames must be >= 1, got {self.frames}")
+        if self.orientations not in ENSEMBLE_SIZES:
+            raise ValueError(f"orientations must be one of {ENSEMBLE_SIZES}, got {self.orientations}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists)."""
@@ -134,7 +140,7 @@ class RenderParams:
         """Inverse of :meth:`to_dict`; the optional keys may be missing (older rows)."""
         optional: dict[str, Any] = {k: type(getattr(cls, k))(d[k])
                                     for k in ("sharpen_amount", "transfer", "camera", "model", "frames", "layout",
-                                              "raw_merge")
+                                              "raw_merge", "orientations")
                                     if k in d}
         return cls(
             cfa=str(d["cfa"]),
@@ -240,7 +246,7 @@ def render_mosaic_spaces(mosaic: np.ndarray, params: RenderParams, device: torch
     x = white_balance(x[None, None], params.gains, params.cfa)  # (1, 1, H, W)
     enhancer = load_enhancer(params.camera, dev, package=params.model)  # resident after the first call
     shot, read = noise_per_channel(params)
-    rgb = enhancer.enhance(x, params.cfa, shot, read)
+    rgb = enhancer.enhance(x, params.cfa, shot, read, params.orientations)
     rgb = sharpen(rgb, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W) linear WB camera RGB
     return encode_spaces(rgb, params, rows)
 

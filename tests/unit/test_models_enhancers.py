@@ -173,3 +173,29 @@ def test_best_package_strips_stitch_to_whole(cfa: str) -> None:
         top, bottom = max(0, y0 - halo), min(height, y1 + halo)
         parts.append(enh.enhance(x[..., top:bottom, :], cfa, SHOT, READ)[..., y0 - top : y1 - top, :])
     assert (torch.cat(parts, dim=-2) - whole).abs().max().item() < 0.5 / 65535
+
+
+def test_an_ensemble_is_the_mean_of_the_turned_renders_and_its_strips_stitch() -> None:
+    """The `max` tier's self-ensemble: the mean of the renders of the mosaic turned to the first N orientations
+    (each with the pattern it then has, odd sizes too), turned back; strips with the package's halo still stitch
+    to the whole frame."""
+    from services.pipeline.ops.cfa import orient, oriented_cfa, unorient
+
+    enh = _shipped_best()
+    height, width = 121, 34
+    x = _mosaic(height, width, seed=7)
+    whole = enh.enhance(x, "GBRG", SHOT, READ, orientations=4)
+    turned = [unorient(enh.enhance(orient(x, k).contiguous(), oriented_cfa("GBRG", k, height, width), SHOT, READ), k)
+              for k in range(4)]
+    assert torch.allclose(whole, sum(turned) / 4, atol=1e-6)
+    assert (whole - turned[0]).abs().max().item() > 1e-4  # not the plain render
+    halo = enh.receptive_field + enh.receptive_field % 2
+    cuts = [0, 40, 43, height]
+    parts = []
+    for y0, y1 in zip(cuts[:-1], cuts[1:], strict=True):
+        top, bottom = max(0, y0 - halo), min(height, y1 + halo)
+        part = enh.enhance(x[..., top:bottom, :], "GBRG", SHOT, READ, orientations=4)
+        parts.append(part[..., y0 - top : y1 - top, :])
+    assert (torch.cat(parts, dim=-2) - whole).abs().max().item() < 0.5 / 65535
+    with pytest.raises(ValueError, match="orientations"):
+        enh.enhance(x, "GBRG", SHOT, READ, orientations=3)

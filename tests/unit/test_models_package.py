@@ -174,6 +174,10 @@ def test_best_tier_takes_the_v2_package_and_fast_the_cameras_own(tmp_path: Path,
 
     monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(model_tier="fast"))
     assert registry.default_package("IQ3_S").name == "iq3s_denoise_v2.strata"  # the setting's tier
+    assert registry.tier_orientations(None) == 1  # fast, from the setting
+    assert registry.default_package("IQ3_S", "max").name == registry.BEST_PACKAGE  # max: best, turned 4 ways
+    assert registry.tier_orientations("max") == registry.MAX_ORIENTATIONS == 4
+    assert registry.tier_orientations("best") == 1
     with pytest.raises(ValueError, match="model tier"):
         registry.default_package("IQ3_S", "huge")
 

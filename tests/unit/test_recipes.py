@@ -135,5 +135,8 @@ def test_a_recipe_can_ask_for_the_fast_or_best_model() -> None:
     assert job_model_tier([tiff], "best") == "best" and job_model_tier([tiff], "fast") == "fast"
     assert job_model_tier([fast, tiff], "best") == "fast"  # the only recipe that asks decides
     assert job_model_tier([fast, Recipe(name="x", model="best")], "fast") == "best"  # best wins: one render
+    best_max = BUILTIN_RECIPES["tiff16-max"]
+    assert best_max.model == "max" and job_model_tier([fast, best_max, tiff], "best") == "max"  # the most thorough
+    assert job_model_tier([Recipe(name="x", model="best"), fast], "max") == "best"  # asked for beats the setting
     with pytest.raises(ValueError, match="model"):
         Recipe(name="x", model="huge")

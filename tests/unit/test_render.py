@@ -49,6 +49,21 @@ def test_strips_stitch_to_whole_frame(cuts: list[int]) -> None:
     assert diff == 0  # every op is size-independent, so stitching is bit-exact on the CPU
 
 
+def test_an_ensemble_render_stitches_exactly_and_round_trips() -> None:
+    """The `max` tier's self-ensemble (4 orientations) on a strip equals the whole frame's rows, bit for bit on the
+    CPU; RenderParams keeps the count through its dict and refuses a count that is not 1, 2, 4 or 8."""
+    raw = _raw(2)
+    params = _params("GRBG", orientations=4)
+    whole = render_mosaic(raw, params)
+    assert not np.array_equal(whole, render_mosaic(raw, _params("GRBG")))
+    cuts = [0, 14, 32, H]
+    stitched = np.concatenate([render_strip(raw, a, b, params) for a, b in zip(cuts[:-1], cuts[1:], strict=True)])
+    assert np.array_equal(stitched, whole)
+    assert RenderParams.from_dict(params.to_dict()).orientations == 4
+    with pytest.raises(ValueError, match="orientations"):
+        _params(orientations=3)
+
+
 def test_strip_reads_only_its_rows() -> None:
     raw = _raw(1)
 

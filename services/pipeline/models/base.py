@@ -9,12 +9,13 @@ import torch
 from torch import Tensor
 
 from services.pipeline.models.manifest import Manifest
-from services.pipeline.ops._checks import as_vector, check_image
-from services.pipeline.ops.cfa import cfa_channels
+from services.pipeline.ops._checks import as_vector, check_image, small
+from services.pipeline.ops.cfa import cfa_channels, orient, oriented_cfa, unorient
 
 PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                                       "float16": torch.float16}
 NoiseValues = Tensor | Sequence[float] | float
+ENSEMBLE_SIZES = (1, 2, 4, 8)  # orientations a self-ensemble may average (Enhancer.enhance)
 
 
 class Enhancer(ABC):
@@ -42,17 +43,33 @@ class Enhancer(ABC):
     def name(self) -> str:
         return self.manifest.name
 
-    def enhance(self, mosaic: Tensor, cfa: str, shot: NoiseValues, read: NoiseValues) -> Tensor:
-        """(B, 1, H, W) white-balanced mosaic -> (B, 3, H, W) float32 linear camera RGB; see the class doc."""
+    def enhance(self, mosaic: Tensor, cfa: str, shot: NoiseValues, read: NoiseValues, orientations: int = 1
+                ) -> Tensor:
+        """(B, 1, H, W) white-balanced mosaic -> (B, 3, H, W) float32 linear camera RGB; see the class doc.
+
+        ``orientations`` (1, 2, 4 or 8): a self-ensemble, the mean of the renders of the mosaic turned to the first
+        N of :data:`~services.pipeline.ops.cfa.ORIENTATIONS` (identity, 180 degrees, 90, 270, the reflections),
+        each turned back. N times the compute for an estimate whose errors partly average out (the ``max`` tier,
+        docs/QUALITY.md). Each render is a function of the same pixels' neighbourhood, so strips still stitch."""
         check_image(mosaic, 1, "mosaic")
         cfa_channels(cfa)
+        if orientations not in ENSEMBLE_SIZES:
+            raise ValueError(f"orientations must be one of {ENSEMBLE_SIZES}, got {orientations}")
         x = mosaic.float()
-        shot_c = as_vector(shot, x, 3, "shot")  # (3,)
-        read_c = as_vector(read, x, 3, "read")  # (3,)
-        if bool((shot_c < 0).any()) or bool((read_c < 0).any()):
-            raise ValueError(f"noise must be >= 0, got shot={shot_c.tolist()} read={read_c.tolist()}")
+        host = torch.empty(0)  # checked on the host: reading a device value back would wait for the device
+        shot_h, read_h = as_vector(shot, host, 3, "shot"), as_vector(read, host, 3, "read")  # (3,) each
+        if bool((shot_h < 0).any()) or bool((read_h < 0).any()):
+            raise ValueError(f"noise must be >= 0, got shot={shot_h.tolist()} read={read_h.tolist()}")
+        shot_c, read_c = small(shot_h, x.device), small(read_h, x.device)
         with torch.inference_mode():
-            return self._enhance(x, cfa.upper(), shot_c, read_c)
+            if orientations == 1:
+                return self._enhance(x, cfa.upper(), shot_c, read_c)
+            h, w = x.shape[-2:]
+            acc = self._enhance(x, cfa.upper(), shot_c, read_c)
+            for k in range(1, orientations):  # in a fixed order: the same sums for a strip as for the frame
+                turned = orient(x, k).contiguous()
+                acc += unorient(self._enhance(turned, oriented_cfa(cfa, k, h, w), shot_c, read_c), k)
+            return acc / orientations
 
     @abstractmethod
     def _enhance(self, mosaic: Tensor, cfa: str, shot: Tensor, read: Tensor) -> Tensor:
@@ -64,4 +81,4 @@ class Enhancer(ABC):
                 f"{self.device}, {str(self.compute_dtype).removeprefix('torch.')})")
 
 
-__all__ = ["PRECISIONS", "Enhancer", "NoiseValues"]
+__all__ = ["ENSEMBLE_SIZES", "PRECISIONS", "Enhancer", "NoiseValues"]

@@ -1,10 +1,10 @@
 """Which package serves a camera, and the per-process cache that keeps loaded packages resident.
 
 Default package of a camera: the setting ``model_<camera>`` (``STRATA_MODEL_IQ3_S=/path/pkg.strata``), else the
-learned package of the tier asked for (``best``: :data:`BEST_PACKAGE`; ``fast``: the camera's package in
-:data:`LEARNED_DEFAULTS`; the tier comes from a job's recipes or the setting ``model_tier``) when that file is
-shipped in ``packages/`` and is not a smoke-test package, then the camera's fast package, else
-``classical_v1.strata``.
+learned package of the tier asked for (``best``, and ``max`` with a self-ensemble: :data:`BEST_PACKAGE`;
+``fast``: the camera's package in :data:`LEARNED_DEFAULTS`; the tier comes from a job's recipes or the setting
+``model_tier``) when that file is shipped in ``packages/`` and is not a smoke-test package, then the camera's fast
+package, else ``classical_v1.strata``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
 CLASSICAL_PACKAGE = "classical_v1.strata"
 LEARNED_DEFAULTS: dict[str, str] = {"IQ3_S": "iq3s_denoise_v2.strata", "IQ2_XS": "iq2xs_multishot_v3.strata"}
 BEST_PACKAGE = "strata_jdd_v2.strata"  # every camera's `best` tier (cameras "*")
-TIERS = ("best", "fast")
+TIERS = ("best", "fast", "max")
+# The `max` tier is the best package with a self-ensemble over this many orientations (single frames only):
+# +0.36 dB with 2 and +0.63 dB with 4 without noise, at 2x / 4x the model's GPU time (docs/QUALITY.md)
+MAX_ORIENTATIONS = 4
 
 _cache: dict[tuple[str, str, str | None], Enhancer] = {}
 _manifests: dict[str, Manifest] = {}
@@ -75,20 +78,33 @@ def _shipped_learned(name: str, camera: str) -> Path | None:
 
 
 def default_package(camera: str, tier: str | None = None) -> Path:
-    """The package ``camera`` renders with when none is named (see the module doc); ``tier``: best | fast
+    """The package ``camera`` renders with when none is named (see the module doc); ``tier``: best | fast | max
     (None: the setting ``model_tier``, best unless set)."""
     configured = _configured(camera)
     if configured:
         return resolve_package(configured)
-    tier = tier or _setting("model_tier") or "best"
-    if tier not in TIERS:
-        raise ValueError(f"model tier must be one of {TIERS}, got {tier!r}")
-    names = ([BEST_PACKAGE] if tier == "best" else []) + [n for n in (LEARNED_DEFAULTS.get(camera.upper()),) if n]
+    tier = resolve_tier(tier)
+    names = ([BEST_PACKAGE] if tier in ("best", "max") else []) + [
+        n for n in (LEARNED_DEFAULTS.get(camera.upper()),) if n]
     for name in names:
         path = _shipped_learned(name, camera)
         if path is not None:
             return path
     return PACKAGES_DIR / CLASSICAL_PACKAGE
+
+
+def resolve_tier(tier: str | None) -> str:
+    """``tier`` (best | fast | max), else the setting ``model_tier``, else best; ``ValueError`` for another."""
+    tier = tier or _setting("model_tier") or "best"
+    if tier not in TIERS:
+        raise ValueError(f"model tier must be one of {TIERS}, got {tier!r}")
+    return tier
+
+
+def tier_orientations(tier: str | None) -> int:
+    """How many orientations a single frame of ``tier`` averages (:meth:`Enhancer.enhance`): 1, or
+    :data:`MAX_ORIENTATIONS` for ``max``."""
+    return MAX_ORIENTATIONS if resolve_tier(tier) == "max" else 1
 
 
 def package_manifest(package: str | Path) -> Manifest:

@@ -12,7 +12,7 @@ def small(values: object, device: torch.device | str | None, dtype: torch.dtype 
     ``torch.tensor(values, device=cuda)`` in the middle of a render stalls its thread until the GPU catches up
     (a third of a GPU worker's time in a batch). On a GPU the values go through pinned memory, copied
     asynchronously on the current stream (the pinned block is not reused before the copy ran)."""
-    host = torch.tensor(values, dtype=dtype)
+    host = values.detach().to("cpu", dtype) if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
     if device is None or torch.device(device).type != "cuda":
         return host if device is None else host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

@@ -74,18 +74,20 @@ def unorient(x: Tensor, k: int) -> Tensor:
     return x
 
 
-def oriented_cfa(cfa: str, k: int) -> str:
-    """The pattern of a ``cfa`` mosaic (even H and W) after :func:`orient` by ``k``."""
+def oriented_cfa(cfa: str, k: int, h: int = 0, w: int = 0) -> str:
+    """The pattern of a ``cfa`` mosaic of ``h`` x ``w`` pixels after :func:`orient` by ``k`` (a flip moves the
+    last row or column to the front, so what lands there depends on the size's parity; 0 x 0: even sizes)."""
     s = cfa.upper()
     cfa_channels(s)
     transpose, flip_x, flip_y = _orientation(k)
+    grid = [[s[(y % 2) * 2 + x % 2] for x in range(2 + w % 2)] for y in range(2 + h % 2)]  # the sizes' parity
     if transpose:
-        s = s[0] + s[2] + s[1] + s[3]
+        grid = [list(col) for col in zip(*grid, strict=True)]
     if flip_x:
-        s = s[1] + s[0] + s[3] + s[2]
+        grid = [row[::-1] for row in grid]
     if flip_y:
-        s = s[2] + s[3] + s[0] + s[1]
-    return s
+        grid = grid[::-1]
+    return grid[0][0] + grid[0][1] + grid[1][0] + grid[1][1]
 
 
 def split_sites(mosaic: Tensor) -> Tensor:
