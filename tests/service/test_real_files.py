@@ -158,15 +158,18 @@ def test_a_bayer_dng_from_any_camera_renders_as_a_single_frame(client: TestClien
     assert got["status"] == "done" and got["source_camera"]["model"] == "ILCE-7RM5"
 
 
-def test_a_recipe_picks_the_fast_model_and_the_default_is_the_best(client: TestClient, auth: dict[str, str],
+def test_a_recipe_picks_the_fast_or_max_model_and_the_default_is_the_best(client: TestClient, auth: dict[str, str],
                                                                    synth_dir: Path) -> None:
     """The shot's package is chosen at ingest from its recipes' tier: `tiff16-fast` renders with the fast package,
+    `tiff16-max` (beside a fast one: the most thorough wins) with the best one averaged over four orientations,
     a plain job with the best one, and each job's outputs come from its own package."""
     source = synth_dir / "iq3s" / "frame_00.dng"
     models = {}
-    for recipes in ("tiff16", "tiff16-fast,jpeg-proof"):
+    for recipes in ("tiff16", "tiff16-fast,jpeg-proof", "tiff16-max,tiff16-fast"):
         job = _submit(client, auth, source, recipes)
         with session_scope() as session:
             flow.ingest_job(session, get_storage(), get_settings(), job["id"], n_workers=1)
-            models[recipes] = session.get(Job, job["id"]).params["render"]["model"]
-    assert models == {"tiff16": "strata_jdd_v2.strata", "tiff16-fast,jpeg-proof": "iq3s_denoise_v2.strata"}
+            render = session.get(Job, job["id"]).params["render"]
+            models[recipes] = (render["model"], render["orientations"])
+    assert models == {"tiff16": ("strata_jdd_v2.strata", 1), "tiff16-fast,jpeg-proof": ("iq3s_denoise_v2.strata", 1),
+                      "tiff16-max,tiff16-fast": ("strata_jdd_v2.strata", 4)}  # max: the best package, 4 ways
