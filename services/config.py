@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     model_tier: Literal["best", "fast", "max"] = Field(
         default="best", description="Learned package when neither the camera's setting nor a recipe names one: best "
         "(strata_jdd_v2), fast (strata_jdd_v1: 0.05 s less GPU per 80 MP frame, 0.3-0.7 dB lower PSNR) or max "
-        "(strata_jdd_v2 averaged over 4 orientations on single frames: 4x its GPU time, about +0.6 dB without "
+        "(strata_jdd_v2 averaged over 4 orientations on single frames: 4x its GPU time, about +0.9 dB without "
         "noise). A recipe's `model` overrides it per job.")
     model_tf32: bool = Field(default=True, description="TF32 tensor cores for model convolutions on GPUs.")
     model_precision: str | None = Field(

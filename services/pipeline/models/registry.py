@@ -30,7 +30,8 @@ LEARNED_DEFAULTS: dict[str, str] = {"IQ3_S": "iq3s_denoise_v2.strata", "IQ2_XS":
 BEST_PACKAGE = "strata_jdd_v2.strata"  # every camera's `best` tier (cameras "*")
 TIERS = ("best", "fast", "max")
 # The `max` tier is the best package with a self-ensemble over this many orientations (single frames only):
-# +0.36 dB with 2 and +0.63 dB with 4 without noise, at 2x / 4x the model's GPU time (docs/QUALITY.md)
+# without noise +0.36 dB with 2 and +0.63 dB with 4 on five photographs (+0.88 with 4 on ten), at 2x / 4x the
+# model's GPU time (docs/QUALITY.md)
 MAX_ORIENTATIONS = 4
 
 _cache: dict[tuple[str, str, str | None], Enhancer] = {}
