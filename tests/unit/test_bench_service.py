@@ -58,3 +58,17 @@ def test_the_cpu_breakdown_names_each_process_by_its_role() -> None:
     assert role(["/x/.venv/bin/python", "-m", "cli.main", "serve", "--port", "8765"]) == "serve"
     assert role(["/usr/bin/redis-server", "127.0.0.1:6379"]) == "redis"
     assert role(["bash", "-c", "sleep 1"]) == "other" and role([]) == "kernel"
+
+
+def test_the_disk_columns_say_how_busy_each_disk_was_and_how_fast_it_wrote() -> None:
+    """Per disk that moved data in the window: the kernel's busy time over the span, MB/s read and written; the
+    table names the busiest (a batch that writes faster than the disk syncs waits there)."""
+    from lab.bench.sampler import Sample, _disk_window, busy_summary
+
+    first = Sample(10.0, 0.5, 1 << 30, disks={"vda": (0, 1_000_000_000, 5_000), "vdb": (7, 7, 0)})
+    last = Sample(12.0, 0.5, 1 << 30, disks={"vda": (2_000_000, 2_600_000_000, 6_000), "vdb": (7, 7, 0)})
+    disks = _disk_window([first, last])
+    assert list(disks) == ["vda"]  # vdb moved nothing
+    assert disks["vda"] == {"busy": 0.5, "read_mb_s": 1.0, "write_mb_s": 800.0}
+    line = busy_summary({"cpu_busy_mean": 0.5, "host_used_peak_bytes": 1 << 30, "disks": disks})
+    assert "disk vda busy 50% (write 800 MB/s)" in line
