@@ -2,7 +2,8 @@
 
 Times `Enhancer.enhance` (joint demosaic + denoise) and the whole shard render (`render_mosaic`: levels, WB,
 enhance, sharpen, colour, encode) per package and precision with CUDA events after warm-up; checks on the
-device that stitched strips equal the one-piece render (max LSB difference) and that bf16 stays close to fp32.
+device that stitched strips equal the one-piece render (max LSB difference) and that bf16 stays close to fp32
+(float16, the GPU default: ``scripts/gpu/bf16_strips.py`` compares it on full frames).
 A package whose weights are not shipped yet is benchmarked with freshly initialised weights (speed does not
 depend on weight values; correctness checks are structural).
 """
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         note = "shipped weights"
         if not package.exists():
             package, note = _untrained_package(args.tmp), "initialised weights (not yet trained)"
-        # "float32+tf32": float32 activations, TF32 tensor cores in the convolutions (the GPU workers' default).
-        precisions = ["float32"] + (["float32+tf32", "bfloat16"] if dev.startswith("cuda") else [])
+        # "float32+tf32": float32 activations, TF32 tensor cores (the exact reference; float16 is the GPU default).
+        precisions = ["float32"] + (["float32+tf32", "float16", "bfloat16"] if dev.startswith("cuda") else [])
         rows += bench_enhance(name, package, note, precisions, data, dev, args.repeats, orientations)
         params = replace(params_for(str(package)), orientations=orientations)
         rows.append(bench_render(name, note, params, data, dev, args.repeats))

@@ -126,6 +126,24 @@ def test_bf16_autocast_agrees_with_fp32() -> None:
     assert diff.mean().item() < 2e-3 and diff.max().item() < 2e-2
 
 
+def test_float16_the_gpu_default_stays_finite_and_close_on_highlights_and_heavy_noise() -> None:
+    """float16 has 10 bits of mantissa but a small range: the shipped package's activations must stay inside it on
+    clipped highlights after a strong white balance and at the highest noise, and near the float32 render."""
+    from services.pipeline.models import load_package
+    from services.pipeline.models.package import GPU_PRECISION, compute_dtype_for
+    from services.pipeline.models.registry import BEST_PACKAGE, PACKAGES_DIR
+
+    assert compute_dtype_for(_shipped_best().manifest, torch.device("cuda"), None) == torch.float16 == \
+        getattr(torch, GPU_PRECISION)
+    assert compute_dtype_for(_shipped_best().manifest, torch.device("cpu"), None) == torch.float32
+    x = _mosaic(64, 64, seed=11) * 4.0  # white-balanced highlights up to ~5
+    shot, read = SHOT * 20, READ * 100
+    fp32 = load_package(PACKAGES_DIR / BEST_PACKAGE, "cpu", precision="float32").enhance(x, "RGGB", shot, read)
+    fp16 = load_package(PACKAGES_DIR / BEST_PACKAGE, "cpu", precision="float16").enhance(x, "RGGB", shot, read)
+    assert bool(torch.isfinite(fp16).all())
+    assert (fp16 - fp32).abs().max().item() < 2e-2 * float(fp32.abs().max())
+
+
 def test_classical_is_the_renderers_malvar_and_lee() -> None:
     x = _mosaic(64, 80, seed=9)
     f = torch.tensor(DEMOSAIC_NOISE_FACTORS)

@@ -137,7 +137,7 @@ def load_enhancer(camera: str, device: torch.device | str = "cpu", package: str 
     """The resident enhancer for ``camera`` on ``device``: loaded once per (package, device, precision) in this
     process, then reused. ``package``: a path or a shipped name (default: :func:`default_package`);
     ``precision``: float32 | bfloat16 | float16 (default: the enclosing :func:`compute_precision`, else the
-    setting ``model_precision``, else the package's dtype on CUDA and float32 on the CPU).
+    setting ``model_precision``, else float16 on CUDA and float32 on the CPU: ``package.compute_dtype_for``).
 
     Raises :class:`ModelMismatch` when the package does not serve ``camera`` or is not of ``architecture``.
     """
