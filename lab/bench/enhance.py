@@ -3,7 +3,7 @@
 Times `Enhancer.enhance` (joint demosaic + denoise) and the whole shard render (`render_mosaic`: levels, WB,
 enhance, sharpen, colour, encode) per package and precision with CUDA events after warm-up; checks on the
 device that stitched strips equal the one-piece render (max LSB difference) and that bf16 stays close to fp32
-(float16, the GPU default: ``scripts/gpu/bf16_strips.py`` compares it on full frames).
+(float16, the GPU default: ``scripts/gpu/model_precision.py`` compares it on full frames).
 A package whose weights are not shipped yet is benchmarked with freshly initialised weights (speed does not
 depend on weight values; correctness checks are structural).
 """

@@ -111,7 +111,7 @@ def compute_dtype_for(manifest: Manifest, device: torch.device, precision: str |
     Strips must stitch to the one-piece render within 1 LSB of 16 bits. In reduced precision each convolution
     rounds its output, so a strip matches the frame only where cuDNN runs the same kernel for both shapes: measured
     on an H200 for float16 and bfloat16 on full 80 MP frames cut in halves, 8 strips and uneven strips down to 2
-    rows, another CFA phase and the max tier's orientations: 0 LSB everywhere (``scripts/gpu/bf16_strips.py``;
+    rows, another CFA phase and the max tier's orientations: 0 LSB everywhere (``scripts/gpu/model_precision.py``;
     ``strata bench enhance`` repeats the check on any device). STRATA_MODEL_PRECISION=float32 is the exact fallback.
     """
     del manifest

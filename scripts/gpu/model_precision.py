@@ -1,10 +1,9 @@
-"""GPU: can the default pass run in bfloat16? Stitched strips against the whole frame and speed, per numerics.
+"""GPU: the model pass's numerics. Stitched strips against the whole frame, speed, and distance to float32.
 
 Full-size IQ3_S frames (10304 x 7728, random mosaic: the harshest case for rounding), cut several ways (halves,
-8 strips, uneven cuts down to a 2-row strip), a second CFA phase, and the `max` tier's 4 orientations; float32 +
-TF32 (the default until now) against bfloat16 in one call per strip (``jdd.CHUNK_PIXELS = 0``) and bfloat16 in
-chunks of one shape (``services/pipeline/models/jdd.py``). Prints a table, writes JSON.
-Usage: python3 scripts/gpu/bf16_strips.py --json OUT/bf16-strips.json [--chunks 4194304,1048576]
+8 strips, uneven cuts down to a 2-row strip), a second CFA phase, and the `max` tier's 4 orientations; per
+precision (float32 + TF32 is the reference; float16 the GPU default). Prints a table, writes JSON.
+Usage: python3 scripts/gpu/model_precision.py --json OUT/precision.json [--variants tf32:float32,fp16:float16]
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import numpy as np
 import torch
 
 from lab.bench.enhance import IQ3S_H, IQ3S_W, _timed, make_inputs, params_for
-from services.pipeline.models import jdd
 from services.pipeline.models.package import configure_cuda_numerics
 from services.pipeline.models.registry import PACKAGES_DIR, compute_precision, load_enhancer
 from services.pipeline.render import render_mosaic, render_strip
@@ -34,8 +32,8 @@ def stitched_diff(raw: np.ndarray, params: Any, cuts: list[int], dev: str, whole
     return {"max_lsb": int(d.max()), "pixels_off": int((d.max(axis=-1) > 0).sum())}
 
 
-def variant_rows(name: str, precision: str, chunk: int, package: str, data: Any, dev: str) -> list[dict[str, Any]]:
-    jdd.CHUNK_PIXELS = chunk
+def variant_rows(name: str, precision: str, package: str, data: Any,
+                 dev: str) -> tuple[list[dict[str, Any]], np.ndarray]:
     configure_cuda_numerics(precision == "float32")  # TF32 for the float32 reference (the workers' default)
     rows: list[dict[str, Any]] = []
     params = params_for(package)
@@ -59,22 +57,23 @@ def variant_rows(name: str, precision: str, chunk: int, package: str, data: Any,
     for r in rows:
         print(f"{name:<14} {r['check']:<58} " + " ".join(f"{k} {v}" for k, v in r.items()
                                                          if k not in ("variant", "check")), flush=True)
-    return rows, whole  # type: ignore[return-value]
+    return rows, whole
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--package", default=str(PACKAGES_DIR / "strata_jdd_v2.strata"))
-    ap.add_argument("--variants", default="tf32:float32:0,fp16:float16:0,bf16:bfloat16:0,bf16 chunked:bfloat16:4194304",
-                    help="NAME:PRECISION:CHUNK_PIXELS,... (the first is the reference)")
-    ap.add_argument("--json", type=Path, default=Path("bf16-strips.json"))
+    ap.add_argument("--variants", default="tf32:float32,fp16:float16,bf16:bfloat16",
+                    help="NAME:PRECISION,... (the first is the reference)")
+    ap.add_argument("--json", type=Path, default=Path("precision.json"))
     args = ap.parse_args()
     data = make_inputs(IQ3S_H, IQ3S_W, args.device)
-    variants = [(n, p, int(c)) for n, p, c in (v.split(":") for v in args.variants.split(",") if v)]
-    rows, ref = [], None
-    for name, precision, chunk in variants:
-        got, whole = variant_rows(name, precision, chunk, args.package, data, args.device)
+    variants = [v.split(":", 1) for v in args.variants.split(",") if v]
+    rows: list[dict[str, Any]] = []
+    ref: np.ndarray | None = None
+    for name, precision in variants:
+        got, whole = variant_rows(name, precision, args.package, data, args.device)
         if ref is None:
             ref = whole
         else:
