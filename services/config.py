@@ -80,10 +80,14 @@ class Settings(BaseSettings):
         default=1, ge=1, le=8, description="GPU-queue worker processes per GPU, each planning strips for its share "
         "of the GPU's memory. 2 was slower on one H200 (latency and batch, docs/PERFORMANCE.md), hence 1.")
     gpu_worker_threads: int = Field(
-        default=2, ge=1, le=4, description="Shards one GPU worker process computes at once, each on its own CUDA "
-        "stream (one model copy): one shard's downloads and writes overlap another's model pass (a batch on one "
+        default=2, ge=1, le=4, description="Device slots of a GPU worker process: shards on the device at once, each "
+        "on its own CUDA stream (one model copy): one shard's downloads overlap another's model pass (a batch on one "
         "H200: 1.58 frames/s with 2, 1.17-1.19 with 1). Each plans strips for its share of the GPU's memory. CPU "
         "workers compute one shard at a time.")
+    gpu_overlap_threads: int = Field(
+        default=2, ge=0, le=8, description="Threads a GPU worker runs beyond its STRATA_GPU_WORKER_THREADS device "
+        "slots: a strip stores its results (tile streams, bins) after giving its slot back, so the next strip's model "
+        "pass overlaps the store (services/pipeline/gate.py); 0 = a thread per slot.")
     coordinators: int = Field(
         default=2, description="Coordinator processes a launcher starts (serve, coordinator); a survivor takes over "
         "the ingest or finalize of one that dies at once, without waiting for its restart.",

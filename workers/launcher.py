@@ -92,7 +92,8 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
                    "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
-            threads = max(1, settings.gpu_worker_threads) if gpu != "cpu" else 1
+            # device slots (STRATA_GPU_WORKER_THREADS) + threads storing results meanwhile (services/pipeline/gate.py)
+            threads = max(1, settings.gpu_worker_threads) + settings.gpu_overlap_threads if gpu != "cpu" else 1
             specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)],
                                                 "threads" if threads > 1 else "solo", threads, settings),
                                   env, worker=True))

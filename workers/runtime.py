@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.config import get_settings
+from services.pipeline import gate
 from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     gpu = settings.worker_gpu if kind == "gpu" else "cpu"
     device = pick_device(gpu) if kind == "gpu" else "cpu"
     _configure_torch(kind, device)
+    if kind == "gpu" and device.startswith("cuda"):  # device slots; the worker's other threads store results
+        gate.configure(max(1, settings.gpu_worker_threads))
     if kind == "gpu":
         _warm_up(device)
         log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)
@@ -182,9 +185,11 @@ def computing(shard_id: int, device: str, urgent: bool = False) -> Iterator[None
     """Hold a lease on ``shard_id`` (in this worker's heartbeat) while it computes; on a GPU, on this thread's own
     CUDA stream (a worker computing several shards at once, STRATA_GPU_WORKER_THREADS: one's copies overlap
     another's kernels), synchronised before the block exits. ``urgent`` (an interactive shot's shard): on the
-    thread's high-priority stream, whose kernels the GPU schedules ahead of the batch strips' beside it."""
+    thread's high-priority stream, whose kernels the GPU schedules ahead of the batch strips' beside it, and first
+    in line for a device slot (``services.pipeline.gate``)."""
     if _heartbeat is not None:
         _heartbeat.add_shard(shard_id)
+    token = gate.urgent.set(urgent)  # an urgent shard takes the next free device slot first
     try:
         if device.startswith("cuda"):
             import torch
@@ -196,6 +201,7 @@ def computing(shard_id: int, device: str, urgent: bool = False) -> Iterator[None
         else:
             yield
     finally:
+        gate.urgent.reset(token)
         if _heartbeat is not None:
             _heartbeat.discard_shard(shard_id)
 

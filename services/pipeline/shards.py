@@ -21,6 +21,7 @@ import torch
 from services.errors import IntermediateLost
 from services.pipeline import tiles
 from services.pipeline.binning import bin_rows_in, binned, preview_sums
+from services.pipeline.gate import device_slot
 from services.pipeline.preview import preview_factor
 from services.pipeline.render import OnDevice, RenderParams, render_strip_spaces
 from services.pipeline.stack import (
@@ -211,8 +212,9 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
             key, shape, np.uint16, durable=False, written=partial(_written_rows, made, key, lean.get(i))))
             for i, key in enumerate(keys)]
         waits = [prefault(out[a:b]) for i, out in enumerate(outs) for a, b in lean.get(i, [(0, shape[0])])]
-        split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
-                     on_device if tile_spaces or ahead.bins else None)
+        with device_slot():  # released before the results are stored: the next strip renders meanwhile
+            split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
+                         on_device if tile_spaces or ahead.bins else None)
         t1 = time.perf_counter()
         _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, made)
     log.info("strip %s: rendered and downloaded in %.2fs (of which bins and tiles on the device %.2fs), bins and "
@@ -343,7 +345,8 @@ def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:
     ref_key, ref_meta = shard.reference
     reference = (load_intermediate(storage, shard.job_id, ref_key), ref_meta)
     channels = accumulator_channels(shard.params, pixel_shift=bool(shard.pixel_shift))
-    with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out:
+    with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out, \
+            device_slot():
         merge_frame_group(reference, frames, device=device, stack_size=shard.stack_size, positions=shard.positions,
                           params=shard.params, pixel_shift=list(shard.pixel_shift) if shard.pixel_shift else None,
                           out=out, out_ready=prefault(out))
