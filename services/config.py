@@ -84,10 +84,12 @@ class Settings(BaseSettings):
         "on its own CUDA stream (one model copy): one shard's downloads overlap another's model pass (a batch on one "
         "H200: 1.58 frames/s with 2, 1.17-1.19 with 1). Each plans strips for its share of the GPU's memory. CPU "
         "workers compute one shard at a time.")
-    gpu_overlap_threads: int = Field(
-        default=2, ge=0, le=8, description="Threads a GPU worker runs beyond its STRATA_GPU_WORKER_THREADS device "
+    gpu_overlap_threads: int | None = Field(
+        default=None, ge=0, le=8, description="Threads a GPU worker runs beyond its STRATA_GPU_WORKER_THREADS device "
         "slots: a strip stores its results (tile streams, bins) after giving its slot back, so the next strip's model "
-        "pass overlaps the store (services/pipeline/gate.py); 0 = a thread per slot.")
+        "pass overlaps the store (services/pipeline/gate.py); 0 = a thread per slot. Default: 2 on a host with one "
+        "GPU worker (measured there), 0 with several (a worker's extra threads would take shards from the shared "
+        "queue that an idle GPU could run; not measured yet).")
     coordinators: int = Field(
         default=2, description="Coordinator processes a launcher starts (serve, coordinator); a survivor takes over "
         "the ingest or finalize of one that dies at once, without waiting for its restart.",

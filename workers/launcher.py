@@ -86,6 +86,9 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
         slots = [(f"gpu{g}" + (f"-{k + 1}" if k else ""), g) for g in ids for k in range(per_gpu)] or [
             (f"cpu{i}", "cpu") for i in range(max(settings.cpu_workers, 1))]
         cpu_threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // len(slots))
+        overlap = settings.gpu_overlap_threads
+        if overlap is None:  # measured on one GPU; with several, extra threads would hoard the shared queue's shards
+            overlap = 2 if len(slots) == 1 else 0
         for label, gpu in slots:
             name = f"{label}@{host}"
             env = {"STRATA_WORKER_KIND": "gpu", "STRATA_WORKER_GPU": gpu,
@@ -93,7 +96,7 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
             # device slots (STRATA_GPU_WORKER_THREADS) + threads storing results meanwhile (services/pipeline/gate.py)
-            threads = max(1, settings.gpu_worker_threads) + settings.gpu_overlap_threads if gpu != "cpu" else 1
+            threads = max(1, settings.gpu_worker_threads) + overlap if gpu != "cpu" else 1
             specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)],
                                                 "threads" if threads > 1 else "solo", threads, settings),
                                   env, worker=True))

@@ -83,6 +83,12 @@ def test_gpu_workers_compute_gpu_worker_threads_shards_at_once_cpu_workers_one(t
     alone = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1, gpu_overlap_threads=0),
                          gpus=["0"], coordinator=False)
     assert [pool(s) for s in alone] == [("solo", "1")]
+    # Several GPU workers on a host: no overlap threads unless asked (they would take shards another GPU could run).
+    two = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1), gpus=["0", "1"], coordinator=False)
+    assert [pool(s) for s in two] == [("threads", "2"), ("threads", "2")]
+    asked = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1, gpu_overlap_threads=1),
+                         gpus=["0", "1"], coordinator=False)
+    assert [pool(s) for s in asked] == [("threads", "3"), ("threads", "3")]
     cpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=3), gpus=[], coordinator=False)
     assert [pool(s) for s in cpu] == [("solo", "1")]
 
