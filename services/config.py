@@ -140,6 +140,10 @@ class Settings(BaseSettings):
         "(strata_jdd_v2), fast (strata_jdd_v1: 0.05 s less GPU per 80 MP frame, 0.3-0.7 dB lower PSNR) or max "
         "(strata_jdd_v2 averaged over 4 orientations on single frames: 4x its GPU time, about +0.9 dB without "
         "noise). A recipe's `model` overrides it per job.")
+    max_orientations: Literal[2, 4, 8] = Field(
+        default=4, description="Orientations the `max` tier averages on single frames: 4 (+0.88 dB over `best` "
+        "without noise, +0.26-0.45 with it; about 4x its GPU time) or 2 (identity and 180 degrees: +0.52 / "
+        "+0.18-0.27 dB for 2x; at scale 0.1 the noise-free shots score LibRaw AHD + 5.2 dB: docs/QUALITY.md) or 8.")
     model_tf32: bool = Field(default=True, description="TF32 tensor cores for model convolutions on GPUs.")
     model_precision: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="The model pass's numerics: float32 | bfloat16 | float16 autocast; default float16 "

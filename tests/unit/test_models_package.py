@@ -178,6 +178,8 @@ def test_best_tier_takes_the_v2_package_and_fast_the_cameras_own(tmp_path: Path,
     assert registry.default_package("IQ3_S", "max").name == registry.BEST_PACKAGE  # max: best, turned 4 ways
     assert registry.tier_orientations("max") == registry.MAX_ORIENTATIONS == 4
     assert registry.tier_orientations("best") == 1
+    monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(model_tier="best", max_orientations=2))
+    assert registry.tier_orientations("max") == 2 and registry.tier_orientations(None) == 1  # STRATA_MAX_ORIENTATIONS
     with pytest.raises(ValueError, match="model tier"):
         registry.default_package("IQ3_S", "huge")
 

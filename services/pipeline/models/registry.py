@@ -103,9 +103,11 @@ def resolve_tier(tier: str | None) -> str:
 
 
 def tier_orientations(tier: str | None) -> int:
-    """How many orientations a single frame of ``tier`` averages (:meth:`Enhancer.enhance`): 1, or
-    :data:`MAX_ORIENTATIONS` for ``max``."""
-    return MAX_ORIENTATIONS if resolve_tier(tier) == "max" else 1
+    """How many orientations a single frame of ``tier`` averages (:meth:`Enhancer.enhance`): 1, or for ``max``
+    the setting ``max_orientations`` (STRATA_MAX_ORIENTATIONS), else :data:`MAX_ORIENTATIONS`."""
+    if resolve_tier(tier) != "max":
+        return 1
+    return int(_setting("max_orientations") or MAX_ORIENTATIONS)
 
 
 def package_manifest(package: str | Path) -> Manifest:
