@@ -152,8 +152,8 @@ class Settings(BaseSettings):
     merge_precision: Literal["float32", "bfloat16", "float16"] = Field(
         default="bfloat16", description="The package pass over each frame of a stack's frame group on a GPU (whole "
         "frames, no strips to stitch; the same on every group, so the fusion stays exact): bfloat16 took 0.112 s a "
-        "50 MP frame against 0.153 s, stacks within 0.012 dB (docs/PERFORMANCE.md); float32: as the strips "
-        "(STRATA_MODEL_PRECISION). The CPU computes as the strips.")
+        "50 MP frame against 0.153 s in float32 + TF32, stacks within 0.012 dB (docs/PERFORMANCE.md); float16 not "
+        "yet measured on stacks. The CPU computes as the strips (float32).")
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")

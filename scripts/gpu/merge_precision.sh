@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU host: the stack frame group's package pass per STRATA_MERGE_PRECISION (PRECISIONS, default float32 bfloat16
-# float16; float32 means "as the strips", float16 since 2026-12-04), for speed (profile_stack.py, 8 x 50 MP) and
+# float16), for speed (profile_stack.py, 8 x 50 MP) and
 # quality (strata bench stack, scale 0.1, mid noise, 4 and 8 frames).
 # Usage from the repo root: bash scripts/gpu/merge_precision.sh OUT [PHOTOS]   (PHOTOS: a folder with 033.png, 036.png)
 set -uo pipefail

@@ -92,8 +92,8 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
     demosaic = None
     if device is not None:
         dev = torch.device(device)
-        wanted = get_settings().merge_precision  # STRATA_MERGE_PRECISION; float32: as the strips (one resident copy)
-        precision = wanted if dev.type == "cuda" and wanted != "float32" else None
+        wanted = get_settings().merge_precision  # STRATA_MERGE_PRECISION, on GPUs; the CPU computes as the strips
+        precision = wanted if dev.type == "cuda" else None
         enhancer = load_enhancer(params.camera, dev, package=params.model, precision=precision)
         told = MERGE_NOISE_FACTOR / stack_size if stack_size > 1 else 1.0  # 1: a frame at its own noise (pixel shift)
         shot = tuple(g * params.noise_shot * told for g in params.gains)
