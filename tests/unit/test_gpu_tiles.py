@@ -396,3 +396,37 @@ def test_a_tiff_from_lean_strips_and_their_gpu_tiles_is_the_full_render(tmp_path
     write_tiff(storage, "lean.tif", lean, compression="deflate", pretiled=pretiled)
     with storage.open("lean.tif") as f, tifffile.TiffFile(io.BytesIO(f.read())) as tif:
         np.testing.assert_array_equal(tif.pages[0].asarray(), whole)
+
+
+def test_a_strip_holds_a_device_slot_while_it_renders_and_stores_its_tiles_without_it(tmp_path, synth_dir,
+                                                                                    monkeypatch) -> None:
+    """services/pipeline/gate.py: with one device slot, the tiles are made from the rows on the device while the
+    strip holds the slot, and written to storage after it gave the slot back (the next strip renders meanwhile)."""
+    from services.pipeline import gate, shards
+    from services.pipeline.shards import PreEncode, StripShard, compute_shard
+
+    free_at: dict[str, int] = {}
+
+    def fake_device_tiles(rows, y0, height, device, level=0):  # type: ignore[no-untyped-def]
+        free_at["render"] = gate._gate.free  # type: ignore[union-attr]
+        blob, index = tiles.cpu_tile_streams(rows.cpu().numpy(), y0, height)
+        return torch.from_numpy(blob.copy()), index
+
+    real_write = shards._write_tiles
+
+    def write_tiles(*args):  # type: ignore[no-untyped-def]
+        free_at["store"] = gate._gate.free  # type: ignore[union-attr]
+        return real_write(*args)
+
+    monkeypatch.setattr(shards.tiles, "gpu_available", lambda device: True)
+    monkeypatch.setattr(shards.tiles, "device_tile_streams", fake_device_tiles)
+    monkeypatch.setattr(shards, "_write_tiles", write_tiles)
+    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
+    gate.configure(1)
+    try:
+        compute_shard(storage, StripShard(job_id="j", out="p0/strip_000.npy", params=params, y0=0,
+                                          y1=mosaic.shape[0], source="raw.npy",
+                                          ahead=PreEncode(tiles=("p0/strip_000.npy",), level=0)), "cpu")
+    finally:
+        gate.configure(None)
+    assert free_at == {"render": 0, "store": 1}
