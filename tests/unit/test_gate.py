@@ -12,7 +12,7 @@ from services.pipeline import gate
 
 def test_at_most_permits_hold_a_slot_at_once() -> None:
     g = gate.DeviceGate(2)
-    inside, peak, lock = 0, 0, threading.Lock()
+    inside, peak, lock, two_in = 0, 0, threading.Lock(), threading.Event()
 
     def work() -> None:
         nonlocal inside, peak
@@ -20,7 +20,10 @@ def test_at_most_permits_hold_a_slot_at_once() -> None:
             with lock:
                 inside += 1
                 peak = max(peak, inside)
-            time.sleep(0.02)
+                if inside == 2:
+                    two_in.set()
+            two_in.wait(5)  # the first two meet inside; a third would raise the peak if the gate let it in
+            time.sleep(0.01)
             with lock:
                 inside -= 1
 
@@ -32,6 +35,13 @@ def test_at_most_permits_hold_a_slot_at_once() -> None:
     assert peak == 2 and g.free == 2
     with pytest.raises(ValueError, match="at least one slot"):
         gate.DeviceGate(0)
+
+
+def _until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.001)
 
 
 def test_an_urgent_waiter_takes_the_next_free_slot_before_batch_waiters() -> None:
@@ -49,15 +59,14 @@ def test_an_urgent_waiter_takes_the_next_free_slot_before_batch_waiters() -> Non
 
     first = threading.Thread(target=holder)
     first.start()
-    while g.free:
-        time.sleep(0.001)
+    _until(lambda: g.free == 0)
     batch = [threading.Thread(target=waiter, args=(f"batch{i}", False)) for i in range(2)]
     for t in batch:
         t.start()
-    time.sleep(0.05)  # the batch threads wait first
+    time.sleep(0.05)  # the batch threads (most likely) wait first; the order below holds either way
     urgent = threading.Thread(target=waiter, args=("urgent", True))
     urgent.start()
-    time.sleep(0.05)
+    _until(lambda: g._urgent_waiting == 1)
     release.set()
     for t in [first, *batch, urgent]:
         t.join(5)
