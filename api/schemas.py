@@ -263,8 +263,9 @@ class WorkerOut(BaseModel):
     device: str
     busy: bool
     current_shard: int | None
-    shards: list[int] = Field(default=[], description="Every shard a GPU worker computes now (several with "
-                              "STRATA_GPU_WORKER_THREADS > 1; current_shard is the lowest).")
+    shards: list[int] = Field(default=[], description="Every shard a GPU worker holds now: those on the device "
+                              "(STRATA_GPU_WORKER_THREADS slots) and those storing results or waiting for a slot "
+                              "(STRATA_GPU_OVERLAP_THREADS); current_shard is the lowest.")
     jobs: list[str] = Field(default=[], description="Jobs a coordinator is ingesting or advancing now (its leases).")
     memory_mb: float
     last_heartbeat: dt.datetime | None
