@@ -146,14 +146,14 @@ class Settings(BaseSettings):
         "+0.18-0.27 dB for 2x; at scale 0.1 the noise-free shots score LibRaw AHD + 5.2 dB: docs/QUALITY.md) or 8.")
     model_tf32: bool = Field(default=True, description="TF32 tensor cores for model convolutions on GPUs.")
     model_precision: Literal["float32", "bfloat16", "float16"] | None = Field(
-        default=None, description="The model pass's numerics: float32 | bfloat16 | float16 autocast; default float16 "
-        "on GPUs (0.164 s per 80 MP frame against 0.238 s in float32 + TF32, 13 LSB mean off it, quality within "
-        "0.01 dB, strips exact: docs/PERFORMANCE.md), float32 on the CPU.")
+        default=None, description="The model pass's numerics: float32 | bfloat16 | float16; default float16 on GPUs "
+        "(0.099 s per 80 MP frame with the folded network against 0.238 s in float32 + TF32, 13 LSB mean off it, "
+        "quality within 0.01 dB, strips exact: docs/PERFORMANCE.md), float32 on the CPU.")
     merge_precision: Literal["float32", "bfloat16", "float16"] = Field(
-        default="bfloat16", description="The package pass over each frame of a stack's frame group on a GPU (whole "
-        "frames, no strips to stitch; the same on every group, so the fusion stays exact): bfloat16 took 0.112 s a "
-        "50 MP frame against 0.153 s in float32 + TF32, stacks within 0.012 dB (docs/PERFORMANCE.md); float16 not "
-        "yet measured on stacks. The CPU computes as the strips (float32).")
+        default="float16", description="The package pass over each frame of a stack's frame group on a GPU (whole "
+        "frames, no strips to stitch; the same on every group, so the fusion stays exact): float16 took 0.064 s a "
+        "50 MP frame against 0.071 s in bfloat16, stacks within 0.01 dB of it (docs/PERFORMANCE.md). The CPU "
+        "computes as the strips (float32).")
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")

@@ -114,6 +114,36 @@ def _profile_merge_steps(mosaics: list[np.ndarray], metas: list, params: object,
                 del T[name]
 
 
+def _profile_align_steps(mosaics: list[np.ndarray], metas: list, params: object, dev: torch.device) -> None:
+    """align_frame's parts on one frame (``ALIGN_STEPS=1``), run twice, the second kept."""
+    from services.pipeline.ops import align as al
+
+    with torch.inference_mode():
+        mp = merge_params(params, dev, len(mosaics))  # type: ignore[arg-type]
+        ref = prepare_reference(_normalised(mosaics[0], metas[0], dev), mp)
+        grey = demosaic_camera(_normalised(mosaics[1], metas[1], dev), mp, 1).mean(dim=0)
+        p = mp.align
+        for rep in range(2):
+            tag = "" if rep else " (warm-up)"
+            with timed(f"align: frame pyramid{tag}"):
+                pyr = al.grey_pyramid(grey, len(ref.pyramid))
+            top = len(pyr) - 1
+            flow = torch.zeros(*al._tile_grid(pyr[top].shape, p.tile_size), 2, dtype=torch.long, device=dev)
+            for level in range(top, -1, -1):
+                with timed(f"align: search level {level}{tag}"):
+                    if level < top:
+                        flow = al._upsample_tiles(flow, al._tile_grid(ref.pyramid[level].shape, p.tile_size))
+                    radius = p.search_radius if level > 0 else 1
+                    flow = al._median3(al._search(ref.pyramid[level], pyr[level], flow, p.tile_size, radius))
+            with timed(f"align: refine blurs + gradients{tag}"):
+                al._gradients(al._blur(ref.pyramid[0]))
+                al._blur(pyr[0])
+            with timed(f"align: refine ({p.lk_iterations} iterations, all){tag}"):
+                al._refine(ref.pyramid[0], pyr[0], flow.to(torch.float32), p.tile_size, p.lk_iterations)
+        for name in [n for n in T if n.endswith("(warm-up)")]:
+            del T[name]
+
+
 def _profile_strips_and_tiff(mosaics: list[np.ndarray], metas: list, params: object, dev: torch.device,
                              frames: int, tmp: Path) -> None:
     half = frames // 2
@@ -158,6 +188,12 @@ def main() -> None:
             mosaics, metas = _decode_all(paths, tmp)
         params = shot_render_params(metas[0], mosaics[0])
         _profile_merge_steps(mosaics, metas, params, dev, args.frames)
+        if os.environ.get("ALIGN_STEPS") == "1":
+            _profile_align_steps(mosaics, metas, params, dev)
+            if os.environ.get("ALIGN_ONLY") == "1":
+                for name, v in T.items():
+                    print(f"  {name:<50} n={len(v):2d} total {sum(v):7.3f} s  mean {sum(v) / len(v):7.3f} s")
+                return
         _profile_strips_and_tiff(mosaics, metas, params, dev, args.frames, tmp)
     print(f"{args.frames} frames {w}x{h} on {dev}")
     for name, v in T.items():

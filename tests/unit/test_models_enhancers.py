@@ -217,3 +217,27 @@ def test_an_ensemble_is_the_mean_of_the_turned_renders_and_its_strips_stitch() -
     assert (torch.cat(parts, dim=-2) - whole).abs().max().item() < 0.5 / 65535
     with pytest.raises(ValueError, match="orientations"):
         enh.enhance(x, "GBRG", SHOT, READ, orientations=3)
+
+
+def test_folded_network_is_the_same_function() -> None:
+    """The GPU's reduced-precision form (conv2 biases folded into the convolutions after them, bias + ReLU in one
+    call) computes the network's function: checked in float64 on the CPU with trained-like (non-zero) biases,
+    and an output pixel depends on its receptive field only (bit-exact strips are checked on a GPU by
+    scripts/gpu/model_precision.py: the CPU's convolutions may block a smaller input differently)."""
+    from services.pipeline.models.jdd import FoldedJDD, folded_for
+
+    torch.manual_seed(1)
+    net = JDDNet(16, (1, 2, 1)).double().eval()
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    packed, noise = torch.rand(1, 4, 40, 44, dtype=torch.float64), torch.rand(1, 4, 40, 44, dtype=torch.float64)
+    folded = FoldedJDD(net, torch.float64, fused=False)
+    with torch.inference_mode():
+        whole = folded(packed, noise)
+        torch.testing.assert_close(whole, net(packed, noise), rtol=1e-10, atol=1e-10)
+        top = folded(packed[..., :24, :], noise[..., :24, :])  # rows 0..24 - 2r of the output
+        torch.testing.assert_close(top, whole[..., : top.shape[-2], :], rtol=1e-12, atol=1e-12)
+        padded = FoldedJDD(net, torch.float64, fused=False, width=24)  # 8 zero channels more
+        assert padded.blocks[0][1].shape == (24, 24, 3, 3)
+        torch.testing.assert_close(padded(packed, noise), whole, rtol=1e-12, atol=1e-12)
+    assert folded_for(net.float(), torch.device("cpu"), torch.float16) is None  # the CPU runs the plain module

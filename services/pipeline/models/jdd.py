@@ -18,7 +18,8 @@ four phases then run the same RGGB network and the output is cropped back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from services.pipeline.ops import demosaic_bilinear
 from services.pipeline.ops.cfa import cfa_channels
 from services.pipeline.ops.filters import reflect_pad_any
 
+log = logging.getLogger(__name__)
 ARCHITECTURE = "strata_jdd_v1"
 DEFAULT_CONFIG: dict[str, Any] = {"width": 48, "dilations": [1, 1, 2, 2, 1, 1]}
 NOISE_SCALE = 8.0  # noise std maps are ~1e-3..1e-1; scaled towards the mosaic's range
@@ -124,16 +126,93 @@ def r_site_offset(cfa: str) -> tuple[int, int]:
     return i // 2, i % 2
 
 
-def residual_full_res(net: JDDNet, canvas: Tensor, shot: Tensor, read: Tensor) -> Tensor:
-    """Run ``net`` on an RGGB canvas (B, 1, Hc, Wc), Hc and Wc even: (B, 3, Hc - 4r, Wc - 4r) full-res residual
-    for the centre of the canvas (r = ``net.radius``)."""
+def residual_full_res(net: Callable[[Tensor, Tensor], Tensor], canvas: Tensor, shot: Tensor, read: Tensor) -> Tensor:
+    """Run ``net`` (a :class:`JDDNet` or its :class:`FoldedJDD`) on an RGGB canvas (B, 1, Hc, Wc), Hc and Wc even:
+    (B, 3, Hc - 4r, Wc - 4r) full-res residual for the centre of the canvas (r = the network's radius)."""
     packed = pack_rggb(canvas)  # (B, 4, Hc/2, Wc/2)
     out = net(packed, noise_std_maps(packed, shot, read))  # (B, 12, Hc/2 - 2r, Wc/2 - 2r)
     return F.pixel_shuffle(out, 2)  # (B, 3, Hc - 4r, Wc - 4r)
 
 
+class FoldedJDD:
+    """A :class:`JDDNet` for inference in ``dtype``, with fewer passes over its activations; the same function.
+
+    Every block's second bias is folded into the convolutions after it: a per-channel constant added to a valid
+    (unpadded) convolution's input is a per-channel constant on its output, ``sum_k W[o, i, k] * b[i]``, so the
+    residual stream carries it implicitly and the next ``conv1`` (and the tail) add it to their own bias. Head and
+    ``conv1`` then run as cuDNN's convolution + bias + ReLU in one call (``fused``; ``torch.cudnn_convolution_relu``),
+    ``conv2`` without a bias, and a block is two convolutions and one residual add. In PyTorch's plain modules a
+    channels-last convolution's bias and the ReLU are each a separate pass over 64 channels of the frame: on an
+    80 MP frame in float16 they were 60 % of the model pass (``scripts/gpu/profile_model.py``, docs/PERFORMANCE.md).
+    Every operation is still a valid convolution or a per-pixel one, so strips stitch exactly as before.
+    ``width``: hidden channels padded with zeros up to it (the same function; cuDNN's tensor-core kernels may suit
+    some widths better than others).
+    """
+
+    def __init__(self, net: JDDNet, dtype: torch.dtype, fused: bool, width: int | None = None) -> None:
+        self.dtype, self.fused = dtype, fused
+        cl = torch.channels_last if net.head.weight.device.type == "cuda" else torch.contiguous_format
+        extra = max(0, (width or 0) - net.head.out_channels)  # zero channels: relu(0 + 0) = 0 adds nothing anywhere
+
+        def weight(conv: nn.Conv2d, pad_in: bool = True, pad_out: bool = True) -> Tensor:
+            w = F.pad(conv.weight.detach(), (0, 0, 0, 0, 0, extra * pad_in, 0, extra * pad_out))
+            return w.to(dtype).contiguous(memory_format=cl)
+
+        def bias(conv: nn.Conv2d, carried: Tensor | None = None, pad: bool = True) -> Tensor:
+            b = conv.bias.detach().double()  # type: ignore[union-attr]
+            if carried is not None:
+                b = b + conv.weight.detach().double().sum((2, 3)) @ carried
+            return F.pad(b, (0, extra * pad)).to(dtype)
+
+        self.head = (weight(net.head, pad_in=False), bias(net.head))
+        carried = torch.zeros(net.head.out_channels, dtype=torch.float64, device=net.head.weight.device)
+        self.blocks: list[tuple[int, Tensor, Tensor, Tensor]] = []
+        for block in net.blocks:
+            assert isinstance(block, ResBlock)
+            self.blocks.append((block.dilation, weight(block.conv1), bias(block.conv1, carried), weight(block.conv2)))
+            carried = carried + block.conv2.bias.detach().double()  # type: ignore[union-attr]
+        self.tail = (weight(net.tail, pad_out=False), bias(net.tail, carried, pad=False))
+
+    def _conv_relu(self, x: Tensor, w: Tensor, b: Tensor, d: int) -> Tensor:
+        if self.fused:
+            return torch.cudnn_convolution_relu(x, w, b, [1, 1], [0, 0], [d, d], 1)
+        return F.relu(F.conv2d(x, w, b, dilation=d))
+
+    def __call__(self, packed: Tensor, noise_std: Tensor) -> Tensor:
+        """As :meth:`JDDNet.forward`: (B, 4, h, w) twice -> (B, 12, h - 2r, w - 2r), in ``dtype``."""
+        x = torch.cat([packed, noise_std * NOISE_SCALE], dim=1).to(self.dtype)
+        x = self._conv_relu(x, *self.head, 1)
+        for d, w1, b1, w2 in self.blocks:
+            y = F.conv2d(self._conv_relu(x, w1, b1, d), w2, None, dilation=d)
+            x = y.add_(x[..., 2 * d : -2 * d, 2 * d : -2 * d])
+        return F.conv2d(x, *self.tail)
+
+
+# Hidden widths are padded to a multiple of this on GPUs: v1's 48 channels ran its float16 pass slower than v2's 64
+# (0.20 s against 0.10 s an 80 MP frame, with fewer operations; docs/PERFORMANCE.md).
+TENSOR_CORE_WIDTH = 64
+
+
+def folded_for(net: JDDNet, device: torch.device, dtype: torch.dtype) -> FoldedJDD | None:
+    """The folded network for reduced precision on a CUDA device, cuDNN's fused call where it runs (checked on a
+    small input); None elsewhere (the CPU and float32 run the plain module)."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return None
+    probe = torch.zeros(1, 4, 2 * net.radius + 2, 2 * net.radius + 2, device=device)
+    width = -(-net.head.out_channels // TENSOR_CORE_WIDTH) * TENSOR_CORE_WIDTH
+    try:
+        folded = FoldedJDD(net, dtype, fused=True, width=width)
+        with torch.inference_mode():
+            folded(probe, probe)
+        return folded
+    except RuntimeError as exc:  # a cuDNN without the fused call for this dtype: bias and ReLU apart
+        log.info("cuDNN convolution + ReLU unavailable on %s in %s (%s): ReLU apart", device, dtype, exc)
+        return FoldedJDD(net, dtype, fused=False, width=width)
+
+
 class JDDEnhancer(Enhancer):
-    """A resident :class:`JDDNet`; float32 on the CPU, autocast to ``compute_dtype`` where asked."""
+    """A resident :class:`JDDNet`: float32 on the CPU; on GPUs in ``compute_dtype``, as :class:`FoldedJDD` where that
+    is reduced precision."""
 
     def __init__(self, manifest: Manifest, net: JDDNet, device: torch.device, compute_dtype: torch.dtype) -> None:
         super().__init__(manifest, device, compute_dtype)
@@ -142,6 +221,7 @@ class JDDEnhancer(Enhancer):
             self.net = self.net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         for p in self.net.parameters():
             p.requires_grad_(False)
+        self.folded = folded_for(self.net, device, compute_dtype)
 
     def _enhance(self, mosaic: Tensor, cfa: str, shot: Tensor, read: Tensor) -> Tensor:
         h, w = mosaic.shape[-2:]
@@ -153,9 +233,12 @@ class JDDEnhancer(Enhancer):
         canvas = reflect_pad_any(mosaic, (pad + ox, pad + right, pad + oy, pad + bottom))
         if self.device.type == "cuda":
             canvas = canvas.contiguous(memory_format=torch.channels_last)
-        autocast = self.compute_dtype != torch.float32
-        with torch.autocast(mosaic.device.type, dtype=self.compute_dtype, enabled=autocast):
-            residual = residual_full_res(self.net, canvas, shot, read)  # (B, 3, h + oy + bottom, ...)
+        if self.folded is not None:
+            residual = residual_full_res(self.folded, canvas, shot, read)
+        else:
+            autocast = self.compute_dtype != torch.float32
+            with torch.autocast(mosaic.device.type, dtype=self.compute_dtype, enabled=autocast):
+                residual = residual_full_res(self.net, canvas, shot, read)  # (B, 3, h + oy + bottom, ...)
         residual = residual[..., oy : oy + h, ox : ox + w].float()  # (B, 3, H, W)
         return demosaic_bilinear(mosaic, cfa) + residual
 
@@ -189,6 +272,6 @@ def jdd_manifest(name: str, cameras: tuple[str, ...], config: dict[str, Any], tr
                     config=dict(config), training=training)
 
 
-__all__ = ["ARCHITECTURE", "DEFAULT_CONFIG", "JDD_VERSION", "JDDEnhancer", "JDDNet", "build_jdd", "flops_per_pixel",
-           "half_res_radius", "jdd_manifest", "jdd_receptive_field", "noise_std_maps", "pack_rggb", "r_site_offset",
-           "residual_full_res"]
+__all__ = ["ARCHITECTURE", "DEFAULT_CONFIG", "JDD_VERSION", "FoldedJDD", "JDDEnhancer", "JDDNet", "build_jdd",
+           "flops_per_pixel", "folded_for", "half_res_radius", "jdd_manifest", "jdd_receptive_field", "noise_std_maps",
+           "pack_rggb", "r_site_offset", "residual_full_res"]

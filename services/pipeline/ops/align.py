@@ -108,11 +108,11 @@ def _search(reference: Tensor, frame: Tensor, init: Tensor, tile: int, radius: i
     cols = (origin_x[..., None] + span).clamp(0, w - 1)  # [ny, nx, T+2r]
     windows = frame[rows[..., :, None], cols[..., None, :]]  # [ny, nx, T+2r, T+2r]
     side = 2 * radius + 1
-    costs = torch.empty(ny, nx, side * side, dtype=reference.dtype, device=reference.device)
-    for i in range(side):
-        for j in range(side):
-            diff = windows[:, :, i : i + tile, j : j + tile] - ref_tiles  # [ny, nx, T, T]
-            costs[:, :, i * side + j] = diff.square().sum(dim=(-2, -1))
+    costs = torch.empty(ny, nx, side, side, dtype=reference.dtype, device=reference.device)
+    for i in range(side):  # one row of candidates at a time: side kernels, not side^2 (coarse levels are tiny)
+        candidates = windows[:, :, i : i + tile, :].unfold(-1, tile, 1)  # [ny, nx, T, side, T] (a view)
+        costs[:, :, i] = (candidates - ref_tiles[:, :, :, None, :]).square().sum(dim=(2, 4))  # [ny, nx, side]
+    costs = costs.view(ny, nx, side * side)
     offsets = torch.arange(-radius, radius + 1, device=frame.device)
     oy, ox = torch.meshgrid(offsets, offsets, indexing="ij")  # (side, side)
     penalty = (oy.square() + ox.square()).flatten().to(costs.dtype) * _ZERO_BIAS  # (side^2,)
@@ -166,12 +166,15 @@ def _gradients(image: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _tile_sums(x: Tensor, tile: int) -> Tensor:
-    """Sum of (h, w) over each tile and its 3x3 tile neighbourhood: (ny, nx)."""
-    h, w = x.shape
+    """Sum of (h, w), or of each plane of (C, h, w), over each tile and its 3x3 tile neighbourhood: (ny, nx) or
+    (C, ny, nx)."""
+    planes = x if x.dim() == 3 else x[None]
+    c, h, w = planes.shape
     ny, nx = _tile_grid((h, w), tile)
-    padded = F.pad(x[None, None], (0, nx * tile - w, 0, ny * tile - h))  # zeros: outside adds nothing
-    sums = padded.reshape(1, 1, ny, tile, nx, tile).sum(dim=(3, 5))  # (1, 1, ny, nx)
-    return F.avg_pool2d(sums, 3, stride=1, padding=1, count_include_pad=False)[0, 0] * 9.0  # (ny, nx)
+    padded = F.pad(planes[None], (0, nx * tile - w, 0, ny * tile - h))  # zeros: outside adds nothing
+    sums = padded.reshape(1, c, ny, tile, nx, tile).sum(dim=(3, 5))  # (1, C, ny, nx)
+    pooled = F.avg_pool2d(sums, 3, stride=1, padding=1, count_include_pad=False)[0] * 9.0  # (C, ny, nx)
+    return pooled if x.dim() == 3 else pooled[0]
 
 
 def _median3(flow: Tensor) -> Tensor:
@@ -206,11 +209,11 @@ def _refine(reference: Tensor, frame: Tensor, flow: Tensor, tile: int, iteration
         moved, valid = warp(src, tiles_to_pixels(flow, tile, shape), mode="bicubic")  # (1, h, w), (h, w)
         gy, gx = ref_gy * valid, ref_gx * valid  # (h, w) each
         err = (moved[0] - ref) * valid  # (h, w)
-        a_yy, a_xy, a_xx = _tile_sums(gy * gy, tile), _tile_sums(gx * gy, tile), _tile_sums(gx * gx, tile)
+        sums = _tile_sums(torch.stack([gy * gy, gx * gy, gx * gx, gy * err, gx * err]), tile)  # (5, ny, nx)
+        a_yy, a_xy, a_xx, b_y, b_x = sums.unbind(0)
         damping = _DAMPING * (0.5 * (a_yy + a_xx)).median().clamp(min=1e-20)
         a_yy, a_xx = a_yy + damping, a_xx + damping
         det = a_yy * a_xx - a_xy * a_xy  # (ny, nx) > 0: damped, positive semi-definite
-        b_y, b_x = _tile_sums(gy * err, tile), _tile_sums(gx * err, tile)  # (ny, nx)
         step_y = -(a_xx * b_y - a_xy * b_x) / det
         step_x = -(a_yy * b_x - a_xy * b_y) / det
         flow = flow + torch.stack([step_y, step_x], dim=-1).clamp(-0.5, 0.5)  # (ny, nx, 2)
