@@ -187,7 +187,10 @@ def test_shifts_are_measured_on_a_central_window(tmp_path: Path, monkeypatch: py
         meta = decode_raw(path, tmp_path / f"raw_{i}.npy")
         frames.append((np.load(tmp_path / f"raw_{i}.npy"), meta))
     monkeypatch.setattr(stack_module, "SHIFT_WINDOW", 96)  # smaller than the frames: a real crop
-    assert pixel_shift_offsets(stack_module.frame_shifts(frames[0], frames)) == [(0, 0), (0, 1), (1, 1), (1, 0)]
+    shifts = stack_module.frame_shifts(frames[0], frames)
+    assert pixel_shift_offsets(shifts) == [(0, 0), (0, 1), (1, 1), (1, 0)]
+    copy = (frames[0][0].copy(), frames[0][1])  # not the reference's array: estimated, and the same (0, 0)
+    assert stack_module.frame_shifts(frames[0], [copy]) == [shifts[0]] == [(0.0, 0.0)]
 
 
 @pytest.mark.parametrize("size", [(24, 30), (33, 47)])
