@@ -150,6 +150,11 @@ def forward_variants(dev: str, h: int, w: int) -> list[dict[str, Any]]:
         print(f"{name:<40} net median {np.median(t):.4f} s  identical {same}  max diff {diff:.3g}", flush=True)
 
     add("shipped (channels-last, autocast fp16)", lambda: run(net))
+    for full in (False, True):
+        f = jdd.FoldedJDD(net, torch.float16, fused=True, width=64, full_width=full)
+        add(f"FoldedJDD, full_width={full}", lambda f=f: f(packed, noise))
+    if QUICK:
+        return rows
     add("ReLU and residual add in place", lambda: run(lambda p, n: forward_inplace(net, p, n)))
     torch.backends.cudnn.benchmark = True
     add("cudnn.benchmark=True", lambda: run(net))
@@ -189,19 +194,26 @@ def width_variants(dev: str, h: int, w: int) -> list[dict[str, Any]]:
     return rows
 
 
+QUICK = False
+
+
 def main() -> None:
+    global QUICK
     ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip the slower forward variants and v1's widths")
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--height", type=int, default=10304)
     ap.add_argument("--width", type=int, default=7728)
     args = ap.parse_args()
+    QUICK = args.quick
     dev = "cuda:0"
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     out["enhance"] = enhance_times(dev, {"80 MP": (args.height, args.width), "50 MP": (7296, 6912)})
     out["kernels"] = kernel_table(dev, args.height, args.width)
     with torch.inference_mode():
         out["forward_variants"] = forward_variants(dev, args.height, args.width)
-        out["v1_widths"] = width_variants(dev, args.height, args.width)
+        if not QUICK:
+            out["v1_widths"] = width_variants(dev, args.height, args.width)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))
 

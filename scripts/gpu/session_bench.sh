@@ -8,8 +8,9 @@
 # TILES_AB=1 then serves again with STRATA_GPU_DEFLATE=batch (interactive shots' tiles on the CPU) for the latency.
 # BATCH_RECIPE (tiff16) is the batch's main recipe (tiff16-fast: the fast model tier).
 # DATA_ROOT (/tmp) holds the services' data dirs (/dev/shm: no disk under the storage, an A/B of the disk).
-# LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run); SINGLE_REPEATS (2) is the
-# number of idle IQ3_S runs timed before each batch.
+# LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run), PREVIEW=0 the preview
+# benchmark only, a BATCH of 0 the batch (a latency-only run); SINGLE_REPEATS (2) is the number of idle IQ3_S runs
+# timed before each batch.
 # AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease);
 # several sets separated by ";" run one after the other (batch-ab.json, batch-ab-1.json, ...).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
@@ -27,7 +28,7 @@ if [ "${CHECK_TILES:-0}" = 1 ]; then
   fi
   tail -12 "$OUT/check-tiles.txt"
 fi
-[ "${LATENCY:-1}" = 1 ] && python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -12
+[ "${LATENCY:-1}" = 1 ] && [ "${PREVIEW:-1}" = 1 ] && python3 -m lab.bench.preview --scale 1.0 --repeats 8 --out "$OUT/preview.json" 2>&1 | tail -12
 echo "durable write, 2 GiB:"; dd if=/dev/zero of=/tmp/strata-dd bs=4M count=512 conv=fsync 2>&1 | tail -1; rm -f /tmp/strata-dd
 serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   env ${SERVE_ENV:-} python3 -m cli.main serve --port 8765 --data-dir "$1" > "$2" 2>&1 &  # env execs: $! is serve
@@ -40,7 +41,7 @@ STRATA_GPU_DEFLATE=$TILES serve "$DATA" "$OUT/serve.log"
 echo "service with STRATA_GPU_DEFLATE=$TILES"
 [ "${LATENCY:-1}" = 1 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 \
   --scenarios single,stack4,stack8 --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
-python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
+[ "$BATCH" != 0 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
   --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
 if [ "${FAST:-0}" = 1 ]; then
   echo "latency with the fast tier (recipe tiff16-fast)"

@@ -240,4 +240,6 @@ def test_folded_network_is_the_same_function() -> None:
         padded = FoldedJDD(net, torch.float64, fused=False, width=24)  # 8 zero channels more
         assert padded.blocks[0][1].shape == (24, 24, 3, 3)
         torch.testing.assert_close(padded(packed, noise), whole, rtol=1e-12, atol=1e-12)
+        wide = FoldedJDD(net, torch.float64, fused=False, width=24, full_width=True)  # columns padded, then cropped
+        torch.testing.assert_close(wide(packed, noise), whole, rtol=1e-12, atol=1e-12)
     assert folded_for(net.float(), torch.device("cpu"), torch.float16) is None  # the CPU runs the plain module

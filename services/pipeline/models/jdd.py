@@ -146,11 +146,15 @@ class FoldedJDD:
     80 MP frame in float16 they were 60 % of the model pass (``scripts/gpu/profile_model.py``, docs/PERFORMANCE.md).
     Every operation is still a valid convolution or a per-pixel one, so strips stitch exactly as before.
     ``width``: hidden channels padded with zeros up to it (the same function; cuDNN's tensor-core kernels may suit
-    some widths better than others).
+    some widths better than others). ``full_width``: every convolution zero-pads its columns (not its rows) by its
+    reach, and the output's outer ``radius`` columns, which that padding reached, are cropped at the end; a column
+    of the rest sees what the valid network's column sees, so the result is the same. The residual stream then only
+    loses rows, and its add reads a contiguous (channels-last) slice rather than a strided one.
     """
 
-    def __init__(self, net: JDDNet, dtype: torch.dtype, fused: bool, width: int | None = None) -> None:
-        self.dtype, self.fused = dtype, fused
+    def __init__(self, net: JDDNet, dtype: torch.dtype, fused: bool, width: int | None = None,
+                 full_width: bool = False) -> None:
+        self.dtype, self.fused, self.full_width, self.radius = dtype, fused, full_width, net.radius
         cl = torch.channels_last if net.head.weight.device.type == "cuda" else torch.contiguous_format
         extra = max(0, (width or 0) - net.head.out_channels)  # zero channels: relu(0 + 0) = 0 adds nothing anywhere
 
@@ -173,24 +177,28 @@ class FoldedJDD:
             carried = carried + block.conv2.bias.detach().double()  # type: ignore[union-attr]
         self.tail = (weight(net.tail, pad_out=False), bias(net.tail, carried, pad=False))
 
-    def _conv_relu(self, x: Tensor, w: Tensor, b: Tensor, d: int) -> Tensor:
-        if self.fused:
-            return torch.cudnn_convolution_relu(x, w, b, [1, 1], [0, 0], [d, d], 1)
-        return F.relu(F.conv2d(x, w, b, dilation=d))
+    def _conv(self, x: Tensor, w: Tensor, b: Tensor | None, d: int, relu: bool) -> Tensor:
+        pad = [0, d if self.full_width else 0]
+        if relu and self.fused:
+            return torch.cudnn_convolution_relu(x, w, b, [1, 1], pad, [d, d], 1)
+        y = F.conv2d(x, w, b, dilation=d, padding=pad)
+        return F.relu(y) if relu else y
 
     def __call__(self, packed: Tensor, noise_std: Tensor) -> Tensor:
         """As :meth:`JDDNet.forward`: (B, 4, h, w) twice -> (B, 12, h - 2r, w - 2r), in ``dtype``."""
         x = torch.cat([packed, noise_std * NOISE_SCALE], dim=1).to(self.dtype)
-        x = self._conv_relu(x, *self.head, 1)
+        x = self._conv(x, *self.head, 1, relu=True)
         for d, w1, b1, w2 in self.blocks:
-            y = F.conv2d(self._conv_relu(x, w1, b1, d), w2, None, dilation=d)
-            x = y.add_(x[..., 2 * d : -2 * d, 2 * d : -2 * d])
-        return F.conv2d(x, *self.tail)
+            y = self._conv(self._conv(x, w1, b1, d, relu=True), w2, None, d, relu=False)
+            x = y.add_(x[..., 2 * d : -2 * d, :] if self.full_width else x[..., 2 * d : -2 * d, 2 * d : -2 * d])
+        out = self._conv(x, *self.tail, 1, relu=False)
+        return out[..., self.radius : -self.radius] if self.full_width else out
 
 
 # Hidden widths are padded to a multiple of this on GPUs: v1's 48 channels ran its float16 pass slower than v2's 64
 # (0.20 s against 0.10 s an 80 MP frame, with fewer operations; docs/PERFORMANCE.md).
 TENSOR_CORE_WIDTH = 64
+FULL_WIDTH = True  # FoldedJDD's full_width on GPUs
 
 
 def folded_for(net: JDDNet, device: torch.device, dtype: torch.dtype) -> FoldedJDD | None:
@@ -201,13 +209,13 @@ def folded_for(net: JDDNet, device: torch.device, dtype: torch.dtype) -> FoldedJ
     probe = torch.zeros(1, 4, 2 * net.radius + 2, 2 * net.radius + 2, device=device)
     width = -(-net.head.out_channels // TENSOR_CORE_WIDTH) * TENSOR_CORE_WIDTH
     try:
-        folded = FoldedJDD(net, dtype, fused=True, width=width)
+        folded = FoldedJDD(net, dtype, fused=True, width=width, full_width=FULL_WIDTH)
         with torch.inference_mode():
             folded(probe, probe)
         return folded
     except RuntimeError as exc:  # a cuDNN without the fused call for this dtype: bias and ReLU apart
         log.info("cuDNN convolution + ReLU unavailable on %s in %s (%s): ReLU apart", device, dtype, exc)
-        return FoldedJDD(net, dtype, fused=False, width=width)
+        return FoldedJDD(net, dtype, fused=False, width=width, full_width=FULL_WIDTH)
 
 
 class JDDEnhancer(Enhancer):
