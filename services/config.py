@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     model_tf32: bool = Field(default=True, description="TF32 tensor cores for model convolutions on GPUs.")
     model_precision: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="The model pass's numerics: float32 | bfloat16 | float16; default float16 on GPUs "
-        "(0.099 s per 80 MP frame with the folded network against 0.238 s in float32 + TF32, 13 LSB mean off it, "
+        "(0.085 s per 80 MP frame with the folded network against 0.238 s in float32 + TF32, 13 LSB mean off it, "
         "quality within 0.01 dB, strips exact: docs/PERFORMANCE.md), float32 on the CPU.")
     merge_precision: Literal["float32", "bfloat16", "float16"] = Field(
         default="float16", description="The package pass over each frame of a stack's frame group on a GPU (whole "

@@ -99,7 +99,7 @@ def configure_cuda_numerics(tf32_convolutions: bool) -> None:
 
 
 # The default reduced precision on a GPU. float16 keeps 10 bits of mantissa against bfloat16's 7: on an 80 MP frame
-# (H200) 0.164 s against 0.175 s (bf16) and 0.238 s (float32 + TF32) under autocast (0.099 / 0.110 s since as
+# (H200) 0.164 s against 0.175 s (bf16) and 0.238 s (float32 + TF32) under autocast (0.085 / 0.096 s since as
 # ``jdd.FoldedJDD``), 13 LSB mean off float32 + TF32 against 112 (bf16), and the quality benchmark within 0.01 dB
 # where bf16 lost up to 0.11 dB (docs/PERFORMANCE.md). The
 # network's activations stay far inside float16's range (inputs about [0, 4], noise maps scaled to about 1).
