@@ -152,7 +152,7 @@ class Settings(BaseSettings):
     merge_precision: Literal["float32", "bfloat16", "float16"] = Field(
         default="float16", description="The package pass over each frame of a stack's frame group on a GPU (whole "
         "frames, no strips to stitch; the same on every group, so the fusion stays exact): float16 took 0.064 s a "
-        "50 MP frame against 0.071 s in bfloat16, stacks within 0.01 dB of it (docs/PERFORMANCE.md). The CPU "
+        "50 MP frame against 0.071 s in bfloat16, stacks within 0.022 dB of it (docs/PERFORMANCE.md). The CPU "
         "computes as the strips (float32).")
 
     # Export
