@@ -87,18 +87,23 @@ DEFAULT_STRIP_ROWS = 1288
 # Peak device bytes per output pixel while a strip renders (a single frame's strip; a stack strip fuses 5-channel
 # accumulators and runs the package twice); measured on an H200, docs/PERFORMANCE.md ("Strips sized from memory").
 STRIP_BYTES_PER_PIXEL = {"frame": 300, "stack": 350}  # measured 259-278 and 292-313 (h200-strip-memory.json)
+# At most this many pixels in a strip, whatever the memory: the model's activations (64 channels at half
+# resolution, 16 values a pixel) stay under 2**31 elements, the 32-bit index limit of some cuDNN kernels. An 80 MP
+# frame is one strip; a 150 MP one two. A guard: frames past it were not run on a GPU here.
+MAX_STRIP_PIXELS = 120_000_000
 
 
 def strip_rows_for(width: int, memory_mb: int, configured: int, *, stack: bool) -> int:
     """Rows per strip: ``configured`` (STRATA_STRIP_ROWS) when set, else as many as fit in ``memory_mb`` of the
-    smallest live GPU worker's budget (one strip per GPU for a whole frame when it fits), else
-    :data:`DEFAULT_STRIP_ROWS`. Even (keeps the CFA phase)."""
+    smallest live GPU worker's budget (one strip per GPU for a whole frame when it fits) and in
+    :data:`MAX_STRIP_PIXELS`, else :data:`DEFAULT_STRIP_ROWS`. Even (keeps the CFA phase)."""
     if configured > 0:
         return max(2, configured // 2 * 2)
     if memory_mb <= 0:
         return DEFAULT_STRIP_ROWS
     per_row = max(width, 1) * STRIP_BYTES_PER_PIXEL["stack" if stack else "frame"]
-    return max(2, int(memory_mb * 2**20 // per_row) // 2 * 2)
+    rows = min(int(memory_mb * 2**20 // per_row), MAX_STRIP_PIXELS // max(width, 1))
+    return max(2, rows // 2 * 2)
 
 
 def strip_count(height: int, target_rows: int, n_workers: int, per_worker: int) -> int:

@@ -142,13 +142,15 @@ def test_a_lean_array_samples_only_the_rows_it_wrote(tmp_path: Path) -> None:
 
 
 def test_strips_are_sized_from_the_gpu_memory_budget() -> None:
-    from services.jobs.planner import DEFAULT_STRIP_ROWS, STRIP_BYTES_PER_PIXEL, strip_rows_for
+    from services.jobs.planner import DEFAULT_STRIP_ROWS, MAX_STRIP_PIXELS, STRIP_BYTES_PER_PIXEL, strip_rows_for
 
     assert strip_rows_for(7728, 0, 0, stack=False) == DEFAULT_STRIP_ROWS  # no figure: the default
     assert strip_rows_for(7728, 0, 1001, stack=False) == 1000  # configured wins, even
-    rows = strip_rows_for(7728, 100_000, 0, stack=False)
-    assert rows % 2 == 0 and rows == 100_000 * 2**20 // (7728 * STRIP_BYTES_PER_PIXEL["frame"]) // 2 * 2
-    assert strip_rows_for(7728, 100_000, 0, stack=True) < rows  # a stack strip needs more per pixel
+    rows = strip_rows_for(7728, 20_000, 0, stack=False)
+    assert rows % 2 == 0 and rows == 20_000 * 2**20 // (7728 * STRIP_BYTES_PER_PIXEL["frame"]) // 2 * 2
+    assert strip_rows_for(7728, 20_000, 0, stack=True) < rows  # a stack strip needs more per pixel
+    assert strip_rows_for(7728, 100_000, 0, stack=False) == MAX_STRIP_PIXELS // 7728 // 2 * 2  # the index cap
+    assert strip_rows_for(7728, 100_000, 0, stack=False) >= 10304  # an 80 MP IQ3_S frame is still one strip
     assert strip_rows_for(7728, 1, 0, stack=False) == 2  # never fewer than one CFA row pair
 
 
