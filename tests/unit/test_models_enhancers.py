@@ -243,3 +243,4 @@ def test_folded_network_is_the_same_function() -> None:
         wide = FoldedJDD(net, torch.float64, fused=False, width=24, full_width=True)  # columns padded, then cropped
         torch.testing.assert_close(wide(packed, noise), whole, rtol=1e-12, atol=1e-12)
     assert folded_for(net.float(), torch.device("cpu"), torch.float16) is None  # the CPU runs the plain module
+    assert folded_for(net.float(), torch.device("cuda"), torch.float32) is None  # so does the exact fallback
