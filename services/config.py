@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     model_iq2_xs: str | None = Field(default=None, description="Package for IQ2_XS (STRATA_MODEL_IQ2_XS).")
     model_tier: Literal["best", "fast", "max"] = Field(
         default="best", description="Learned package when neither the camera's setting nor a recipe names one: best "
-        "(strata_jdd_v2), fast (strata_jdd_v1: 0.05 s less GPU per 80 MP frame, 0.3-0.7 dB lower PSNR) or max "
+        "(strata_jdd_v2), fast (strata_jdd_v1: 0.02 s less GPU per 80 MP frame, 0.3-0.7 dB lower PSNR) or max "
         "(strata_jdd_v2 averaged over 4 orientations on single frames: 4x its GPU time, about +0.9 dB without "
         "noise). A recipe's `model` overrides it per job.")
     max_orientations: Literal[2, 4, 8] = Field(

@@ -49,7 +49,7 @@ class Space(StrEnum):
 
 class ModelTier(StrEnum):
     """Which learned package renders the shot (services.pipeline.models.registry): ``best``, the larger
-    ``strata_jdd_v2``; ``fast``, ``strata_jdd_v1``: 0.05 s less GPU per 80 MP frame, 0.3-0.7 dB lower PSNR
+    ``strata_jdd_v2``; ``fast``, ``strata_jdd_v1``: 0.02 s less GPU per 80 MP frame in float16, 0.3-0.7 dB lower PSNR
     (docs/QUALITY.md)."""
 
     BEST = "best"
