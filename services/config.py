@@ -149,6 +149,10 @@ class Settings(BaseSettings):
         default=None, description="The model pass's numerics: float32 | bfloat16 | float16; default float16 on GPUs "
         "(0.085 s per 80 MP frame with the folded network against 0.238 s in float32 + TF32, 13 LSB mean off it, "
         "quality within 0.01 dB, strips exact: docs/PERFORMANCE.md), float32 on the CPU.")
+    resident_accumulators: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Keep a stack's frame-group accumulator on the device that merged it, for the "
+        "strip that fuses it next on that device (one GPU): it skips reloading and uploading the stored file. auto: "
+        "on GPUs; on: also on the CPU (tests); off: never.")
     merge_precision: Literal["float32", "bfloat16", "float16"] = Field(
         default="float16", description="The package pass over each frame of a stack's frame group on a GPU (whole "
         "frames, no strips to stitch; the same on every group, so the fusion stays exact): float16 took 0.064 s a "

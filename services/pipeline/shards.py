@@ -19,13 +19,14 @@ import numpy as np
 import torch
 
 from services.errors import IntermediateLost
-from services.pipeline import tiles
+from services.pipeline import resident, tiles
 from services.pipeline.binning import bin_rows_in, binned, preview_sums
 from services.pipeline.gate import device_slot
 from services.pipeline.preview import preview_factor
 from services.pipeline.render import OnDevice, RenderParams, render_strip_spaces
 from services.pipeline.stack import (
     ACCUMULATOR_CHANNELS,
+    Accumulator,
     accumulator_channels,
     merge_frame_group,
     render_stack_strip_spaces,
@@ -124,7 +125,10 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
         _merge_group(storage, shard, device)
         return shard.out
     if isinstance(shard, StackStripShard):
-        groups = [load_accumulator(storage, shard.job_id, key) for key in shard.groups]
+        kept = [resident.take(device, shard.job_id, key) if resident.enabled(device) else None
+                for key in shard.groups]
+        groups: list[Accumulator] = [g if g is not None else load_accumulator(storage, shard.job_id, key)
+                                     for g, key in zip(kept, shard.groups, strict=True)]
         width, height = groups[0].shape[2], groups[0].shape[1]
 
         def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None,
@@ -340,13 +344,17 @@ def split_on_oom(render: Render, y0: int, y1: int, into: list[np.ndarray],
 
 def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:
     """The accumulator goes from the GPU straight into the file's pages (a memory map), whose pages are touched on
-    threads while the GPU merges (``prefault``: allocating them on the host is otherwise on the critical path)."""
+    threads while the GPU merges (``prefault``: allocating them on the host is otherwise on the critical path); on a
+    GPU it also stays there for the strip that fuses it next (:mod:`services.pipeline.resident`)."""
     frames = [(load_intermediate(storage, shard.job_id, key), meta) for key, meta in shard.frames]
     ref_key, ref_meta = shard.reference
     reference = (load_intermediate(storage, shard.job_id, ref_key), ref_meta)
     channels = accumulator_channels(shard.params, pixel_shift=bool(shard.pixel_shift))
+    held: list[torch.Tensor] = []  # the result on the device, kept once the stored file is published
     with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out, \
             device_slot():
         merge_frame_group(reference, frames, device=device, stack_size=shard.stack_size, positions=shard.positions,
                           params=shard.params, pixel_shift=list(shard.pixel_shift) if shard.pixel_shift else None,
-                          out=out, out_ready=prefault(out))
+                          out=out, out_ready=prefault(out), keep=held.append if resident.enabled(device) else None)
+    if held:
+        resident.keep(device, shard.job_id, shard.out, held[0])

@@ -168,6 +168,7 @@ def merge_frame_group(
     pixel_shift: Sequence[tuple[int, int]] | None = None,
     out: np.ndarray | None = None,
     out_ready: Callable[[], object] | None = None,
+    keep: Callable[[torch.Tensor], None] | None = None,
 ) -> np.ndarray:
     """Align ``frames`` to the shared reference and accumulate them: int32 (5, H, W), (11, H, W) with the raw-sample
     merge (``params.raw_merge``), or (6, H, W) in pixel shift.
@@ -182,6 +183,7 @@ def merge_frame_group(
     group 0) counts as the reference. ``out``: where to put the result (C-contiguous int32 of the result's
     shape, e.g. a writable memory map from ``Storage.array_writer``); returned. ``out_ready``: called once the
     merge is computed, before anything is written into ``out`` (waits for :func:`~services.pipeline.transfer.prefault`).
+    ``keep``: given the result on the device (int32), for frames of even size (``pipeline.resident``).
     """
     if len(positions) != len(frames) or any(not 0 <= p < stack_size for p in positions):
         raise ValueError(f"need one stack position in 0..{stack_size - 1} per frame, got {list(positions)} "
@@ -205,7 +207,10 @@ def merge_frame_group(
         raise ValueError(f"out must be {(acc.shape[0], h, w)}, got {out.shape}")
     h2, w2 = acc.shape[1:]
     if (h2, w2) == (h, w):
-        return download(acc.to(torch.int32), out)
+        acc32 = acc.to(torch.int32)
+        if keep is not None:
+            keep(acc32)
+        return download(acc32, out)
     part = download(acc.to(torch.int32))  # odd frame: the last row/column repeats its neighbour's sums and weights
     out[:, :h2, :w2] = part
     out[:, h2:, :w2] = part[:, -1:]
@@ -217,19 +222,24 @@ def merge_frame_group(
 # Fusion and the fused stack's render
 
 
-def check_groups(groups: Sequence[np.ndarray]) -> None:
+Accumulator = np.ndarray | torch.Tensor  # a stored group (array or memory map) or one kept on the device
+
+
+def check_groups(groups: Sequence[Accumulator]) -> None:
     """Group accumulators must be int32 fixed point of one (5|6|11, H, W) shape."""
     if not groups:
         raise ValueError("no frame groups to fuse")
-    shapes = {g.shape for g in groups}
+    shapes = {tuple(g.shape) for g in groups}
     if len(shapes) != 1 or groups[0].ndim != 3 or groups[0].shape[0] not in ACCUMULATOR_CHANNELS:
         raise ValueError(f"group accumulators must share one (5|6|11, H, W) shape, got {sorted(shapes)}")
-    if any(g.dtype != np.int32 for g in groups):
-        raise ValueError(f"group accumulators must be int32 fixed point, got {sorted({str(g.dtype) for g in groups})}")
+    dtypes = {str(g.dtype).removeprefix("torch.") for g in groups}
+    if dtypes != {"int32"}:
+        raise ValueError(f"group accumulators must be int32 fixed point, got {sorted(dtypes)}")
 
 
-def fuse_rows(groups: Sequence[np.ndarray], top: int, bottom: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """Fuse rows [top, bottom) of the group accumulators (arrays or memory maps) on ``device``.
+def fuse_rows(groups: Sequence[Accumulator], top: int, bottom: int, device: str | torch.device = "cpu"
+              ) -> torch.Tensor:
+    """Fuse rows [top, bottom) of the group accumulators (arrays, memory maps or tensors kept on ``device``).
 
     Returns the fused stack (1, 5|6|11, rows, W) float32: camera RGB = sums / weights, then the total merge
     weight(s) in frames (1 channel, or R, G, B in pixel shift), which set the fused noise level, and (sub-pixel)
@@ -242,7 +252,7 @@ def fuse_rows(groups: Sequence[np.ndarray], top: int, bottom: int, device: str |
     dev = torch.device(device)
     total = torch.zeros((groups[0].shape[0], bottom - top, groups[0].shape[2]), dtype=torch.int64, device=dev)
     for g in groups:
-        total += upload(g[:, top:bottom], dev)
+        total += g[:, top:bottom].to(dev) if isinstance(g, torch.Tensor) else upload(g[:, top:bottom], dev)
     weights = total[3:6] if total.shape[0] == 6 else total[3:4]  # (3|1, rows, W)
     divisor = weights.clamp(min=1).to(torch.float64)
     parts = [total[:3].to(torch.float64) / divisor, weights.to(torch.float64) / 2.0**FIXED_POINT_BITS]
@@ -425,7 +435,7 @@ def render_stack_strip(groups: Sequence[np.ndarray], y0: int, y1: int, params: R
                                      pixel_shift=pixel_shift)[0]
 
 
-def render_stack_strip_spaces(groups: Sequence[np.ndarray], y0: int, y1: int, params: RenderParams,
+def render_stack_strip_spaces(groups: Sequence[Accumulator], y0: int, y1: int, params: RenderParams,
                               device: str | torch.device = "cpu", *, pixel_shift: bool,
                               into: Sequence[np.ndarray] | None = None, ready: Callable[[], object] | None = None,
                               on_device: OnDevice | None = None) -> list[np.ndarray]:
@@ -465,6 +475,7 @@ def stack_noise_factors(pixel_shift: bool) -> tuple[float, float, float]:
 
 
 __all__ = [
+    "Accumulator",
     "BLEND_RADIUS",
     "BLEND_TOLERANCE",
     "FUSED_CHANNELS",

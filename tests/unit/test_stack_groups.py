@@ -221,3 +221,42 @@ def test_pixel_shift_render_keeps_measured_samples_beyond_the_noise(stack: list[
     torch.testing.assert_close(_restore_measured(estimate, measured, one * 0.0, quiet), estimate)
     loud = replace(params, noise_shot=1.0, noise_read=1.0)  # a variance far above the 0.05 differences
     torch.testing.assert_close(_restore_measured(estimate, measured, one, loud), estimate)
+
+
+def test_a_group_kept_on_the_device_fuses_into_the_same_strip(stack: list[Frame], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """STRATA_RESIDENT_ACCUMULATORS=on (auto: GPUs only): the frame group's accumulator stays where it was merged,
+    and the stack strip on that device takes it instead of the stored file: the same rows, and the kept tensor is
+    taken once (a second strip, or another group's key, reads storage)."""
+    from services.config import get_settings
+    from services.pipeline import resident
+    from services.pipeline import shards as shards_module
+    from services.pipeline.shards import FrameGroupShard, StackStripShard, compute_shard
+    from services.storage.local import LocalStorage
+
+    storage = LocalStorage(tmp_path)
+    for i, (raw, _) in enumerate(stack):
+        with storage.array_writer(f"raw_{i}.npy", raw.shape, raw.dtype) as out:
+            out[:] = raw
+    params = shot_render_params(stack[0][1], stack[0][0])
+    group = FrameGroupShard(job_id="j", out="g0.npy", params=params, stack_size=4, positions=(0, 1, 2, 3),
+                            reference=("raw_0.npy", stack[0][1]),
+                            frames=tuple((f"raw_{i}.npy", meta) for i, (_, meta) in enumerate(stack)))
+    height = stack[0][0].shape[0]
+    rows = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv("STRATA_RESIDENT_ACCUMULATORS", mode)
+        get_settings.cache_clear()
+        resident.clear()
+        compute_shard(storage, group, "cpu")
+        kept = resident.take("cpu", "j", "other.npy")  # another key: nothing, and the kept one stays
+        assert kept is None
+        strip = StackStripShard(job_id="j", out=f"s_{mode}.npy", params=params, y0=0, y1=height, groups=("g0.npy",),
+                                pixel_shift=False)
+        if mode == "on":  # the strip must not read the stored group
+            monkeypatch.setattr(shards_module, "load_accumulator", lambda *a: pytest.fail(f"read storage: {a}"))
+        compute_shard(storage, strip, "cpu")
+        assert resident.take("cpu", "j", "g0.npy") is None  # taken by the strip (or never kept)
+        rows[mode] = storage.load_array(f"s_{mode}.npy")
+    get_settings.cache_clear()
+    assert np.array_equal(rows["on"], rows["off"])
