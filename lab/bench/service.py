@@ -18,10 +18,11 @@ Frames are the pipeline benchmark's procedural DNGs (content does not change the
 Scenarios (``--scenarios``): ``single`` (an IQ3_S frame), ``stack4`` / ``stack8`` (IQ2_XS stacks), ``stack``
 (``--frames`` frames), each ``--repeats`` times, reported as the warm runs' median and spread; ``batch``
 (``--batch-size`` IQ3_S shots at batch priority, uploaded by ``--upload-threads`` threads, throughput over the
-span from the first job started to the last one finished; ``--interactive-during-batch`` adds one interactive
-shot and compares its latency with the idle ``single`` runs). During every scenario a sampler
-(:mod:`lab.bench.sampler`) records GPU busy fractions and GPU memory per process (NVML) and CPU busy fraction and
-host memory (psutil), every 250 ms.
+span from the first job started to the last one finished, and the sustained rate, (N - 1) over the span from the
+first job finished to the last, which leaves out the pipeline's fill (:func:`sustained_rate`);
+``--interactive-during-batch`` adds one interactive shot and compares its latency with the idle ``single`` runs).
+During every scenario a sampler (:mod:`lab.bench.sampler`) records GPU busy fractions and GPU memory per process
+(NVML) and CPU busy fraction and host memory (psutil), every 250 ms.
 """
 
 from __future__ import annotations
@@ -81,13 +82,14 @@ def timeline(job: dict[str, Any]) -> dict[str, float]:
 
 
 def upload_job(client: httpx.Client, files: list[Path], recipes: Sequence[str] = ("tiff16",),
-               priority: str = "interactive") -> tuple[dict[str, Any], float]:
-    """POST ``files`` as one job; (the job as answered, upload seconds)."""
+               priority: str = "interactive", into: dict[str, Any] | None = None) -> tuple[dict[str, Any], float]:
+    """POST ``files`` as one job (``into``: a shot of that batch, which sets its recipes and priority); (the job
+    as answered, upload seconds)."""
     t0 = time.perf_counter()
     handles = [open(p, "rb") for p in files]  # noqa: SIM115 (closed below, after the upload)
     try:
-        data: dict[str, Any] = {"recipe": list(recipes), "priority": priority}
-        resp = client.post("/v1/jobs", data=data,
+        data: dict[str, Any] = {} if into else {"recipe": list(recipes), "priority": priority}
+        resp = client.post(f"/v1/batches/{into['id']}/shots" if into else "/v1/jobs", data=data,
                            files=[("frames", (p.name, f, "application/octet-stream"))
                                   for p, f in zip(files, handles, strict=True)])
     finally:
@@ -214,8 +216,13 @@ def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[P
     """``batch_size`` IQ3_S shots at batch priority, uploaded by a few threads; throughput over the span from the
     first job started to the last one finished; optionally one interactive shot submitted mid-batch."""
     t0 = time.monotonic()
+    ahead = _upload_ahead_batch(client, args) if args.upload_ahead else None
     with ThreadPoolExecutor(args.upload_threads) as pool:
-        uploads = list(pool.map(lambda _: upload_job(client, files, args.recipe, "batch"), range(args.batch_size)))
+        uploads = list(pool.map(lambda _: upload_job(client, files, args.recipe, "batch", into=ahead),
+                                range(args.batch_size)))
+        if ahead is not None:
+            _await_window(ahead, uploads)
+            t0 = time.monotonic()  # resources from the window's opening: the render alone
         interactive = None
         if args.interactive_during_batch:
             time.sleep(1.0)
@@ -226,19 +233,60 @@ def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[P
     last = max(_stamp(j["finished_at"]) for j in done)  # type: ignore[type-var]
     span = (last - first).total_seconds()  # type: ignore[operator]
     result = {"scenario": "batch", "shots": len(done), "render_span_s": span, "frames_per_s": len(done) / span,
+              "uploaded_ahead": ahead is not None,
+              **sustained_rate([_stamp(j["finished_at"]) for j in done]),  # type: ignore[misc]
               "upload_span_s": sum(u for _, u in uploads) / args.upload_threads, "recipes": list(args.recipe),
               "shards_by_gpu": _count_shards(done), "resources": sampler.window(t0, time.monotonic())}
     if inter is not None:
         result["interactive_during_batch"] = {**inter, "idle_latency_s": idle_latency,
                                               "ratio_to_idle": (inter["queued_to_done_s"] / idle_latency
                                                                 if idle_latency else None)}
-    print(f"batch  {len(done)} shots  render span {span:6.2f} s  {result['frames_per_s']:.2f} frames/s  "
-          f"{busy_summary(result['resources'])}", flush=True)
+    print(f"batch  {len(done)} shots  render span {span:6.2f} s  {result['frames_per_s']:.2f} frames/s "
+          f"(sustained {_fmt(result['sustained_frames_per_s'])})  {busy_summary(result['resources'])}", flush=True)
     print(f"       {cpu_summary(result['resources'], len(done))}", flush=True)
     if inter is not None:
         print(f"       interactive during the batch: queued->done {inter['queued_to_done_s']:.2f} s "
               f"(idle {idle_latency or float('nan'):.2f} s)", flush=True)
     return result
+
+
+def _upload_ahead_batch(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
+    """A batch whose window opens once the shots should be uploaded (a studio's night: shots uploaded during the
+    day, rendered later), so the render does not share the disk with the uploads; its opening time is a guess
+    from the shots' count (about 0.5 s an 80 MP upload per thread, plus 10 s), and :func:`_await_window` says
+    when the guess was short."""
+    opens = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=10 + 0.6 * args.batch_size / max(args.upload_threads, 1))
+    resp = client.post("/v1/batches", json={"name": "bench upload-ahead", "recipes": list(args.recipe),
+                                            "not_before": opens.isoformat()})
+    if resp.status_code != 201:
+        raise RuntimeError(f"batch refused: {resp.status_code} {resp.text[:300]}")
+    return {**resp.json(), "opens": opens}
+
+
+def _await_window(batch: dict[str, Any], uploads: list[tuple[dict[str, Any], float]]) -> None:
+    """Sleep until the batch's window opens; warn when the uploads ran past it (they then overlapped the render)."""
+    left = (batch["opens"] - dt.datetime.now(dt.UTC)).total_seconds()
+    if left < 0:
+        print(f"warning: the uploads ended {-left:.1f} s after the batch's window opened (the render shared the disk "
+              f"with them)", flush=True)
+    time.sleep(max(0.0, left))
+    print(f"{len(uploads)} shots uploaded ahead; the batch's window is open", flush=True)
+
+
+def sustained_rate(finished: Sequence[dt.datetime]) -> dict[str, float | None]:
+    """The batch's sustained rate: jobs finished per second between the first and the last finish, (N - 1) /
+    (last - first), so the pipeline's fill (the first job's own latency, when nothing has finished yet) is left
+    out. The span rate (``frames_per_s``) counts the fill, and so understates what a long batch sustains, the more
+    the shorter the batch: a 24-shot batch at 3 frames/s spends a fifth of its span filling."""
+    ends = sorted(finished)
+    if len(ends) < 2 or ends[-1] <= ends[0]:
+        return {"sustained_frames_per_s": None, "finish_span_s": None}
+    window = (ends[-1] - ends[0]).total_seconds()
+    return {"sustained_frames_per_s": (len(ends) - 1) / window, "finish_span_s": window}
+
+
+def _fmt(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate:.2f} frames/s"
 
 
 def _count_shards(jobs: list[dict[str, Any]]) -> dict[str, int]:
@@ -270,6 +318,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="runs per scenario (the first also warms the workers)")
     ap.add_argument("--batch-size", type=int, default=12, help="IQ3_S shots of the batch scenario")
     ap.add_argument("--upload-threads", type=int, default=4, help="concurrent uploads in the batch scenario")
+    ap.add_argument("--upload-ahead", action="store_true",
+                    help="batch: upload the shots into a batch whose window opens after the uploads (a studio's "
+                         "night), so only the render is timed and sampled; default: jobs render as they arrive")
     ap.add_argument("--interactive-during-batch", action="store_true",
                     help="submit one interactive IQ3_S shot 1 s after the batch's uploads and time it")
     ap.add_argument("--recipe", action="append", default=None, help="recipe(s) of every job (default tiff16)")
@@ -320,7 +371,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
     for r in results:
         if r["scenario"] == "batch":
             print(f"{'batch':<8} {r['shots']:>6} {'':>9} {'':>13} {r['frames_per_s']:>9.2f}  "
-                  f"{busy_summary(r['resources'])}")
+                  f"sustained {_fmt(r.get('sustained_frames_per_s'))}, {busy_summary(r['resources'])}")
             print(f"{'':<8} {cpu_summary(r['resources'], r['shots'])}")
             continue
         print(f"{r['scenario']:<8} {r['frames']:>6} {r['processing_median_s']:>9.2f} "

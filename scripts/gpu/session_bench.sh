@@ -13,6 +13,9 @@
 # timed before each batch.
 # AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease);
 # several sets separated by ";" run one after the other (batch-ab.json, batch-ab-1.json, ...).
+# AHEAD=1 uploads each batch's shots ahead into a batch whose window opens after the uploads (`--upload-ahead`: the
+# render alone is timed, not sharing the disk with the uploads); CLEAN=1 removes each service's data dir once it
+# stopped (a 60-shot batch leaves about 32 GB: two on a 64 GB disk do not fit).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -35,14 +38,15 @@ serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   SERVE=$!
   for _ in $(seq 1 180); do grep -qx "ready" "$2" && break; kill -0 "$SERVE" 2>/dev/null || break; sleep 1; done
 }
-stop() { kill "$SERVE"; wait "$SERVE" 2>/dev/null; sleep 2; }
+stop() { kill "$SERVE"; wait "$SERVE" 2>/dev/null; sleep 2; [ "${CLEAN:-0}" = 1 ] && rm -rf "${DATA:-}" "${DATA2:-}" "${DATA3:-}" "${DATA4:-}"; true; }
+AHEAD_FLAG=$([ "${AHEAD:-0}" = 1 ] && echo --upload-ahead)
 DATA=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
 STRATA_GPU_DEFLATE=$TILES serve "$DATA" "$OUT/serve.log"
 echo "service with STRATA_GPU_DEFLATE=$TILES"
 [ "${LATENCY:-1}" = 1 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 \
   --scenarios single,stack4,stack8 --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
 [ "$BATCH" != 0 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-  --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch --json "$OUT/batch.json" 2>&1
+  --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch $AHEAD_FLAG --json "$OUT/batch.json" 2>&1
 if [ "${FAST:-0}" = 1 ]; then
   echo "latency with the fast tier (recipe tiff16-fast)"
   python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,stack4,stack8 \
@@ -80,7 +84,7 @@ for i in "${!SETS[@]}"; do
   SERVE_ENV=${SETS[$i]} serve "$DATA4" "$DATA4/serve.log"
   echo "service with ${SETS[$i]}"
   python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch \
+    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch $AHEAD_FLAG \
     --json "$OUT/batch-ab$([ "$i" = 0 ] || echo "-$i").json" 2>&1
   stop
 done
@@ -89,7 +93,7 @@ if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
   STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"
   echo "service with STRATA_GPU_DEFLATE=off"
   python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch \
+    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch $AHEAD_FLAG \
     --json "$OUT/batch-cpu-deflate.json" 2>&1
   stop
 fi

@@ -1,9 +1,10 @@
 """The service benchmark's timeline: where a job's processing time went, from the API's stamps."""
 
+import datetime as dt
 import subprocess
 import sys
 
-from lab.bench.service import timeline
+from lab.bench.service import sustained_rate, timeline
 
 
 def _shard(phase: int, kind: str, start: str, end: str) -> dict:
@@ -31,6 +32,15 @@ def test_the_wait_for_a_gpu_slot_is_told_apart_from_the_ingest() -> None:
     assert list(t) == ["ingest", "queue", "phase 0 strip", "finalize"]
     assert abs(t["ingest"] - 0.2) < 1e-9 and abs(t["queue"] - 0.7) < 1e-9
     assert abs(sum(t.values()) - 2.0) < 1e-9
+
+
+def test_the_sustained_rate_leaves_out_the_pipeline_fill() -> None:
+    t0 = dt.datetime(2026, 12, 4, 12, 0, 0)
+    # the first job finishes 2 s after the batch starts, then one every 0.25 s: 4 frames/s once filled
+    ends = [t0 + dt.timedelta(seconds=2.0 + 0.25 * k) for k in range(9)]
+    rate = sustained_rate(list(reversed(ends)))
+    assert rate["finish_span_s"] == 2.0 and rate["sustained_frames_per_s"] == 4.0
+    assert sustained_rate(ends[:1]) == {"sustained_frames_per_s": None, "finish_span_s": None}
 
 
 def test_timeline_is_empty_without_stamps() -> None:
