@@ -112,8 +112,8 @@ class Settings(BaseSettings):
     )
     import_root: Path | None = Field(default=None, description="Server-side folder batches may import paths from.")
     batch_in_flight: int = Field(
-        default=0, description="Batch-lane jobs in flight at once; 0 = 2 per live GPU worker + live coordinator slots "
-        "- 1 (at least GPU workers + 1).",
+        default=0, description="Batch-lane jobs in flight at once; 0 = 2 per live GPU worker slot + live batch "
+        "coordinator slots (at least GPU worker slots + 1).",
     )
     admission_interval_s: float = Field(default=1.0, description="Coordinator's admission pass; 0 = off.")
     webhook_max_attempts: int = Field(default=6, description="Batch webhook deliveries tried before giving up.")
@@ -153,6 +153,11 @@ class Settings(BaseSettings):
         default="auto", description="Keep a stack's frame-group accumulator on the device that merged it, for the "
         "strip that fuses it next on that device (one GPU): it skips reloading and uploading the stored file. auto: "
         "on GPUs; on: also on the CPU (tests); off: never.")
+    group_store: Literal["background", "inline"] = Field(
+        default="background", description="Where a kept frame-group accumulator (resident_accumulators) is written "
+        "to storage: background: on a thread of the worker after the group's task has finished, so the strip that "
+        "fuses it on the same device starts at once (a reader elsewhere waits for the file while a marker says it "
+        "is on its way); inline: inside the group's task, as without resident accumulators.")
     merge_precision: Literal["float32", "bfloat16", "float16"] = Field(
         default="float16", description="The package pass over each frame of a stack's frame group on a GPU (whole "
         "frames, no strips to stitch; the same on every group, so the fusion stays exact): float16 took 0.064 s a "

@@ -29,6 +29,7 @@ from services.pipeline.stack import (
     Accumulator,
     accumulator_channels,
     merge_frame_group,
+    merge_group_tensor,
     render_stack_strip_spaces,
 )
 from services.pipeline.tiles import TILE_H, tile_rows_in
@@ -129,22 +130,25 @@ def _compute(storage: Storage, shard: ShardInput, device: str) -> str:
                 for key in shard.groups]
         groups: list[Accumulator] = [g if g is not None else load_accumulator(storage, shard.job_id, key)
                                      for g, key in zip(kept, shard.groups, strict=True)]
-        width, height = groups[0].shape[2], groups[0].shape[1]
+        _write_rows(storage, shard, groups[0].shape[2], groups[0].shape[1], _stack_render(groups, shard, device),
+                    device)
+        return shard.out
+    source = load_intermediate(storage, shard.job_id, shard.source)
 
-        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None,
-                   on_device: OnDevice | None = None) -> None:
-            render_stack_strip_spaces(groups, y0, y1, shard.params, device=device, pixel_shift=shard.pixel_shift,
-                                      into=into, ready=ready, on_device=on_device)
-    else:
-        source = load_intermediate(storage, shard.job_id, shard.source)
-        width, height = source.shape[1], source.shape[0]
-
-        def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None,
-                   on_device: OnDevice | None = None) -> None:
-            render_strip_spaces(source, y0, y1, shard.params, device=device, normalized=shard.normalized, into=into,
-                                ready=ready, on_device=on_device)
-    _write_rows(storage, shard, width, height, render, device)
+    def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None,
+               on_device: OnDevice | None = None) -> None:
+        render_strip_spaces(source, y0, y1, shard.params, device=device, normalized=shard.normalized, into=into,
+                            ready=ready, on_device=on_device)
+    _write_rows(storage, shard, source.shape[1], source.shape[0], render, device)
     return shard.out
+
+
+def _stack_render(groups: Sequence[Accumulator], shard: StackStripShard, device: str) -> Render:
+    def render(y0: int, y1: int, into: list[np.ndarray], ready: Callable[[], object] | None,
+               on_device: OnDevice | None = None) -> None:
+        render_stack_strip_spaces(groups, y0, y1, shard.params, device=device, pixel_shift=shard.pixel_shift,
+                                  into=into, ready=ready, on_device=on_device)
+    return render
 
 
 Render = Callable[..., None]  # (y0, y1, into, ready, on_device=None): a strip's rows into ``into``
@@ -316,7 +320,9 @@ def load_accumulator(storage: Storage, job_id: str, key: str) -> np.ndarray:
     """A frame group's accumulator; one of a layout this code does not know (e.g. the 4-channel accumulators of
     an older version, written before an upgrade) is as good as lost: :class:`IntermediateLost`, so the job starts
     over and re-renders with this code rather than failing its strips. The layout is read from the ``.npy``
-    header (shape and dtype)."""
+    header (shape and dtype). A file still being stored by a worker's thread is waited for
+    (:func:`services.pipeline.resident.await_stored`)."""
+    resident.await_stored(storage, job_id, key)
     acc = load_intermediate(storage, job_id, key)
     if acc.ndim != 3 or acc.shape[0] not in ACCUMULATOR_CHANNELS or acc.dtype != np.int32:
         raise IntermediateLost(job_id, key, f"accumulator of an unknown layout {acc.dtype}{tuple(acc.shape)}, "
@@ -345,11 +351,20 @@ def split_on_oom(render: Render, y0: int, y1: int, into: list[np.ndarray],
 def _merge_group(storage: Storage, shard: FrameGroupShard, device: str) -> None:
     """The accumulator goes from the GPU straight into the file's pages (a memory map), whose pages are touched on
     threads while the GPU merges (``prefault``: allocating them on the host is otherwise on the critical path); on a
-    GPU it also stays there for the strip that fuses it next (:mod:`services.pipeline.resident`)."""
+    GPU it also stays there for the strip that fuses it next (:mod:`services.pipeline.resident`), and is then
+    stored on a thread after the task (``STRATA_GROUP_STORE=background``; frames of even size)."""
     frames = [(load_intermediate(storage, shard.job_id, key), meta) for key, meta in shard.frames]
     ref_key, ref_meta = shard.reference
     reference = (load_intermediate(storage, shard.job_id, ref_key), ref_meta)
     channels = accumulator_channels(shard.params, pixel_shift=bool(shard.pixel_shift))
+    if resident.store_in_background(device) and reference[0].shape[0] % 2 == 0 and reference[0].shape[1] % 2 == 0:
+        with device_slot():
+            acc = merge_group_tensor(reference, frames, device=device, stack_size=shard.stack_size,
+                                     positions=shard.positions, params=shard.params,
+                                     pixel_shift=list(shard.pixel_shift) if shard.pixel_shift else None)
+        resident.keep(device, shard.job_id, shard.out, acc)
+        resident.store_later(storage, shard.job_id, shard.out, acc)  # after the task: the strip starts at once
+        return
     held: list[torch.Tensor] = []  # the result on the device, kept once the stored file is published
     with storage.array_writer(shard.out, (channels, *reference[0].shape), np.int32, durable=False) as out, \
             device_slot():

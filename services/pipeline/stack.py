@@ -185,6 +185,39 @@ def merge_frame_group(
     merge is computed, before anything is written into ``out`` (waits for :func:`~services.pipeline.transfer.prefault`).
     ``keep``: given the result on the device (int32), for frames of even size (``pipeline.resident``).
     """
+    acc = merge_group_tensor(reference, frames, device, stack_size=stack_size, positions=positions, params=params,
+                             pixel_shift=pixel_shift)
+    h, w = np.asarray(reference[0]).shape
+    if out_ready is not None:
+        out_ready()
+    if out is None:
+        out = np.empty((acc.shape[0], h, w), dtype=np.int32)
+    if out.shape != (acc.shape[0], h, w):
+        raise ValueError(f"out must be {(acc.shape[0], h, w)}, got {out.shape}")
+    h2, w2 = acc.shape[1:]
+    if (h2, w2) == (h, w):
+        if keep is not None:
+            keep(acc)
+        return download(acc, out)
+    part = download(acc)  # odd frame: the last row/column repeats its neighbour's sums and weights
+    out[:, :h2, :w2] = part
+    out[:, h2:, :w2] = part[:, -1:]
+    out[:, :, w2:] = out[:, :, w2 - 1 : w2]
+    return out
+
+
+def merge_group_tensor(
+    reference: Frame,
+    frames: Sequence[Frame],
+    device: str | torch.device = "cpu",
+    *,
+    stack_size: int,
+    positions: Sequence[int],
+    params: RenderParams | None = None,
+    pixel_shift: Sequence[tuple[int, int]] | None = None,
+) -> torch.Tensor:
+    """:func:`merge_frame_group`'s result on ``device``, int32 (C, H', W'), left there: the frame's size, or one row
+    and column less for a frame of odd size (which the host copy completes)."""
     if len(positions) != len(frames) or any(not 0 <= p < stack_size for p in positions):
         raise ValueError(f"need one stack position in 0..{stack_size - 1} per frame, got {list(positions)} "
                          f"for {len(frames)} frames")
@@ -198,24 +231,7 @@ def merge_frame_group(
             acc = accumulate_frames(ref, mosaics, mp, positions, raw_merge=shared.raw_merge)  # (5|11, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
-    h, w = np.asarray(reference[0]).shape
-    if out_ready is not None:
-        out_ready()
-    if out is None:
-        out = np.empty((acc.shape[0], h, w), dtype=np.int32)
-    if out.shape != (acc.shape[0], h, w):
-        raise ValueError(f"out must be {(acc.shape[0], h, w)}, got {out.shape}")
-    h2, w2 = acc.shape[1:]
-    if (h2, w2) == (h, w):
-        acc32 = acc.to(torch.int32)
-        if keep is not None:
-            keep(acc32)
-        return download(acc32, out)
-    part = download(acc.to(torch.int32))  # odd frame: the last row/column repeats its neighbour's sums and weights
-    out[:, :h2, :w2] = part
-    out[:, h2:, :w2] = part[:, -1:]
-    out[:, :, w2:] = out[:, :, w2 - 1 : w2]
-    return out
+        return acc.to(torch.int32)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -492,6 +508,7 @@ __all__ = [
     "fuse_rows",
     "frame_shifts",
     "merge_frame_group",
+    "merge_group_tensor",
     "merge_params",
     "pixel_shift_offsets",
     "render_fused",

@@ -6,11 +6,15 @@ one, and a reader then raises :class:`~services.errors.IntermediateLost` so the 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from services.errors import IntermediateLost
 from services.storage.base import Storage
-from services.storage.keys import intermediate_prefixes
+from services.storage.keys import PENDING_SUFFIX, intermediate_prefixes
+
+PENDING_REMOVE_WAIT_S = 10.0  # a frame group's background store takes well under a second
 
 
 def load_intermediate(storage: Storage, job_id: str, key: str) -> np.ndarray:
@@ -21,8 +25,15 @@ def load_intermediate(storage: Storage, job_id: str, key: str) -> np.ndarray:
         raise IntermediateLost(job_id, key, f"{type(exc).__name__}: {exc}") from exc
 
 
-def remove_intermediates(storage: Storage, job_id: str) -> None:
-    """Delete decoded frames and shard results; uploads and outputs stay."""
+def remove_intermediates(storage: Storage, job_id: str, pending_wait_s: float = PENDING_REMOVE_WAIT_S) -> None:
+    """Delete decoded frames and shard results; uploads and outputs stay. A file still being written after its
+    task (its ``.pending`` marker, :func:`~services.storage.keys.pending_key`) is waited for, at most
+    ``pending_wait_s``, so that it is not written again into a folder just removed (a marker left by a dead worker
+    costs that wait, once)."""
+    deadline = time.monotonic() + pending_wait_s
+    while time.monotonic() < deadline and any(key.endswith(PENDING_SUFFIX) for prefix in intermediate_prefixes(job_id)
+                                              for key, _ in storage.list_sizes(prefix)):
+        time.sleep(0.02)
     for prefix in intermediate_prefixes(job_id):
         storage.delete_prefix(prefix)
 

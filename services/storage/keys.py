@@ -8,6 +8,7 @@ jobs/<id>/p<phase>/strip_NNN.<space>.npy  a strip in a further output space (a j
 jobs/<id>/p<phase>/strip_NNN[.<space>].tiles.npy / .tidx.npy  its TIFF tiles compressed on the GPU, their index
 jobs/<id>/p<phase>/strip_NNN[.<space>].bin<k>.npy  its linear-light k x k bins, made on the GPU (resized outputs)
 jobs/<id>/p<phase>/strip_NNN[.<space>].psum<k>.npy  its k x k code sums for the final preview (the sRGB result's)
+jobs/<id>/p<phase>/frame_group_NNN.pending  a frame group still being stored after its task (a marker)
 jobs/<id>/out/<name>                outputs (durable)
 jobs/<id>/preview.jpg               the JPEG preview (durable; fast at ingest, replaced at finalize)
 ```
@@ -57,6 +58,15 @@ def bin_key(result_key: str, factor: int) -> str:
 def preview_sums_key(result_key: str, factor: int) -> str:
     """Where a strip result's block sums for the final preview (float32, ``binning.preview_sums``) are kept."""
     return f"{result_key.removesuffix('.npy')}.psum{factor}.npy"
+
+
+def pending_key(key: str) -> str:
+    """The marker that says the intermediate ``key`` is still being written by a worker's thread after its task
+    (a frame group stored in the background, :mod:`services.pipeline.resident`)."""
+    return f"{key.removesuffix('.npy')}{PENDING_SUFFIX}"
+
+
+PENDING_SUFFIX = ".pending"
 
 
 def output_key(job_id: str, name: str) -> str:

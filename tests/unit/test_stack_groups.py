@@ -232,6 +232,7 @@ def test_a_group_kept_on_the_device_fuses_into_the_same_strip(stack: list[Frame]
     from services.pipeline import resident
     from services.pipeline import shards as shards_module
     from services.pipeline.shards import FrameGroupShard, StackStripShard, compute_shard
+    from services.storage.keys import pending_key
     from services.storage.local import LocalStorage
 
     storage = LocalStorage(tmp_path)
@@ -243,20 +244,74 @@ def test_a_group_kept_on_the_device_fuses_into_the_same_strip(stack: list[Frame]
                             reference=("raw_0.npy", stack[0][1]),
                             frames=tuple((f"raw_{i}.npy", meta) for i, (_, meta) in enumerate(stack)))
     height = stack[0][0].shape[0]
-    rows = {}
-    for mode in ("off", "on"):
+    rows, stored = {}, {}
+    for mode, store in (("off", "inline"), ("on", "inline"), ("on", "background")):
         monkeypatch.setenv("STRATA_RESIDENT_ACCUMULATORS", mode)
+        monkeypatch.setenv("STRATA_GROUP_STORE", store)
         get_settings.cache_clear()
         resident.clear()
+        storage.delete_prefix("g0.npy")
         compute_shard(storage, group, "cpu")
         kept = resident.take("cpu", "j", "other.npy")  # another key: nothing, and the kept one stays
         assert kept is None
-        strip = StackStripShard(job_id="j", out=f"s_{mode}.npy", params=params, y0=0, y1=height, groups=("g0.npy",),
-                                pixel_shift=False)
-        if mode == "on":  # the strip must not read the stored group
-            monkeypatch.setattr(shards_module, "load_accumulator", lambda *a: pytest.fail(f"read storage: {a}"))
-        compute_shard(storage, strip, "cpu")
+        strip = StackStripShard(job_id="j", out=f"s_{mode}_{store}.npy", params=params, y0=0, y1=height,
+                                groups=("g0.npy",), pixel_shift=False)
+        with monkeypatch.context() as m:
+            if mode == "on":  # the strip must not read the stored group
+                m.setattr(shards_module, "load_accumulator", lambda *a: pytest.fail(f"read storage: {a}"))
+            compute_shard(storage, strip, "cpu")
         assert resident.take("cpu", "j", "g0.npy") is None  # taken by the strip (or never kept)
-        rows[mode] = storage.load_array(f"s_{mode}.npy")
+        resident.await_stored(storage, "j", "g0.npy")  # stored either way (in the background: soon after)
+        assert storage.exists("g0.npy") and not storage.exists(pending_key("g0.npy"))
+        rows[mode, store] = storage.load_array(f"s_{mode}_{store}.npy")
+        stored[mode, store] = np.array(storage.load_array("g0.npy"))
     get_settings.cache_clear()
-    assert np.array_equal(rows["on"], rows["off"])
+    for key in (("on", "inline"), ("on", "background")):
+        assert np.array_equal(rows[key], rows["off", "inline"]) and np.array_equal(stored[key], stored["off", "inline"])
+
+
+def test_a_reader_waits_for_a_group_stored_in_the_background_and_gives_up_on_a_dead_worker(tmp_path: Path) -> None:
+    """A strip in another worker finds a frame group announced by its marker (its worker still writing it): it
+    waits for the file; a marker that no file follows (the worker died) costs the wait, then IntermediateLost."""
+    import threading
+
+    from services.errors import IntermediateLost
+    from services.pipeline import resident
+    from services.pipeline.shards import load_accumulator
+    from services.storage.intermediates import remove_intermediates
+    from services.storage.keys import pending_key, shard_key
+    from services.storage.local import LocalStorage
+
+    storage = LocalStorage(tmp_path)
+    acc = np.arange(5 * 4 * 6, dtype=np.int32).reshape(5, 4, 6)
+    key = shard_key("j", 0, "frame_group", 0)
+
+    def announce() -> threading.Timer:
+        with storage.writer(pending_key(key), durable=False):
+            pass
+
+        def late_store() -> None:
+            with storage.array_writer(key, acc.shape, np.int32, durable=False) as out:
+                out[:] = acc
+            storage.delete_prefix(pending_key(key))
+
+        timer = threading.Timer(0.3, late_store)
+        timer.start()
+        return timer
+
+    timer = announce()
+    assert np.array_equal(load_accumulator(storage, "j", key), acc)
+    timer.join()
+    storage.delete_prefix(key)
+    timer = announce()  # the job's end: its intermediates go once the file is written, and stay gone
+    remove_intermediates(storage, "j")
+    timer.join()
+    assert list(storage.list_sizes("jobs/j")) == []
+    with storage.writer(pending_key("g1.npy"), durable=False):
+        pass
+    resident.PENDING_WAIT_S, saved = 0.2, resident.PENDING_WAIT_S
+    try:
+        with pytest.raises(IntermediateLost):
+            load_accumulator(storage, "j", "g1.npy")
+    finally:
+        resident.PENDING_WAIT_S = saved
