@@ -98,7 +98,7 @@ class Settings(BaseSettings):
         default=1, ge=0, le=4, description="Coordinator processes per coordinator host that take only interactive "
         "shots' steps (ingest, finalize), so one never waits behind a batch's finalizes; 0 = none.")
     coordinator_lane: str = Field(default="all", description="all | interactive (set by the launcher).")
-    coordinator_concurrency: int = 2
+    coordinator_concurrency: int = 3
     torch_threads: int = Field(default=0, description="Torch CPU threads per worker process; 0 = cores / CPU "
                                "workers, cores / coordinator slots for coordinators, torch's default on GPU workers.")
     # Set by the launcher for each worker process it starts.

@@ -259,8 +259,10 @@ def reconcile_once() -> Repairs | None:
 def batch_capacity(client: redis.Redis) -> int:
     """Batch-lane jobs allowed in flight: STRATA_BATCH_IN_FLIGHT, else enough to keep every stage busy: two per
     live GPU worker slot (one computing, one queued behind it; a worker has STRATA_GPU_WORKER_THREADS slots) and
-    one per live coordinator slot but one (jobs decoding or encoding their TIFFs; the spare slot takes an
-    interactive shot's ingest at once). At least GPU slots + 1.
+    one per live batch coordinator slot (jobs decoding or encoding their TIFFs; interactive shots' ingest and
+    finalize go to the express coordinator, so no slot is kept spare for them: 10 on one H200 host with the
+    defaults, which rendered a 48-shot batch at 3.11-3.23 frames/s sustained against 2.53-2.56 with 7 and two
+    slots a coordinator, docs/PERFORMANCE.md). At least GPU slots + 1.
     Before, GPU workers + 1 left one H200 idle 80 % of a batch: a job's TIFF encode (about 1 s) was the only work
     that overlapped the next job's GPU work."""
     settings = get_settings()
@@ -269,7 +271,7 @@ def batch_capacity(client: redis.Redis) -> int:
     gpus = sum(max(1, w.slots) for w in live_workers(client, "gpu"))
     slots = sum(1 for w in live_workers(client, "coordinator") if w.lane != "interactive") * max(
         1, settings.coordinator_concurrency)  # an express coordinator never takes batch work
-    return max(gpus + 1, 2 * gpus + slots - 1)
+    return max(gpus + 1, 2 * gpus + slots)
 
 
 def _exclusive(lock_name: str, timeout: int, work: Callable[[redis.Redis], T]) -> T | None:

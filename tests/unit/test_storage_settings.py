@@ -99,8 +99,10 @@ def test_coordinators_share_the_cores_for_torch_threads(tmp_path: Path, monkeypa
     monkeypatch.setattr(launcher.os, "cpu_count", lambda: 16)
     specs = launcher.worker_specs(Settings(data_dir=tmp_path, node_name="h"), gpus=["0"])
     threads = {s.name: s.env.get("STRATA_TORCH_THREADS") for s in specs}
-    # three coordinator processes (two + the express one) of two slots each share 16 cores: two threads each
-    assert threads == {"coordinator@h": "2", "coordinator2@h": "2", "coordinator-express@h": "2", "gpu0@h": None}
+    # three coordinator processes (two + the express one) of three slots each share 16 cores: one thread each
+    assert threads == {"coordinator@h": "1", "coordinator2@h": "1", "coordinator-express@h": "1", "gpu0@h": None}
+    two = launcher.worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinator_concurrency=2), gpus=["0"])
+    assert {s.env.get("STRATA_TORCH_THREADS") for s in two if s.name.startswith("coordinator")} == {"2"}
     pinned = launcher.worker_specs(Settings(data_dir=tmp_path, node_name="h", torch_threads=3), gpus=[],
                                    gpu_workers=False)
     assert {s.env["OMP_NUM_THREADS"] for s in pinned} == {"3"}
