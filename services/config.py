@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     scratch_dir: Path | None = Field(default=None, description="Object storage's local scratch cache; default "
                                      "data_dir/scratch.")
     scratch_mb: int = Field(default=20480, description="Scratch cache size cap in MiB (LRU eviction).")
+    early_sync_s: float = Field(default=0.1, ge=0, description="Local storage: a durable write (uploads, outputs) "
+                                "hands what it has written to the disk this often (fdatasync), so its closing "
+                                "fsync waits only for the tail; 0: the closing fsync alone.")
     s3_part_mb: int = Field(default=16, description="Multipart upload part size in MiB.")
     s3_downloads: str = Field(default="stream", description="Output downloads with S3: stream | redirect (307 to "
                               "a pre-signed URL).")

@@ -21,10 +21,10 @@ def storage_from_settings(settings: Settings) -> Storage:
         scratch = ScratchCache(settings.resolved_scratch_dir, settings.scratch_mb << 20)
         return S3Storage(bucket, prefix, scratch, part_size=settings.s3_part_mb << 20)
     if url.startswith("file://"):
-        return LocalStorage(Path(url.removeprefix("file://")))
+        return LocalStorage(Path(url.removeprefix("file://")), settings.early_sync_s)
     if url:
         raise ValueError(f"STRATA_STORAGE_URL must be s3://bucket/prefix or file:///path, not {url!r}")
-    return LocalStorage(settings.resolved_storage_dir)
+    return LocalStorage(settings.resolved_storage_dir, settings.early_sync_s)
 
 
 @lru_cache(maxsize=1)

@@ -18,9 +18,10 @@ from services.storage.base import Storage
 
 
 class LocalStorage(Storage):
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, early_sync_s: float = 0.1) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.early_sync_s = early_sync_s  # STRATA_EARLY_SYNC_S; 0: only the closing fsync
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
@@ -42,12 +43,14 @@ class LocalStorage(Storage):
     @contextmanager
     def writer(self, key: str, durable: bool = True) -> Iterator[BinaryIO]:
         """A new file under ``key``, renamed into place when the block exits. ``durable``: while the block writes,
-        a thread hands what is written so far to the disk every ``EARLY_SYNC_S`` (fdatasync), so the closing fsync
+        a thread hands what is written so far to the disk every ``early_sync_s`` (fdatasync), so the closing fsync
         only waits for the tail (an 80 MP TIFF is 370 MB: about 0.25 s of the H200 host's disk after the encode,
-        now mostly during it)."""
+        now mostly during it); 0: the closing fsync alone."""
         with self.path_writer(key) as tmp, open(tmp, "w+b") as f:  # readable: writers may map what they wrote
             stop = threading.Event()
-            syncer = threading.Thread(target=_sync_while, args=(f.fileno(), stop), daemon=True) if durable else None
+            early = durable and self.early_sync_s > 0
+            syncer = threading.Thread(target=_sync_while, args=(f.fileno(), stop, self.early_sync_s),
+                                      daemon=True) if early else None
             if syncer is not None:
                 syncer.start()
             try:
@@ -59,8 +62,6 @@ class LocalStorage(Storage):
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-
-    EARLY_SYNC_S = 0.1
 
     def shared_between_hosts(self) -> bool:
         """True when the root is on a network filesystem (NFS, SMB, Ceph, Lustre, FUSE ...), from /proc/mounts;
@@ -146,10 +147,10 @@ def _network_filesystem(path: Path) -> bool:
     return mount_type(path, mounts) not in _LOCAL_FILESYSTEMS
 
 
-def _sync_while(fd: int, stop: threading.Event) -> None:
-    """fdatasync ``fd`` every LocalStorage.EARLY_SYNC_S until ``stop`` is set (errors end it: the closing fsync
-    reports them)."""
-    while not stop.wait(LocalStorage.EARLY_SYNC_S):
+def _sync_while(fd: int, stop: threading.Event, interval: float) -> None:
+    """fdatasync ``fd`` every ``interval`` seconds until ``stop`` is set (errors end it: the closing fsync reports
+    them)."""
+    while not stop.wait(interval):
         try:
             getattr(os, "fdatasync", os.fsync)(fd)
         except OSError:

@@ -106,3 +106,29 @@ def test_coordinators_share_the_cores_for_torch_threads(tmp_path: Path, monkeypa
     pinned = launcher.worker_specs(Settings(data_dir=tmp_path, node_name="h", torch_threads=3), gpus=[],
                                    gpu_workers=False)
     assert {s.env["OMP_NUM_THREADS"] for s in pinned} == {"3"}
+
+
+def test_early_syncs_of_durable_writes_follow_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STRATA_EARLY_SYNC_S: a durable write hands its data to the disk every so often while it writes (0: only its
+    closing fsync); intermediates (not durable) never sync."""
+    import time
+
+    from services.storage import local, storage_from_settings
+
+    calls: list[float] = []
+    real = local._sync_while
+
+    def counting(fd: int, stop: object, interval: float) -> None:
+        calls.append(interval)
+        real(fd, stop, interval)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(local, "_sync_while", counting)
+    for early, expected in ((0.05, [0.05]), (0.0, [])):
+        calls.clear()
+        storage = storage_from_settings(Settings(data_dir=tmp_path, early_sync_s=early))
+        with storage.writer("jobs/j/out/a.tif") as f:
+            f.write(b"x" * 1000)
+            time.sleep(0.12)
+        with storage.writer("jobs/j/raw/00.npy", durable=False) as f:
+            f.write(b"y")
+        assert calls == expected and storage.size("jobs/j/out/a.tif") == 1000
