@@ -99,6 +99,8 @@ class JobOut(BaseModel):
     preview_url: str | None = Field(default=None, description="The JPEG preview; null until there is one.")
     preview_kind: str | None = Field(default=None, description="fast (binned mosaic at ingest) | final (render)")
     batch: str | None = Field(default=None, description="The batch it belongs to, when batches exist.")
+    files_removed_at: dt.datetime | None = Field(
+        default=None, description="When its uploads and outputs were removed (retention, or DELETE .../files).")
     timings: dict[str, float] = Field(
         default_factory=dict,
         description="Seconds per stage: decode_s, prepare_s (decode + shared parameters + plan), phase_N_s (the "
@@ -122,8 +124,9 @@ class JobOut(BaseModel):
                                url=f"/v1/jobs/{job.id}/outputs/{o.name}", sha256=o.sha256, bytes=o.bytes)
                      for o in _in_recipe_order(job)],
             error=job.error, updated_at=_utc(job.updated_at),
-            preview_url=f"/v1/jobs/{job.id}/preview" if job.preview_etag else None, preview_kind=job.preview_kind,
-            batch=job.batch_id, timings=stage_timings(job),
+            preview_url=f"/v1/jobs/{job.id}/preview" if job.preview_etag and not job.pruned_at else None,
+            preview_kind=job.preview_kind, batch=job.batch_id, files_removed_at=_utc(job.pruned_at),
+            timings=stage_timings(job),
         )
 
 

@@ -22,7 +22,7 @@ app = typer.Typer(help="Strata: asynchronous RAW render service. Exit codes: 0 o
                   pretty_exceptions_enable=False)
 token_app = typer.Typer(help="Station and admin tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
-jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download.", no_args_is_help=True)
+jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download, remove-files.", no_args_is_help=True)
 batch_app = typer.Typer(help="Overnight batches: create, status, report, list, cancel.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
@@ -609,6 +609,13 @@ def jobs_cancel(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_di
     """Cancel a queued or running job (a shard already computing finishes; its result is dropped)."""
     j = _api_call(api, token, data_dir, "POST", f"/v1/jobs/{job_id}/cancel")
     _stdout().print(f"job {j['id']}: {j['status']}")
+
+
+@jobs_app.command("remove-files")
+def jobs_remove_files(job_id: str, api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None) -> None:
+    """Remove an ended job's uploads and outputs now (after you have copied them off); its record stays."""
+    j = _api_call(api, token, data_dir, "DELETE", f"/v1/jobs/{job_id}/files")
+    _stdout().print(f"job {j['id']}: files removed at {j['files_removed_at']}")
 
 
 @jobs_app.command("download")

@@ -1,4 +1,4 @@
-"""Jobs: upload, status, list, cancel, download outputs."""
+"""Jobs: upload, status, list, cancel, download outputs, remove files."""
 
 from __future__ import annotations
 
@@ -194,6 +194,12 @@ def get_preview(job_id: str, session: SessionDep, station: StationDep,
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS, summary="Cancel a job")
 def cancel_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
     return JobOut.of(service.cancel_job(session, get_storage(), station, job_id))
+
+
+@router.delete("/{job_id}/files", response_model=JobOut, responses=ERRORS,
+               summary="Remove an ended job's uploads and outputs now (its record stays; downloads answer 410)")
+def delete_job_files(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
+    return JobOut.of(service.delete_files(session, get_storage(), station, job_id))
 
 
 def content_disposition(name: str, fallback: str) -> str:

@@ -15,7 +15,8 @@
 # several sets separated by ";" run one after the other (batch-ab.json, batch-ab-1.json, ...).
 # AHEAD=1 uploads each batch's shots ahead into a batch whose window opens after the uploads (`--upload-ahead`: the
 # render alone is timed, not sharing the disk with the uploads); CLEAN=1 removes each service's data dir once it
-# stopped (a 60-shot batch leaves about 32 GB: two on a 64 GB disk do not fit).
+# stopped (a 60-shot batch leaves about 32 GB: two on a 64 GB disk do not fit); REMOVE=1 removes each batch job's
+# files once it is done (`--remove-files`: a 100-shot batch on the 64 GB disk).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -39,7 +40,7 @@ serve() {  # serve DATA LOG: start `strata serve` on DATA and wait for it
   for _ in $(seq 1 180); do grep -qx "ready" "$2" && break; kill -0 "$SERVE" 2>/dev/null || break; sleep 1; done
 }
 stop() { kill "$SERVE"; wait "$SERVE" 2>/dev/null; sleep 2; [ "${CLEAN:-0}" = 1 ] && rm -rf "${DATA:-}" "${DATA2:-}" "${DATA3:-}" "${DATA4:-}"; true; }
-AHEAD_FLAG=$([ "${AHEAD:-0}" = 1 ] && echo --upload-ahead)
+AHEAD_FLAG="$([ "${AHEAD:-0}" = 1 ] && echo --upload-ahead) $([ "${REMOVE:-0}" = 1 ] && echo --remove-files)"
 DATA=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
 STRATA_GPU_DEFLATE=$TILES serve "$DATA" "$OUT/serve.log"
 echo "service with STRATA_GPU_DEFLATE=$TILES"

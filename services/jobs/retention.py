@@ -111,14 +111,21 @@ def prune(session: Session, storage: Storage, *, older_than_days: float, dry_run
             continue
         report.jobs.append(job.id)
         report.bytes += sizes.get(job.id, 0)
-        if dry_run:
-            continue
-        job.pruned_at = now
-        for out in job.outputs:
-            out.deleted_at = now
-        session.commit()  # marked first: a download answers 410 rather than a storage error
-        storage.delete_prefix(job_prefix(job.id))
+        if not dry_run:
+            discard(session, storage, job, now)
     return report
+
+
+def discard(session: Session, storage: Storage, job: Job, now: dt.datetime | None = None) -> None:
+    """Remove an ended job's stored files (uploads, outputs, anything left) and mark it: ``jobs.pruned_at``,
+    ``outputs.deleted_at``. The caller checked that nothing still reads them (retention's rule, or a studio's
+    explicit ``DELETE /v1/jobs/{id}/files``)."""
+    now = now or utcnow()
+    job.pruned_at = now
+    for out in job.outputs:
+        out.deleted_at = now
+    session.commit()  # marked first: a download answers 410 rather than a storage error
+    storage.delete_prefix(job_prefix(job.id))
 
 
 def retention_pass(session: Session, storage: Storage, retention_days: float) -> PruneReport:

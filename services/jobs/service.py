@@ -18,6 +18,7 @@ from services.db.session import execute_update
 from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Gone, NotFound, UnsupportedSensor
 from services.export.naming import sanitise, validate_template
 from services.export.recipes import resolve_recipes
+from services.jobs import retention
 from services.jobs.cameras import resolve_camera
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, in_batch_lane, parse_enum
 from services.raw.probe import probe_raw
@@ -322,11 +323,23 @@ def cancel_job(session: Session, storage: Storage, station: Station, job_id: str
     return job
 
 
+def delete_files(session: Session, storage: Storage, station: Station, job_id: str) -> Job:
+    """Remove an ended job's uploads and outputs now, instead of after ``STRATA_RETENTION_DAYS`` (a studio that
+    has copied the TIFFs off; a night's batch larger than the disk). The job's record stays, its outputs answer
+    410 Gone. A job still queued or running is refused (cancel it first); asking twice changes nothing."""
+    job = get_job(session, station, job_id)
+    if job.status in ACTIVE:
+        raise Conflict(f"job {job_id} is {job.status}: cancel it before removing its files")
+    if job.pruned_at is None:
+        retention.discard(session, storage, job)
+    return job
+
+
 def output_of(job: Job, name: str) -> Output:
     for out in job.outputs:
         if out.name == name:
             if out.deleted_at is not None:
-                raise Gone(f"output {name!r} of job {job.id} was removed by retention on "
+                raise Gone(f"output {name!r} of job {job.id} was removed (retention or a DELETE of its files) on "
                            f"{as_utc(out.deleted_at).isoformat(timespec='seconds')}")
             return out
     raise NotFound(f"job {job.id} has no output {name!r}")
@@ -359,6 +372,8 @@ def preview_of(session: Session, storage: Storage, principal: Station, job_id: s
     """The job's preview, NotFound while it has none (not decoded yet, or failed before a preview)."""
     job = get_job(session, principal, job_id)
     key = preview_key(job.id)
+    if job.pruned_at is not None:
+        raise Gone(f"job {job_id}'s files were removed on {as_utc(job.pruned_at).isoformat(timespec='seconds')}")
     if not job.preview_etag or not storage.exists(key):
         raise NotFound(f"job {job_id} has no preview yet" + (f" ({job.status})" if job.status != "queued" else ""))
     return Preview(key, job.preview_etag, job.preview_kind or "fast")

@@ -34,7 +34,7 @@ def test_bench_service_runs_every_scenario_and_writes_json(stack: Stack, tmp_pat
 def test_bench_service_batch_uploaded_ahead_renders_after_its_window_opens(stack: Stack,  # noqa: F811
                                                                           tmp_path: Path) -> None:
     """--upload-ahead: the shots go into a batch whose window opens after the uploads (a studio's night); no job
-    starts before every shot is in, and the sustained rate is reported."""
+    starts before every shot is in, and the sustained rate is reported; --remove-files removes each job's files."""
     import datetime as dt
 
     import httpx
@@ -44,10 +44,13 @@ def test_bench_service_batch_uploaded_ahead_renders_after_its_window_opens(stack
     out = tmp_path / "ahead.json"
     token = stack.headers["Authorization"].split()[1]
     assert main(["--api", stack.url, "--token", token, "--scale", "0.02", "--batch-size", "3", "--upload-ahead",
-                 "--scenarios", "batch", "--json", str(out)]) == 0
+                 "--remove-files", "--scenarios", "batch", "--json", str(out)]) == 0
     batch = json.loads(out.read_text())["scenarios"][0]
     assert batch["uploaded_ahead"] and batch["shots"] == 3 and batch["sustained_frames_per_s"] > 0
     jobs = httpx.get(f"{stack.url}/v1/jobs", headers=stack.headers, params={"limit": 3}).json()["jobs"]
     created = [dt.datetime.fromisoformat(j["created_at"]) for j in jobs]
     started = [dt.datetime.fromisoformat(j["started_at"]) for j in jobs]
     assert min(started) > max(created)  # every shot was in before the first one started
+    assert all(j["files_removed_at"] for j in jobs)  # --remove-files: each job's files went once it was done
+    gone = httpx.get(f"{stack.url}{jobs[0]['outputs'][0]['url']}", headers=stack.headers)
+    assert gone.status_code == 410

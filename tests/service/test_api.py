@@ -115,6 +115,32 @@ def test_cancel(client: TestClient, auth: dict[str, str], synth_dir: Path) -> No
     assert r.status_code == 409 and r.json()["type"] == "conflict"
 
 
+def test_remove_files_of_an_ended_job(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    """DELETE .../files: refused while the job is active, then the uploads go, the record stays (with when),
+    an output answers 410, a second call changes nothing, another station sees 404."""
+    job = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))]).json()
+    r = client.delete(f"/v1/jobs/{job['id']}/files", headers=auth)
+    assert r.status_code == 409 and "cancel it" in r.json()["detail"]
+    assert any(job["id"] in str(p) for p in _storage_files())
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth).status_code == 200
+    with session_scope() as session:  # as if it had rendered: one output row
+        from services.db.models import Job, Output
+        session.add(Output(job_id=job["id"], name="a.tif", recipe="tiff16", storage_key=f"jobs/{job['id']}/out/a.tif",
+                           sha256="0" * 64, bytes=4, media_type="image/tiff"))
+        assert session.get(Job, job["id"]) is not None
+    assert client.delete(f"/v1/jobs/{job['id']}/files", headers=_token("station-b")).status_code == 404
+    r = client.delete(f"/v1/jobs/{job['id']}/files", headers=auth)
+    assert r.status_code == 200, r.text
+    removed = r.json()["files_removed_at"]
+    assert removed and r.json()["status"] == "cancelled" and r.json()["preview_url"] is None
+    assert not any(job["id"] in str(p) for p in _storage_files())
+    r = client.get(f"/v1/jobs/{job['id']}/outputs/a.tif", headers=auth)
+    assert r.status_code == 410 and r.json()["type"] == "gone"
+    assert client.get(f"/v1/jobs/{job['id']}/preview", headers=auth).status_code == 410
+    again = client.delete(f"/v1/jobs/{job['id']}/files", headers=auth)
+    assert again.status_code == 200 and again.json()["files_removed_at"] == removed
+
+
 def _png_bytes() -> bytes:
     buf = io.BytesIO()
     tifffile.imwrite(buf, np.zeros((8, 8, 3), np.uint8), photometric="rgb")

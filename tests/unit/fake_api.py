@@ -78,7 +78,7 @@ def _handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = _answer  # noqa: N815 - http.server's names
+        do_GET = do_POST = do_DELETE = _answer  # noqa: N815 - http.server's names
 
     return Handler
 

@@ -223,6 +223,16 @@ def test_batch_status_list_report_cancel(api: FakeApi, tmp_path: Path) -> None:
     assert missing.exit_code == 1 and "404" in missing.output
 
 
+def test_jobs_remove_files(api: FakeApi) -> None:
+    api.route("DELETE", "/v1/jobs/j1/files", (200, {**job("j1", "done"), "files_removed_at": "2026-12-04T13:00:00Z"}))
+    refusal = {"type": "conflict", "title": "Conflict", "detail": "job j2 is running: cancel it before removing it"}
+    api.route("DELETE", "/v1/jobs/j2/files", (409, refusal))
+    done = runner.invoke(app, ["jobs", "remove-files", "j1", *_auth(api)])
+    assert done.exit_code == 0 and "files removed at 2026-12-04T13:00:00Z" in done.stdout
+    refused = runner.invoke(app, ["jobs", "remove-files", "j2", *_auth(api)])
+    assert refused.exit_code != 0 and "cancel it" in refused.output
+
+
 def _watcher(api: FakeApi, root: Path, clock: list[float], **kwargs: Any) -> Watcher:
     client = httpx.Client(base_url=api.url, headers={"Authorization": "Bearer tok"})
     return Watcher(root, client, Console(file=io.StringIO()), fields={"camera": None, "recipes": [],
