@@ -12,7 +12,7 @@ from typing import TypeVar
 import httpx
 import redis
 from celery import Task
-from celery.signals import after_setup_logger, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import after_setup_logger, worker_init, worker_process_init, worker_ready, worker_shutdown
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -22,7 +22,7 @@ from services.batches.notify import notification
 from services.batches.service import record_delivery
 from services.config import get_settings
 from services.db.models import Job
-from services.db.session import reset_engine, session_scope
+from services.db.session import mark_worker_process, reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
 from services.jobs.previews import preview_ingested
@@ -376,6 +376,11 @@ def _json_logs(logger: logging.Logger | None = None, **_: object) -> None:
             handler.setFormatter(JsonFormatter())
 
 
+@worker_init.connect
+def _worker_engine(**_: object) -> None:
+    mark_worker_process()  # STRATA_WORKER_COMMITS: this worker's commits need not wait for the disk
+
+
 @worker_process_init.connect
 def _fresh_engine(**_: object) -> None:
     reset_engine()  # never share database connections across a fork
@@ -383,6 +388,7 @@ def _fresh_engine(**_: object) -> None:
 
 @worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
+    log.info("database commits of this worker: %s (STRATA_WORKER_COMMITS)", get_settings().worker_commits)
     runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, admit=admit_once,
                   retention=retention_once)
 
