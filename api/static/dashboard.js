@@ -211,7 +211,8 @@
       $("job-summary").textContent = job.status + " · " + job.stage + " · " + Math.round(job.progress * 100) + "% · station " + job.station +
         " · elapsed " + fmtDuration(elapsed(job)) + (eta(job) ? " · ETA " + fmtDuration(eta(job)) : "");
       $("job-error").hidden = !job.error; $("job-error").textContent = plainError(job.error);
-      $("downloads").replaceChildren(...(job.outputs.length ? job.outputs.map((o) => {
+      $("downloads").replaceChildren(...(job.files_removed_at ? [el("li", "Files removed " + new Date(job.files_removed_at).toLocaleString() + " (retention, or a removal through the API).", "muted")]
+        : job.outputs.length ? job.outputs.map((o) => {
         const li = el("li"); const b = el("button", "Download " + o.name); b.type = "button";
         b.addEventListener("click", () => download(o)); li.append(b, el("span", " " + (o.bytes / 1048576).toFixed(1) + " MB", "muted")); return li;
       }) : [el("li", "None yet.", "muted")]));

@@ -219,6 +219,12 @@ def test_job_detail_shows_preview_timeline_and_downloads(service: Service, brows
     _shot(browser, "04-job-detail")
     browser.execute_script("document.getElementById('timeline').scrollIntoView()")
     _shot(browser, "05-job-timeline")
+    removed = httpx.delete(f"{service.url}/v1/jobs/{job}/files",
+                           headers={"Authorization": f"Bearer {service.tokens['a']}"}, timeout=30)
+    assert removed.status_code == 200, removed.text
+    browser.refresh()  # the page stops polling once a job is done
+    _until(lambda: "Files removed" in browser.find_element(By.ID, "downloads").text, 30, "the removal shown")
+    assert "Download" not in browser.find_element(By.ID, "downloads").text
 
 
 def test_only_an_admin_sees_every_station(service: Service, browser: WebDriver, synth_dir: Path) -> None:
