@@ -8,6 +8,8 @@ same bytes: every embedded ICC profile and tag is deterministic.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from services.export.tiff import Bands, PreTiled, write_tiff
 from services.raw.colour import output_space
 from services.storage.base import Storage
 from services.storage.keys import output_key
+
+log = logging.getLogger(__name__)
 
 CONCURRENT_OUTPUTS = 4  # a job's files written at once (each TIFF also compresses on its own pool)
 
@@ -47,8 +51,12 @@ def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta:
     the space's GPU-compressed deflate tiles, used by a full-size 16-bit deflate TIFF; ``prebinned``: its
     linear-light bins by factor, used by a resized output."""
     space = recipe.colour_space
+    t0 = time.perf_counter()
     out = derive_bands(bands, bits=recipe.bits, long_edge=recipe.long_edge,
                        transfer=output_space(space).transfer, sharpen_amount=recipe.sharpen, prebinned=prebinned)
+    if out is not bands:  # resized or 8-bit: where a proof's time goes before its file is written
+        log.info("%s: derived (%s) in %.2fs", key, f"long edge {recipe.long_edge}" if recipe.long_edge else
+                 f"{recipe.bits}-bit", time.perf_counter() - t0)
     stamped = OutputMetadata(meta.capture, meta.original_name, recipe.ppi, meta.software)
     if recipe.format == Format.TIFF:
         return write_tiff(storage, key, out, colour_space=space, compression=recipe.compression.value,
