@@ -19,9 +19,10 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite in data_dir.")
     worker_commits: Literal["async", "durable"] = Field(
         default="async", description="The Celery workers' database commits: async (SQLite synchronous=NORMAL in "
-        "WAL mode, PostgreSQL synchronous_commit=off: a commit does not wait for the disk; a power cut can lose a "
-        "worker's last commits, never corrupt the database, and the reconciler redoes those steps) or durable. "
-        "The API's commits (uploads, batches, tokens) always wait for the disk.")
+        "WAL mode, PostgreSQL synchronous_commit=off: a commit does not wait for the disk; a power cut, or a "
+        "PostgreSQL server crash, can lose a worker's last commits, never corrupt the database, and the "
+        "reconciler redoes those steps) or durable. The API's commits (uploads, batches, tokens, removals) always "
+        "wait for the disk.")
     redis_url: str | None = Field(default=None, description="Broker URL; unset = `strata serve` starts one.")
     storage_dir: Path | None = Field(default=None, description="Local storage root; default data_dir/storage.")
     storage_url: str | None = Field(

@@ -34,8 +34,8 @@ def mark_worker_process() -> None:
 def make_engine(url: str, async_commits: bool = False) -> Engine:
     """An engine for ``url``; SQLite gets WAL mode and a busy timeout so several processes can share it.
     ``async_commits``: a commit does not wait for the disk (SQLite ``synchronous=NORMAL``, which in WAL mode syncs
-    at checkpoints only; PostgreSQL ``synchronous_commit=off``); a power cut can lose the last commits, never
-    corrupt the database."""
+    at checkpoints only; PostgreSQL ``synchronous_commit=off``); a power cut, or a PostgreSQL server crash, can
+    lose the last commits, never corrupt the database."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
