@@ -26,6 +26,7 @@ from services.export.recipes import Recipe, resolve_recipes
 from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, served_without_rows, strip_keys
 from services.jobs.previews import final_preview
+from services.jobs.retention import drop_if_removed
 from services.jobs.states import ACTIVE, JobStatus, Stage, in_batch_lane
 from services.pipeline.preview import preview_factor
 from services.raw.meta import CaptureInfo
@@ -146,6 +147,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
                   premade=found.preview)
     t2 = time.perf_counter()
     remove_intermediates(storage, job_id)
+    drop_if_removed(session, storage, job_id)  # DELETE .../files came while the final preview was written
     log.info("job %s done: %s (%d bytes; outputs written and recorded in %.2fs; final preview %.2fs, "
              "intermediates removed %.2fs)", job_id, ", ".join(o.name for o in outs), sum(o.bytes for o in outs),
              t1 - t0, t2 - t1, time.perf_counter() - t2)

@@ -128,6 +128,16 @@ def discard(session: Session, storage: Storage, job: Job, now: dt.datetime | Non
     storage.delete_prefix(job_prefix(job.id))
 
 
+def drop_if_removed(session: Session, storage: Storage, job_id: str) -> bool:
+    """Delete the job's storage prefix again if its files were removed while its last step still wrote (the final
+    preview is written after the job is marked done, so a client that removes the files at once could race it);
+    True when it did."""
+    if session.scalar(select(Job.pruned_at).where(Job.id == job_id)) is None:
+        return False
+    storage.delete_prefix(job_prefix(job_id))
+    return True
+
+
 def retention_pass(session: Session, storage: Storage, retention_days: float) -> PruneReport:
     """The periodic pass: sweep left-behind intermediates, then prune expired jobs (none when days is 0)."""
     swept = sweep_intermediates(session, storage)

@@ -165,3 +165,23 @@ def test_the_sweep_of_jobs_just_ended_spares_a_live_writers_file(db: str, tmp_pa
     with session_scope() as session:
         assert retention.sweep_recently_ended(session, storage, within_s=60, partials_older_than_s=10) == [job_id]
     assert live.exists() and not stale.exists() and _keys(storage, job_id) == []
+
+
+def test_files_written_after_a_removal_are_dropped_again(db: str) -> None:
+    """A job's files removed while its finalize still wrote the final preview: the finalize's last step deletes
+    what came after the removal; a job not removed keeps its files."""
+    storage = get_storage()
+    with session_scope() as session:
+        station = Station(name="r", token_hash="r")
+        session.add(station)
+        session.flush()
+        removed, kept = _job(session, station, "done", 0).id, _job(session, station, "done", 0).id
+    for job_id in (removed, kept):
+        _store(storage, job_id, "out")
+    with session_scope() as session:
+        retention.discard(session, storage, session.get(Job, removed))
+    _store(storage, removed, "out")  # written by the finalize after the removal
+    with session_scope() as session:
+        assert retention.drop_if_removed(session, storage, removed)
+        assert not retention.drop_if_removed(session, storage, kept)
+    assert _keys(storage, removed) == [] and _keys(storage, kept) == ["out/frame_00.tif"]
