@@ -219,6 +219,7 @@
       $("frames").replaceChildren(...job.frames.map((f) => el("li", frameName(f) + " (" + (f.bytes / 1048576).toFixed(1) + " MB)")));
       $("cancel").disabled = !["queued", "running"].includes(job.status);
       timeline(job);
+      if (job.files_removed_at) { $("job-preview").hidden = true; $("preview-caption").textContent = "The preview went with the files."; }
       await loadPreview(job, $("job-preview"), $("preview-caption"));
       showBanner("");
       if (["queued", "running"].includes(job.status)) state.timer = setTimeout(jobLoop, 1000);

@@ -225,6 +225,7 @@ def test_job_detail_shows_preview_timeline_and_downloads(service: Service, brows
     browser.refresh()  # the page stops polling once a job is done
     _until(lambda: "Files removed" in browser.find_element(By.ID, "downloads").text, 30, "the removal shown")
     assert "Download" not in browser.find_element(By.ID, "downloads").text
+    assert "went with the files" in browser.find_element(By.ID, "preview-caption").text
     _shot(browser, "07-job-files-removed")
 
 
