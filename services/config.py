@@ -182,6 +182,10 @@ class Settings(BaseSettings):
     gpu_encode: bool = Field(
         default=True, description="Workers bin resized outputs (proofs) in linear light beside each strip they "
                                   "render; the writer bins only rows that straddle two strips.")
+    worker_proofs: bool = Field(
+        default=True, description="A worker whose strip holds the whole image (one GPU, a shot that fits) also "
+        "finishes each resized output from its bins (filter, transfer, sharpening, 8-bit codes) on its device; the "
+        "writer then only encodes the file. Needs STRATA_GPU_ENCODE.")
     gpu_deflate: Literal["off", "batch", "on"] = Field(
         default="on", description="Which jobs' 16-bit deflate TIFF tiles GPU workers compress with nvCOMP (where "
         "the nvidia-nvcomp wheel is installed; elsewhere the writer's CPU does): every job (default: about 9 "

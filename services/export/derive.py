@@ -13,13 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from services.export.recipes import Recipe
 from services.export.tiff import Bands
-from services.pipeline.binning import binned
-from services.pipeline.ops import encode_transfer, sharpen, to_uint16
+from services.pipeline.binning import binned, finish_resized, quantise
 
-OUTPUT_SHARPEN_SIGMA = 0.8
 _ROWS = 512  # decode/encode in chunks of rows: fewer float temporaries of a whole image
 
 
@@ -37,6 +35,15 @@ def to_8bit(rgb16: np.ndarray) -> np.ndarray:
 
 def bands_8bit(bands: Bands) -> list[tuple[int, np.ndarray]]:
     return [(top, to_8bit(np.asarray(rows))) for top, rows in bands]
+
+
+ProofSpec = tuple[str, int, int, float]  # (colour space, long edge, bits, sharpen amount) of a resized output
+
+
+def proof_spec(recipe: Recipe) -> ProofSpec:
+    """What identifies a resized recipe's pixels (its file's other settings, format and quality, do not change
+    them): the key of an output a worker finished (:func:`services.pipeline.binning.proof_from_bins`)."""
+    return recipe.colour_space, int(recipe.long_edge or 0), recipe.bits, float(recipe.sharpen)
 
 
 def fit_long_edge(height: int, width: int, long_edge: int) -> tuple[int, int]:
@@ -113,23 +120,8 @@ def resize_linear(bands: Bands | np.ndarray, long_edge: int, transfer: str, shar
     height, width = sum(r.shape[0] for r in rows), rows[0].shape[1]
     h, w = fit_long_edge(height, width, long_edge)
     k = box_factor(height, width, h, w)
-    x = _linear_binned(bands, transfer, k, (prebinned or {}).get(k, ()))
-    if (h, w) != tuple(x.shape[-2:]):
-        x = F.interpolate(x, size=(h, w), mode="bicubic", antialias=True, align_corners=False).contiguous()
-    else:
-        x = x.contiguous()
-    x = encode_transfer(x.clamp(0.0, 1.0), transfer)
-    if sharpen_amount > 0 and min(h, w) > 2:
-        x = sharpen(x, sharpen_amount, OUTPUT_SHARPEN_SIGMA)
-    return x
-
-
-def quantise(x: torch.Tensor, bits: int) -> np.ndarray:
-    """(1, 3, h, w) encoded floats in [0, 1] -> (h, w, 3) uint8 or uint16 codes (round half up)."""
-    if bits == 16:
-        codes = to_uint16(x)[0].permute(1, 2, 0)
-        return codes.contiguous().numpy()
-    return torch.floor(x * 255.0 + 0.5).clamp(0, 255).to(torch.uint8)[0].permute(1, 2, 0).contiguous().numpy()
+    return finish_resized(_linear_binned(bands, transfer, k, (prebinned or {}).get(k, ())), (h, w), transfer,
+                          sharpen_amount)
 
 
 def derive_bands(bands: Bands, *, bits: int, long_edge: int | None, transfer: str,

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from services.export.derive import PreBinned, derive_bands, stitch
+import numpy as np
+
+from services.export.derive import PreBinned, ProofSpec, derive_bands, fit_long_edge, proof_spec, stitch
 from services.export.images import write_jpeg, write_png
 from services.export.metadata import OutputMetadata, tiff_tags
 from services.export.naming import NameTokens, render_name, unique_names
@@ -45,18 +47,22 @@ def output_names(recipes: Sequence[Recipe], tokens: NameTokens) -> list[str]:
 
 
 def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta: OutputMetadata, *,
-                 threads: int = 0, pretiled: PreTiled = (), prebinned: Mapping[int, PreBinned] | None = None
-                 ) -> tuple[str, int]:
+                 threads: int = 0, pretiled: PreTiled = (), prebinned: Mapping[int, PreBinned] | None = None,
+                 finished: np.ndarray | None = None) -> tuple[str, int]:
     """Encode one recipe's file from the 16-bit bands of its colour space; returns (sha256, bytes). ``pretiled``:
     the space's GPU-compressed deflate tiles, used by a full-size 16-bit deflate TIFF; ``prebinned``: its
-    linear-light bins by factor, used by a resized output."""
+    linear-light bins by factor, used by a resized output; ``finished``: a resized output's codes a worker made
+    (:func:`services.pipeline.binning.proof_from_bins`), written as they are."""
     space = recipe.colour_space
     t0 = time.perf_counter()
-    out = derive_bands(bands, bits=recipe.bits, long_edge=recipe.long_edge,
-                       transfer=output_space(space).transfer, sharpen_amount=recipe.sharpen, prebinned=prebinned)
-    if out is not bands:  # resized or 8-bit: where a proof's time goes before its file is written
-        log.info("%s: derived (%s) in %.2fs", key, f"long edge {recipe.long_edge}" if recipe.long_edge else
-                 f"{recipe.bits}-bit", time.perf_counter() - t0)
+    if finished is not None and _fits(finished, bands, recipe):
+        out: Bands = [(0, np.asarray(finished))]
+    else:
+        out = derive_bands(bands, bits=recipe.bits, long_edge=recipe.long_edge,
+                           transfer=output_space(space).transfer, sharpen_amount=recipe.sharpen, prebinned=prebinned)
+        if out is not bands:  # resized or 8-bit: where a proof's time goes before its file is written
+            log.info("%s: derived (%s) in %.2fs", key, f"long edge {recipe.long_edge}" if recipe.long_edge else
+                     f"{recipe.bits}-bit", time.perf_counter() - t0)
     stamped = OutputMetadata(meta.capture, meta.original_name, recipe.ppi, meta.software)
     if recipe.format == Format.TIFF:
         return write_tiff(storage, key, out, colour_space=space, compression=recipe.compression.value,
@@ -70,12 +76,23 @@ def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta:
     return write_png(storage, key, image, colour_space=space, meta=stamped)
 
 
+def _fits(finished: np.ndarray, bands: Bands, recipe: Recipe) -> bool:
+    """Whether a worker's finished output has the size and code depth ``recipe`` makes from ``bands``."""
+    if recipe.long_edge is None or not bands:
+        return False
+    height, width = sum(np.asarray(b).shape[0] for _, b in bands), np.asarray(bands[0][1]).shape[1]
+    return finished.shape == (*fit_long_edge(height, width, recipe.long_edge), 3) and finished.dtype == (
+        np.uint16 if recipe.bits == 16 else np.uint8)
+
+
 def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], recipes: Sequence[Recipe],
                   tokens: NameTokens, meta: OutputMetadata, *, threads: int = 0,
                   pretiled: Mapping[str, PreTiled] | None = None,
-                  prebinned: Mapping[str, Mapping[int, PreBinned]] | None = None) -> list[WrittenOutput]:
+                  prebinned: Mapping[str, Mapping[int, PreBinned]] | None = None,
+                  proofs: Mapping[ProofSpec, np.ndarray] | None = None) -> list[WrittenOutput]:
     """Write every recipe's file into the job's output folder, atomically and durably, from ``spaces`` (the
     16-bit bands of each colour space the recipes need); one :class:`WrittenOutput` per recipe, in order.
+    ``proofs``: resized outputs the workers finished, by (space, long edge, bits, sharpen amount).
 
     The files are written at once, one thread each (up to :data:`CONCURRENT_OUTPUTS`): a proof's resize and JPEG
     overlap the TIFF's write, fsync and hash, which wait on the disk and release the GIL (a batch frame with a
@@ -90,7 +107,8 @@ def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], re
         key = output_key(job_id, name)
         sha, size = write_recipe(storage, key, spaces[recipe.colour_space], recipe, meta, threads=threads,
                                  pretiled=(pretiled or {}).get(recipe.colour_space, ()),
-                                 prebinned=(prebinned or {}).get(recipe.colour_space))
+                                 prebinned=(prebinned or {}).get(recipe.colour_space),
+                                 finished=(proofs or {}).get(proof_spec(recipe)))
         return WrittenOutput(name, key, sha, size, recipe.name, recipe.media_type)
 
     if len(recipes) == 1:

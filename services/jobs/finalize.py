@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from services.config import Settings
 from services.db.models import Job, Output, Shard, Station, as_utc, job_recipes, utcnow
 from services.errors import IntermediateLost, NotFound
+from services.export.derive import ProofSpec, box_factor, fit_long_edge, proof_spec
 from services.export.metadata import OutputMetadata
 from services.export.naming import NameTokens
 from services.export.output import WrittenOutput, write_outputs
@@ -32,7 +33,7 @@ from services.pipeline.preview import preview_factor
 from services.raw.meta import CaptureInfo
 from services.storage import Storage
 from services.storage.intermediates import load_intermediate, remove_intermediates
-from services.storage.keys import bin_key, preview_sums_key, tile_keys
+from services.storage.keys import bin_key, preview_sums_key, proof_key, tile_keys
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class _Strips:
     bands: dict[str, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
     pretiled: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # TIFF tiles
     prebinned: dict[str, dict[int, list[tuple[int, np.ndarray]]]] = field(default_factory=dict)  # proof bins
+    proofs: dict[ProofSpec, np.ndarray] = field(default_factory=dict)  # resized outputs the workers finished
     preview: list[tuple[int, np.ndarray]] = field(default_factory=list)  # the final preview's block sums (sRGB)
 
 
@@ -65,6 +67,9 @@ def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard])
                 if bin_space == space and storage.exists(bin_key(key, k)):
                     found.prebinned.setdefault(space, {}).setdefault(k, []).append(
                         (-(-y0 // k), load_intermediate(storage, job.id, bin_key(key, k))))
+            for spec in plan.proof_specs if len(strips) == 1 else ():  # a strip that held the whole image
+                if spec[0] == space and storage.exists(proof_key(key, *spec[1:])):
+                    found.proofs[spec] = load_intermediate(storage, job.id, proof_key(key, *spec[1:]))
             if space == "srgb" and (plan.tile_spaces or plan.bin_specs) and storage.exists(
                     preview_sums_key(key, factor)):  # made by a worker that knew to (the plan asked for writer work)
                 found.preview.append((-(-y0 // factor), load_intermediate(storage, job.id,
@@ -100,12 +105,18 @@ def _record_outputs(session: Session, job_id: str, outs: list[WrittenOutput]) ->
             row.recipe, row.media_type = out.recipe, out.media_type
 
 
-def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe]) -> None:
-    """A recipe that needs the full rows of a space the workers rendered lean (a studio's recipe changed after
-    the job was planned): the job starts over, re-planned for the recipes it has now (IntermediateLost)."""
+def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe], found: _Strips) -> None:
+    """A recipe that needs the full rows of a space the workers rendered lean, or the bins of one whose worker
+    finished other resized outputs instead (a studio's recipe changed after the job was planned): the job starts
+    over, re-planned for the recipes it has now (IntermediateLost)."""
     for r in recipes:
-        if r.colour_space in plan.lean_spaces and not served_without_rows(r, plan.tile_spaces, plan.bin_specs,
-                                                                           *plan.size):
+        if r.colour_space not in plan.lean_spaces:
+            continue
+        missing = not served_without_rows(r, plan.tile_spaces, plan.bin_specs, *plan.size)
+        if not missing and r.long_edge is not None and proof_spec(r) not in found.proofs:
+            h, w = fit_long_edge(*plan.size, r.long_edge)
+            missing = box_factor(*plan.size, h, w) not in found.prebinned.get(r.colour_space, {})
+        if missing:
             raise IntermediateLost(job_id, f"{r.colour_space} strips", f"recipe {r.name!r} needs the full render "
                                    "and the strips were rendered for files made from GPU tiles and bins only")
 
@@ -123,7 +134,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     spaces = found.bands
     t0 = time.perf_counter()
     recipes = resolve_recipes(job_recipes(job))
-    _check_lean(job_id, plan, recipes)
+    _check_lean(job_id, plan, recipes, found)
     naming = job.params.get("naming")
     if naming:  # the job's own template for every recipe (validated at creation)
         recipes = [r.model_copy(update={"naming": naming}) for r in recipes]
@@ -134,7 +145,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     # took 4.0 s instead of 1.05 s beside a batch's encodes at the same priority).
     outs = at_low_priority(lambda: write_outputs(storage, job_id, spaces, recipes, tokens, meta,
                                                  threads=settings.tiff_threads, pretiled=found.pretiled,
-                                                 prebinned=found.prebinned),
+                                                 prebinned=found.prebinned, proofs=found.proofs),
                            settings.batch_encode_nice if batch_lane else 0)
     _record_outputs(session, job_id, outs)
     timings = {**job.params.get("timings", {}), "encode_s": round(time.perf_counter() - t0, 4)}

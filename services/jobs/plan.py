@@ -11,13 +11,13 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from services.export.derive import box_factor, fit_long_edge
+from services.export.derive import ProofSpec, box_factor, fit_long_edge, proof_spec
 from services.export.recipes import Compression, Format, Recipe
 from services.pipeline.render import RenderParams
-from services.pipeline.shards import FrameGroupShard, PreEncode, ShardInput, StackStripShard, StripShard
+from services.pipeline.shards import FrameGroupShard, PreEncode, ProofWork, ShardInput, StackStripShard, StripShard
 from services.raw.colour import output_space
 from services.raw.meta import RawMeta
-from services.storage.keys import raw_key, shard_key, space_shard_key
+from services.storage.keys import proof_key, raw_key, shard_key, space_shard_key
 
 Offsets = tuple[tuple[int, int], ...]
 
@@ -91,7 +91,7 @@ class ShardPayload:
 
 # What ingest adds to a job's params (removed again when the job starts over).
 PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings",
-                "tile_spaces", "tile_level", "bin_specs", "lean_spaces")
+                "tile_spaces", "tile_level", "bin_specs", "proof_specs", "lean_spaces")
 # The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
 # (5|6|11, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators); version 2 had
 # no raw-sample merge (``RenderParams.raw_merge``, 11-channel accumulators). A worker meeting a plan of another
@@ -115,6 +115,7 @@ class JobPlan:
     tile_spaces: tuple[str, ...] = ()  # spaces whose strips also get GPU-compressed TIFF tiles (:func:`tile_plan`)
     tile_level: int = 2  # nvCOMP's deflate algorithm type for them
     bin_specs: tuple[tuple[str, int], ...] = ()  # (space, factor): linear-light bins made on the GPU (:func:`bin_plan`)
+    proof_specs: tuple[ProofSpec, ...] = ()  # resized outputs a whole-image strip finishes (:func:`proof_plan`)
     lean_spaces: tuple[str, ...] = ()  # spaces no output reads the full rows of (:func:`lean_plan`)
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
     version: int = PLAN_VERSION  # the layout version of the plan, its payloads and intermediates
@@ -136,6 +137,7 @@ class JobPlan:
             "plan_version": self.version,
             **({"tile_spaces": list(self.tile_spaces), "tile_level": self.tile_level} if self.tile_spaces else {}),
             **({"bin_specs": [list(b) for b in self.bin_specs]} if self.bin_specs else {}),
+            **({"proof_specs": [list(p) for p in self.proof_specs]} if self.proof_specs else {}),
             **({"lean_spaces": list(self.lean_spaces)} if self.lean_spaces else {}),
         }
 
@@ -156,6 +158,7 @@ class JobPlan:
             tile_spaces=tuple(params.get("tile_spaces") or ()),
             tile_level=int(params.get("tile_level", 2)),
             bin_specs=tuple((str(s), int(k)) for s, k in params.get("bin_specs") or ()),
+            proof_specs=tuple((str(s), int(e), int(b), float(a)) for s, e, b, a in params.get("proof_specs") or ()),
             lean_spaces=tuple(params.get("lean_spaces") or ()),
             extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
             version=int(params.get("plan_version", 1)),
@@ -183,6 +186,17 @@ def bin_plan(recipes: Sequence[Recipe], height: int, width: int, gpu_encode: boo
     return tuple(dict.fromkeys(specs)) if gpu_encode else ()
 
 
+def proof_plan(recipes: Sequence[Recipe], bin_specs: Sequence[tuple[str, int]], height: int, width: int,
+               worker_proofs: bool) -> tuple[ProofSpec, ...]:
+    """The plan's ``proof_specs``: the resized outputs made from GPU bins (``bin_specs``) that the worker of a
+    strip holding the whole image finishes on its device (:func:`services.pipeline.binning.proof_from_bins`);
+    none when switched off (``STRATA_WORKER_PROOFS``)."""
+    if not worker_proofs:
+        return ()
+    return tuple(dict.fromkeys(proof_spec(r) for r in recipes if r.long_edge is not None and served_without_rows(
+        r, (), bin_specs, height, width)))
+
+
 def lean_plan(recipes: Sequence[Recipe], tile_spaces: Sequence[str], bin_specs: Sequence[tuple[str, int]],
               height: int, width: int) -> tuple[str, ...]:
     """The plan's ``lean_spaces``: the colour spaces whose every recipe is made from what the GPU workers make
@@ -203,6 +217,20 @@ def served_without_rows(recipe: Recipe, tile_spaces: Sequence[str], bin_specs: S
                 and recipe.compression == Compression.DEFLATE)
     h, w = fit_long_edge(height, width, recipe.long_edge)
     return (recipe.colour_space, box_factor(height, width, h, w)) in bin_specs
+
+
+def proof_work(plan: JobPlan, keys: Mapping[str, str]) -> tuple[ProofWork, ...]:
+    """The resized outputs (``plan.proof_specs``) a strip holding the whole image finishes from the bins of its
+    result ``keys`` (by output space)."""
+    height, width = plan.size
+    work = []
+    for space, long_edge, bits, amount in plan.proof_specs:
+        if space in keys:
+            h, w = fit_long_edge(height, width, long_edge)
+            work.append(ProofWork(key=keys[space], k=box_factor(height, width, h, w),
+                                  transfer=output_space(space).transfer, size=(h, w), sharpen=amount, bits=bits,
+                                  out=proof_key(keys[space], long_edge, bits, amount)))
+    return tuple(work)
 
 
 def is_planned(params: Mapping[str, Any]) -> bool:
@@ -233,7 +261,8 @@ def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: Sha
     ahead = PreEncode(tiles=tuple(k for space, k in keys.items() if space in plan.tile_spaces), level=plan.tile_level,
                       bins=tuple((keys[space], k, output_space(space).transfer) for space, k in plan.bin_specs
                                  if space in keys),
-                      lean=tuple(k for space, k in keys.items() if space in plan.lean_spaces))
+                      lean=tuple(k for space, k in keys.items() if space in plan.lean_spaces),
+                      proofs=proof_work(plan, keys) if (payload.y0, payload.y1) == (0, plan.height) else ())
     if spec.groups_phase is not None:
         groups = tuple(shard_key(job_id, spec.groups_phase, ShardKind.FRAME_GROUP.value, i)
                        for i in range(payload.groups or 0))

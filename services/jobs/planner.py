@@ -16,6 +16,7 @@ from services.jobs.plan import (
     ShardPayload,
     bin_plan,
     lean_plan,
+    proof_plan,
     single_frame_phases,
     stack_phases,
     tile_plan,
@@ -145,5 +146,6 @@ def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params
                    phases=stack_phases(shot.pixel_shift) if stack else single_frame_phases(job_id),
                    ratios=None if ratios is None else tuple(ratios), size=(height, width), gpu_memory_mb=gpu_memory_mb,
                    tile_spaces=tiles, tile_level=settings.gpu_deflate_level, bin_specs=bins,
+                   proof_specs=proof_plan(recipes, bins, height, width, settings.worker_proofs),
                    lean_spaces=lean_plan(recipes, tiles, bins, height, width) if settings.lean_strips else (),
                    extra=with_decoded_source(params, shot.frames[0]))

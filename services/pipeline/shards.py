@@ -20,7 +20,7 @@ import torch
 
 from services.errors import IntermediateLost
 from services.pipeline import resident, tiles
-from services.pipeline.binning import bin_rows_in, binned, preview_sums
+from services.pipeline.binning import bin_rows_in, binned, binned_on, preview_sums, proof_from_bins
 from services.pipeline.gate import device_slot
 from services.pipeline.preview import preview_factor
 from services.pipeline.render import OnDevice, RenderParams, render_strip_spaces
@@ -44,6 +44,21 @@ StoredFrame = tuple[str, RawMeta]  # (storage key of the decoded mosaic, its met
 
 
 @dataclass(frozen=True)
+class ProofWork:
+    """A resized output the worker finishes from the bins (``key``'s, by ``k``) when its strip holds the whole
+    image: filtered to ``size``, encoded with ``transfer``, sharpened, quantised to ``bits``; stored under ``out``
+    (:func:`services.pipeline.binning.proof_from_bins`)."""
+
+    key: str
+    k: int
+    transfer: str
+    size: tuple[int, int]
+    sharpen: float
+    bits: int
+    out: str
+
+
+@dataclass(frozen=True)
 class PreEncode:
     """Output work the worker does beside a strip, for the writer: the TIFF tiles of ``tiles`` (result keys: the
     spaces a full-size 16-bit deflate TIFF is written from) compressed with nvCOMP's deflate ``level``
@@ -55,6 +70,7 @@ class PreEncode:
     level: int = 2
     bins: tuple[tuple[str, int, str], ...] = ()
     lean: tuple[str, ...] = ()  # result keys no output reads the full rows of once their tiles and bins are made
+    proofs: tuple[ProofWork, ...] = ()  # asked of a strip holding the whole image only
 
 
 @dataclass(frozen=True)
@@ -200,7 +216,7 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
         t = time.perf_counter()
         for key, k, transfer in ahead.bins:
             if key == keys[space]:
-                made.bins[(key, k)] = binned(rows, shard.y0, k, transfer, device)
+                _bins_on_device(made, ahead, binned_on(rows, shard.y0, k, transfer, device), key, k)
         if space == srgb:  # the final preview's block sums (the coordinator then skips reading the render)
             factor = preview_factor(height, width)
             made.preview = (preview_sums_key(keys[space], factor), preview_sums(rows, shard.y0, factor, device))
@@ -230,6 +246,15 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
              f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "")
 
 
+def _bins_on_device(made: _Made, ahead: PreEncode, bins: torch.Tensor, key: str, k: int) -> None:
+    """Keep ``key``'s bins by ``k`` for the writer, or, where the worker finishes every resized output made from
+    them (:class:`ProofWork`), the finished outputs instead (then the bins are neither downloaded nor stored)."""
+    proofs = [p for p in ahead.proofs if p.key == key and p.k == k]
+    for p in proofs:
+        made.proofs[p.out] = proof_from_bins(bins, p.size, p.transfer, p.sharpen, p.bits)
+    made.bins[(key, k)] = None if proofs else bins.cpu().numpy()
+
+
 def _written_rows(made: _Made, key: str, kept: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
     """The rows of ``key``'s strip that hold values: those kept where the strip went lean, else all (None)."""
     return kept if key in made.lean else None
@@ -256,7 +281,8 @@ class _Made:
     """What a strip's ``on_device`` hook made from its rows before their download: proof bins by (result key,
     factor), TIFF tile streams (left on the device) by result key; and the seconds it took."""
 
-    bins: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    bins: dict[tuple[str, int], np.ndarray | None] = field(default_factory=dict)  # None: served by ``proofs``
+    proofs: dict[str, np.ndarray] = field(default_factory=dict)  # finished resized outputs by storage key
     tiles: dict[str, tuple[torch.Tensor, np.ndarray]] = field(default_factory=dict)
     preview: tuple[str, np.ndarray] | None = None  # (key, the final preview's block sums)
     seconds: float = 0.0
@@ -279,8 +305,13 @@ def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarra
     if made.preview is not None:
         with storage.array_writer(made.preview[0], made.preview[1].shape, np.float32, durable=False) as out:
             out[:] = made.preview[1]
+    for out_key, codes in made.proofs.items():
+        with storage.array_writer(out_key, codes.shape, codes.dtype, durable=False) as out:
+            out[:] = codes
     for key, k, transfer in ahead.bins:
         if key in results:
+            if (key, k) in made.bins and made.bins[(key, k)] is None:  # its outputs were finished instead
+                continue
             rows = made.bins.get((key, k))
             if rows is None:
                 rows = binned(results[key], y0, k, transfer, device)

@@ -55,6 +55,11 @@ def bin_key(result_key: str, factor: int) -> str:
     return f"{result_key.removesuffix('.npy')}.bin{factor}.npy"
 
 
+def proof_key(result_key: str, long_edge: int, bits: int, sharpen: float) -> str:
+    """Where a resized output finished by a worker from a strip result's bins (its codes) is kept."""
+    return f"{result_key.removesuffix('.npy')}.proof{long_edge}-{bits}-{sharpen:g}.npy"
+
+
 def preview_sums_key(result_key: str, factor: int) -> str:
     """Where a strip result's block sums for the final preview (float32, ``binning.preview_sums``) are kept."""
     return f"{result_key.removesuffix('.npy')}.psum{factor}.npy"

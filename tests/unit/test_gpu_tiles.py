@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -175,6 +176,61 @@ def test_a_worker_bins_its_strips_and_the_proof_written_from_them_is_the_same_fi
     covered = sum(s.shape[0] for _, s in sums) == height // f
     assert covered == (cut % f == 0)  # a strip boundary inside a block: the preview sums those rows itself
     assert np.array_equal(strips_preview(strips, premade=sums), reference)
+
+
+@pytest.mark.parametrize(("fmt", "bits", "amount"), [("jpeg", 8, 0.5), ("tiff", 16, 0.0)])
+def test_a_worker_whose_strip_holds_the_image_finishes_the_proof_and_the_file_is_the_same(
+        tmp_path, synth_dir, fmt, bits, amount) -> None:
+    """A whole-image strip asked for ProofWork: the worker stores the finished codes instead of the bins; the file
+    written from them is byte for byte the one the writer derives from the strip alone (the same function, the
+    same bins, the same layout)."""
+    from services.export.derive import box_factor, fit_long_edge, proof_spec
+    from services.export.metadata import OutputMetadata
+    from services.export.output import write_recipe
+    from services.export.recipes import Recipe
+    from services.pipeline.shards import PreEncode, ProofWork, StripShard, compute_shard
+    from services.raw.meta import CaptureInfo
+    from services.storage.keys import bin_key, proof_key
+
+    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
+    height, width = mosaic.shape
+    recipe = Recipe(name="proof", format=fmt, bits=bits, long_edge=max(height, width) // 5, sharpen=amount)
+    size = fit_long_edge(height, width, recipe.long_edge)
+    k = box_factor(height, width, *size)
+    key = "p0/strip_000.npy"
+    spec = proof_spec(recipe)
+    work = ProofWork(key=key, k=k, transfer="srgb", size=size, sharpen=amount, bits=bits,
+                     out=proof_key(key, *spec[1:]))
+    shard = StripShard(job_id="j", out=key, params=params, y0=0, y1=height, source="raw.npy",
+                       ahead=PreEncode(bins=((key, k, "srgb"),), proofs=(work,)))
+    compute_shard(storage, shard, "cpu")
+    assert not storage.exists(bin_key(key, k))  # served by the finished output
+    codes = storage.load_array(work.out)
+    assert codes.shape == (*size, 3) and codes.dtype == (np.uint8 if bits == 8 else np.uint16)
+    strips = [(0, storage.load_array(key))]
+    meta_out = OutputMetadata(CaptureInfo(make="Phase One", model="IQ3"), "frame_00.dng")
+    finished = write_recipe(storage, f"a.{fmt}", strips, recipe, meta_out, finished=codes)
+    assert finished == write_recipe(storage, f"b.{fmt}", strips, recipe, meta_out)
+    # A finished output of another size (the recipe changed after the job was planned) is not used.
+    other = recipe.model_copy(update={"long_edge": recipe.long_edge // 2})
+    assert write_recipe(storage, "c.jpg", strips, other, meta_out, finished=codes) == write_recipe(
+        storage, "d.jpg", strips, other, meta_out)
+
+
+def test_proofs_are_planned_for_outputs_made_from_gpu_bins_and_asked_of_whole_image_strips_only() -> None:
+    from services.export.recipes import resolve_recipes
+    from services.jobs.plan import bin_plan, proof_plan, proof_work
+
+    recipes = resolve_recipes(["tiff16", "jpeg-proof"])
+    bins = bin_plan(recipes, 7728, 10304, True)
+    specs = proof_plan(recipes, bins, 7728, 10304, True)
+    proof = recipes[1]
+    assert specs == ((proof.colour_space, proof.long_edge, proof.bits, float(proof.sharpen)),)
+    assert proof_plan(recipes, bins, 7728, 10304, False) == () and proof_plan(recipes, (), 7728, 10304, True) == ()
+    plan = SimpleNamespace(size=(7728, 10304), proof_specs=specs)
+    (work,) = proof_work(plan, {proof.colour_space: "jobs/j/p0/strip_000.npy"})  # type: ignore[arg-type]
+    assert (work.k, work.size, work.bits) == (3, (1200, 1600), proof.bits)
+    assert work.out == f"jobs/j/p0/strip_000.proof{proof.long_edge}-{proof.bits}-{proof.sharpen:g}.npy"
 
 
 def test_raw_streams_at_a_fixed_stride_are_framed_into_zlib_streams_back_to_back() -> None:
@@ -354,13 +410,23 @@ def test_a_recipe_that_needs_the_full_render_of_a_lean_space_starts_the_job_over
     from types import SimpleNamespace
 
     from services.errors import IntermediateLost
+    from services.export.derive import proof_spec
     from services.export.recipes import resolve_recipes
-    from services.jobs.finalize import _check_lean
+    from services.jobs.finalize import _check_lean, _Strips
 
     plan = SimpleNamespace(lean_spaces=("srgb",), tile_spaces=("srgb",), bin_specs=(("srgb", 3),), size=(7728, 10304))
-    _check_lean("j", plan, resolve_recipes(["tiff16", "jpeg-proof"]))  # type: ignore[arg-type]
+    with_bins = _Strips(prebinned={"srgb": {3: []}})
+    _check_lean("j", plan, resolve_recipes(["tiff16", "jpeg-proof"]), with_bins)  # type: ignore[arg-type]
     with pytest.raises(IntermediateLost, match="png16"):
-        _check_lean("j", plan, resolve_recipes(["tiff16", "png16"]))  # type: ignore[arg-type]
+        _check_lean("j", plan, resolve_recipes(["tiff16", "png16"]), with_bins)  # type: ignore[arg-type]
+    # A worker that finished the proof stored no bins: the proof is served; a recipe changed to another proof
+    # (other sharpening) has neither its finished pixels nor bins, and the job starts over.
+    recipes = resolve_recipes(["tiff16", "jpeg-proof"])
+    finished = _Strips(proofs={proof_spec(recipes[1]): np.zeros((1, 1, 3), np.uint8)})
+    _check_lean("j", plan, recipes, finished)  # type: ignore[arg-type]
+    changed = [recipes[0], recipes[1].model_copy(update={"sharpen": recipes[1].sharpen + 0.25})]
+    with pytest.raises(IntermediateLost, match="jpeg-proof"):
+        _check_lean("j", plan, changed, finished)  # type: ignore[arg-type]
 
 
 def test_a_tiff_from_lean_strips_and_their_gpu_tiles_is_the_full_render(tmp_path, synth_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
