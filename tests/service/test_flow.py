@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import pytest
 from sqlalchemy import update
 
 from services.db.models import Job, Shard, Station, utcnow
@@ -507,3 +508,36 @@ def test_a_cancel_committed_while_ingest_starts_is_not_overwritten(db: str, synt
     with session_scope() as session:
         job = session.get(Job, job_id)
         assert (job.status, job.phase) == ("cancelled", -1)
+
+
+def test_a_proof_finished_by_the_worker_of_a_whole_image_strip_is_the_writers_file(
+        db: str, synth_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiff16 + a 200 px proof (binned by 2): with one worker the one strip holds the whole image and its worker
+    finishes the proof (the plan's proof_specs, ProofWork); with two the writer finishes it from the strips' bins.
+    On the CPU both give the same file, byte for byte."""
+    from services.config import get_settings
+    from services.jobs.plan import JobPlan
+    from services.storage import get_storage
+
+    recipes = tmp_path / "recipes.toml"
+    recipes.write_text('[recipes.web]\nbase = "jpeg-proof"\nlong_edge = 200\n')
+    monkeypatch.setattr(get_settings(), "recipes_file", recipes)
+    from services.pipeline import shards
+
+    finished: list[tuple[int, int]] = []
+    real = shards.proof_from_bins
+    monkeypatch.setattr(shards, "proof_from_bins", lambda *a: finished.append(a[1]) or real(*a))
+    frame = synth_dir / "iq3s" / "frame_00.dng"
+    jobs = {n: _stack_job([frame], f"proofs-{n}", camera="IQ3_S", recipes=("tiff16", "web")) for n in (1, 2)}
+    assert _run_to_the_end(jobs[1], n_workers=1) == 1 and len(finished) == 1  # one strip: its worker finished it
+    assert _run_to_the_end(jobs[2], n_workers=2) == 2 and len(finished) == 1  # two: the writer did
+    storage = get_storage()
+    proofs = {}
+    with session_scope() as session:
+        for n, job_id in jobs.items():
+            job = session.get(Job, job_id)
+            assert job.status == "done", job.error
+            assert JobPlan.from_params(job.params).proof_specs  # asked of the whole-image strip's worker
+            (proof,) = [o for o in job.outputs if o.recipe == "web"]
+            proofs[n] = storage.local_path(proof.storage_key).read_bytes()
+    assert proofs[1] == proofs[2]
