@@ -20,7 +20,8 @@ Scenarios (``--scenarios``): ``single`` (an IQ3_S frame), ``stack4`` / ``stack8`
 (``--batch-size`` IQ3_S shots at batch priority, uploaded by ``--upload-threads`` threads, throughput over the
 span from the first job started to the last one finished, and the sustained rate, (N - 1) over the span from the
 first job finished to the last, which leaves out the pipeline's fill (:func:`sustained_rate`);
-``--interactive-during-batch`` adds one interactive shot and compares its latency with the idle ``single`` runs).
+``--interactive-during-batch`` adds one interactive shot, ``--interactive-shots N`` up to N one after another while
+the batch runs, and compares their median latency with the idle ``single`` runs).
 During every scenario a sampler (:mod:`lab.bench.sampler`) records GPU busy fractions and GPU memory per process
 (NVML) and CPU busy fraction and host memory (psutil), every 250 ms.
 """
@@ -33,6 +34,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -223,12 +225,12 @@ def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[P
         if ahead is not None:
             _await_window(ahead, uploads)
             t0 = time.monotonic()  # resources from the window's opening: the render alone
-        interactive = None
+        interactive, batch_over = None, threading.Event()
         if args.interactive_during_batch:
-            time.sleep(1.0)
-            interactive = pool.submit(run_job, client, files, args.timeout, args.recipe)
+            interactive = pool.submit(_interactive_shots, client, files, args, batch_over)
         done = [_finished(client, job, args) for job, _ in uploads]
-        inter = interactive.result() if interactive else None
+        batch_over.set()
+        inter = _interactive_summary(interactive.result()) if interactive else None
     first = min(_stamp(j["started_at"]) for j in done)  # type: ignore[type-var]
     last = max(_stamp(j["finished_at"]) for j in done)  # type: ignore[type-var]
     span = (last - first).total_seconds()  # type: ignore[operator]
@@ -245,9 +247,32 @@ def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[P
           f"(sustained {_fmt(result['sustained_frames_per_s'])})  {busy_summary(result['resources'])}", flush=True)
     print(f"       {cpu_summary(result['resources'], len(done))}", flush=True)
     if inter is not None:
-        print(f"       interactive during the batch: queued->done {inter['queued_to_done_s']:.2f} s "
+        runs = inter["queued_to_done_runs_s"]
+        spread = f" (median of {len(runs)}: {min(runs):.2f}-{max(runs):.2f} s)" if len(runs) > 1 else ""
+        print(f"       interactive during the batch: queued->done {inter['queued_to_done_s']:.2f} s{spread} "
               f"(idle {idle_latency or float('nan'):.2f} s)", flush=True)
     return result
+
+
+def _interactive_shots(client: httpx.Client, files: list[Path], args: argparse.Namespace,
+                       batch_over: threading.Event) -> list[dict[str, Any]]:
+    """``--interactive-shots`` interactive IQ3_S shots, one after another (1 s apart, the first 1 s after the
+    batch's uploads), while the batch runs: the first always, the others only while it is not over."""
+    runs: list[dict[str, Any]] = []
+    for i in range(max(1, args.interactive_shots)):
+        if batch_over.wait(1.0) and i:
+            break
+        runs.append(run_job(client, files, args.timeout, args.recipe))
+    return runs
+
+
+def _interactive_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The interactive shots' timings: the median shot's fields (``queued_to_done_s`` is the median), with every
+    shot's queued->done."""
+    ordered = sorted(runs, key=lambda r: r["queued_to_done_s"])
+    median = ordered[(len(ordered) - 1) // 2]
+    return {**median, "queued_to_done_s": statistics.median(r["queued_to_done_s"] for r in runs),
+            "queued_to_done_runs_s": [r["queued_to_done_s"] for r in runs]}
 
 
 def _finished(client: httpx.Client, job: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -336,7 +361,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="remove each batch job's uploads and outputs once it is done (DELETE /v1/jobs/{id}/files): "
                          "a batch larger than the disk")
     ap.add_argument("--interactive-during-batch", action="store_true",
-                    help="submit one interactive IQ3_S shot 1 s after the batch's uploads and time it")
+                    help="submit an interactive IQ3_S shot 1 s after the batch's uploads and time it")
+    ap.add_argument("--interactive-shots", type=int, default=1,
+                    help="with --interactive-during-batch: up to N interactive shots one after another while the "
+                         "batch runs; the median is reported")
     ap.add_argument("--recipe", action="append", default=None, help="recipe(s) of every job (default tiff16)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", type=Path, default=Path("bench-service.json"))

@@ -9,14 +9,15 @@
 # BATCH_RECIPE (tiff16) is the batch's main recipe (tiff16-fast: the fast model tier).
 # DATA_ROOT (/tmp) holds the services' data dirs (/dev/shm: no disk under the storage, an A/B of the disk).
 # LATENCY=0 skips the preview benchmark and the latency scenarios (a batch-only run), PREVIEW=0 the preview
-# benchmark only, a BATCH of 0 the batch (a latency-only run); SINGLE_REPEATS (2) is the number of idle IQ3_S runs
+# benchmark only, a BATCH of 0 the batch (a latency-only run); SINGLE_REPEATS (4) is the number of idle IQ3_S runs
 # timed before each batch.
 # AB="NAME=VALUE ..." then runs the batch again on a service started with those settings (an A/B on one lease);
 # several sets separated by ";" run one after the other (batch-ab.json, batch-ab-1.json, ...).
 # AHEAD=1 uploads each batch's shots ahead into a batch whose window opens after the uploads (`--upload-ahead`: the
 # render alone is timed, not sharing the disk with the uploads); CLEAN=1 removes each service's data dir once it
 # stopped (a 60-shot batch leaves about 32 GB: two on a 64 GB disk do not fit); REMOVE=1 removes each batch job's
-# files once it is done (`--remove-files`: a 100-shot batch on the 64 GB disk).
+# files once it is done (`--remove-files`: a 100-shot batch on the 64 GB disk). INTERACTIVE (5) interactive shots are
+# timed one after another during each batch (the median is reported; it was one shot before session 24).
 # Usage from the repo root: bash scripts/gpu/session_bench.sh OUT [BATCH] [REPEATS]
 # Plan about 6-8 minutes of device time for the defaults (80 MP shots are synthesised on the host first).
 set -uo pipefail
@@ -46,8 +47,8 @@ STRATA_GPU_DEFLATE=$TILES serve "$DATA" "$OUT/serve.log"
 echo "service with STRATA_GPU_DEFLATE=$TILES"
 [ "${LATENCY:-1}" = 1 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 \
   --scenarios single,stack4,stack8 --repeats "$REPEATS" --json "$OUT/latency.json" 2>&1
-[ "$BATCH" != 0 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-  --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch $AHEAD_FLAG --json "$OUT/batch.json" 2>&1
+[ "$BATCH" != 0 ] && python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-4}" \
+  --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch --interactive-shots "${INTERACTIVE:-5}" $AHEAD_FLAG --json "$OUT/batch.json" 2>&1
 if [ "${FAST:-0}" = 1 ]; then
   echo "latency with the fast tier (recipe tiff16-fast)"
   python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios single,stack4,stack8 \
@@ -86,8 +87,8 @@ for i in "${!SETS[@]}"; do
   DATA4=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
   SERVE_ENV=${SETS[$i]} serve "$DATA4" "$DATA4/serve.log"
   echo "service with ${SETS[$i]}"
-  python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch $AHEAD_FLAG \
+  python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-4}" \
+    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch --interactive-shots "${INTERACTIVE:-5}" $AHEAD_FLAG \
     --json "$OUT/batch-ab$([ "$i" = 0 ] || echo "-$i").json" 2>&1
   stop
 done
@@ -95,8 +96,8 @@ if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then
   DATA2=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
   STRATA_GPU_DEFLATE=off serve "$DATA2" "$DATA2/serve.log"
   echo "service with STRATA_GPU_DEFLATE=off"
-  python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-2}" \
-    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch $AHEAD_FLAG \
+  python3 -m cli.main bench service --data-dir "$DATA2" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-4}" \
+    --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch --interactive-shots "${INTERACTIVE:-5}" $AHEAD_FLAG \
     --json "$OUT/batch-cpu-deflate.json" 2>&1
   stop
 fi

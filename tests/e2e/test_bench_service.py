@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,18 @@ def test_bench_service_runs_every_scenario_and_writes_json(stack: Stack, tmp_pat
     out = tmp_path / "bench.json"
     token = stack.headers["Authorization"].split()[1]
     assert main(["--api", stack.url, "--token", token, "--scale", "0.02", "--repeats", "1", "--batch-size", "2",
-                 "--scenarios", "single,stack4,batch", "--interactive-during-batch", "--json", str(out)]) == 0
+                 "--scenarios", "single,stack4,batch", "--interactive-during-batch", "--interactive-shots", "3",
+                 "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     by_name = {r["scenario"]: r for r in report["scenarios"]}
     assert set(by_name) == {"single", "stack4", "batch"}
     assert by_name["stack4"]["frames"] == 4 and by_name["single"]["processing_median_s"] > 0
     batch = by_name["batch"]
     assert batch["shots"] == 2 and batch["frames_per_s"] > 0 and sum(batch["shards_by_gpu"].values()) >= 2
-    assert batch["interactive_during_batch"]["queued_to_done_s"] > 0
+    inter = batch["interactive_during_batch"]
+    runs = inter["queued_to_done_runs_s"]  # the first shot always; more only while the batch still ran
+    assert 1 <= len(runs) <= 3 and inter["queued_to_done_s"] == statistics.median(runs)
+    assert inter["queued_to_done_s"] > 0 and inter["ratio_to_idle"] > 0
     assert 0 <= batch["resources"]["cpu_busy_mean"] <= 1 and batch["resources"]["host_used_peak_bytes"] > 0
     roles = batch["resources"]["cpu_seconds_by_role"]  # core-seconds by process role: the workers are named
     assert any(name.startswith("coordinator") for name in roles) and any(name.startswith("cpu") for name in roles)
