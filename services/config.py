@@ -179,6 +179,10 @@ class Settings(BaseSettings):
         default=10, ge=0, le=19, description="CPU niceness of a batch-lane job's output encode (0 = as interactive): "
         "an interactive shot's encode takes the cores first.",
     )
+    interactive_quiet_s: float = Field(
+        default=3.0, ge=0, description="Seconds a batch-lane job's TIFF writes may wait in all while interactive "
+        "shots write theirs, so those reach the disk first (services/jobs/quiet.py); 0 = never wait.",
+    )
     gpu_encode: bool = Field(
         default=True, description="Workers bin resized outputs (proofs) in linear light beside each strip they "
                                   "render; the writer bins only rows that straddle two strips.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ from services.db.session import mark_worker_process, reset_engine, session_scope
 from services.errors import IntermediateLost, NotFound
 from services.jobs import flow
 from services.jobs.previews import preview_ingested
+from services.jobs.quiet import QuietWindow
 from services.jobs.reconcile import Held, reconcile, unsent_ingests
 from services.jobs.retention import PruneReport, retention_pass, sweep_recently_ended
 from services.jobs.service import mark_enqueued
@@ -90,6 +92,17 @@ def enqueue_ingest(job_id: str, priority: str, repair: bool = False) -> None:
 
 # What a send to a broker that is down raises (kombu wraps connection errors in its OperationalError).
 BROKER_DOWN = (KombuOperationalError, redis.RedisError, OSError)
+
+
+@functools.cache
+def quiet_window(url: str, max_wait_s: float) -> QuietWindow:
+    """This process's handle on the disk's quiet window (one Redis client per broker URL)."""
+    return QuietWindow(redis_client(url), max_wait_s)
+
+
+def _quiet() -> QuietWindow:
+    settings = get_settings()
+    return quiet_window(broker_url(settings), settings.interactive_quiet_s)
 
 
 def send_ingest(job_id: str, priority: str) -> bool:
@@ -202,7 +215,7 @@ def run_shard(self: Task, shard_id: int, urgent: bool = False) -> None:
 def advance(job_id: str) -> None:
     def work() -> list[ShardTicket]:
         with session_scope() as session:
-            return flow.advance_job(session, get_storage(), get_settings(), job_id)
+            return flow.advance_job(session, get_storage(), get_settings(), job_id, _quiet())
 
     with STAGE_SECONDS.labels(stage="advance").time(), runtime.holding(job_id):
         _coordinator_step("advance", job_id, work)

@@ -21,7 +21,7 @@ from services.export.images import write_jpeg, write_png
 from services.export.metadata import OutputMetadata, tiff_tags
 from services.export.naming import NameTokens, render_name, unique_names
 from services.export.recipes import Format, Recipe
-from services.export.tiff import Bands, PreTiled, write_tiff
+from services.export.tiff import Bands, Pause, PreTiled, write_tiff
 from services.raw.colour import output_space
 from services.storage.base import Storage
 from services.storage.keys import output_key
@@ -48,11 +48,12 @@ def output_names(recipes: Sequence[Recipe], tokens: NameTokens) -> list[str]:
 
 def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta: OutputMetadata, *,
                  threads: int = 0, pretiled: PreTiled = (), prebinned: Mapping[int, PreBinned] | None = None,
-                 finished: np.ndarray | None = None) -> tuple[str, int]:
+                 finished: np.ndarray | None = None, pause: Pause | None = None) -> tuple[str, int]:
     """Encode one recipe's file from the 16-bit bands of its colour space; returns (sha256, bytes). ``pretiled``:
     the space's GPU-compressed deflate tiles, used by a full-size 16-bit deflate TIFF; ``prebinned``: its
     linear-light bins by factor, used by a resized output; ``finished``: a resized output's codes a worker made
-    (:func:`services.pipeline.binning.proof_from_bins`), written as they are."""
+    (:func:`services.pipeline.binning.proof_from_bins`), written as they are; ``pause``: a batch-lane TIFF's
+    yield to interactive shots (:func:`services.export.tiff.write_tiff`)."""
     space = recipe.colour_space
     t0 = time.perf_counter()
     if finished is not None and _fits(finished, bands, recipe):
@@ -69,7 +70,7 @@ def write_recipe(storage: Storage, key: str, bands: Bands, recipe: Recipe, meta:
                           threads=threads, software=stamped.software_text, ppi=recipe.ppi,
                           description=meta.original_name.encode("ascii", "replace").decode(),
                           extratags=tiff_tags(stamped),
-                          pretiled=pretiled if out is bands and recipe.bits == 16 else ())
+                          pretiled=pretiled if out is bands and recipe.bits == 16 else (), pause=pause)
     image = stitch(out)
     if recipe.format == Format.JPEG:
         return write_jpeg(storage, key, image, colour_space=space, quality=recipe.quality, meta=stamped)
@@ -89,10 +90,12 @@ def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], re
                   tokens: NameTokens, meta: OutputMetadata, *, threads: int = 0,
                   pretiled: Mapping[str, PreTiled] | None = None,
                   prebinned: Mapping[str, Mapping[int, PreBinned]] | None = None,
-                  proofs: Mapping[ProofSpec, np.ndarray] | None = None) -> list[WrittenOutput]:
+                  proofs: Mapping[ProofSpec, np.ndarray] | None = None,
+                  pause: Pause | None = None) -> list[WrittenOutput]:
     """Write every recipe's file into the job's output folder, atomically and durably, from ``spaces`` (the
     16-bit bands of each colour space the recipes need); one :class:`WrittenOutput` per recipe, in order.
-    ``proofs``: resized outputs the workers finished, by (space, long edge, bits, sharpen amount).
+    ``proofs``: resized outputs the workers finished, by (space, long edge, bits, sharpen amount); ``pause``:
+    the TIFFs' yield to interactive shots (a batch-lane job's, :mod:`services.jobs.quiet`).
 
     The files are written at once, one thread each (up to :data:`CONCURRENT_OUTPUTS`): a proof's resize and JPEG
     overlap the TIFF's write, fsync and hash, which wait on the disk and release the GIL (a batch frame with a
@@ -108,7 +111,7 @@ def write_outputs(storage: Storage, job_id: str, spaces: Mapping[str, Bands], re
         sha, size = write_recipe(storage, key, spaces[recipe.colour_space], recipe, meta, threads=threads,
                                  pretiled=(pretiled or {}).get(recipe.colour_space, ()),
                                  prebinned=(prebinned or {}).get(recipe.colour_space),
-                                 finished=(proofs or {}).get(proof_spec(recipe)))
+                                 finished=(proofs or {}).get(proof_spec(recipe)), pause=pause)
         return WrittenOutput(name, key, sha, size, recipe.name, recipe.media_type)
 
     if len(recipes) == 1:

@@ -69,6 +69,7 @@ def _tiles(bands: Bands, height: int, width: int, tile: tuple[int, int] = (TILE,
 
 
 PreTiled = Sequence[tuple[np.ndarray, np.ndarray]]  # (streams, index) per strip: services.pipeline.tiles
+Pause = Callable[[], float]  # waits while the disk belongs to an interactive shot; the seconds it waited
 
 
 class _Stored:
@@ -132,6 +133,7 @@ def write_tiff(
     description: str | None = None,
     extratags: Sequence[tuple] = (),
     pretiled: PreTiled = (),
+    pause: Pause | None = None,
 ) -> tuple[str, int]:
     """Write ``rgb`` (H, W, 3) uint16 or uint8 to ``key`` atomically; returns (sha256, bytes).
 
@@ -144,7 +146,9 @@ def write_tiff(
     strip that has them); they are written as they are, in their geometry, and only the rest is compressed here.
     Such a file is laid out by tifffile first (:class:`_Layout`: header, IFD and tags, where each tile goes) and
     then written front to back straight from the stored streams while a second thread hashes the same bytes
-    (:func:`write_segments`): no copy of each tile, no read-back after the write.
+    (:func:`write_segments`): no copy of each tile, no read-back after the write. ``pause``: called between
+    chunks of the write and before its durable close (a batch-lane file yields the disk to interactive shots,
+    :mod:`services.jobs.quiet`).
     """
     source, shape, dtype = _source(rgb)
     data: np.ndarray | Iterator[np.ndarray] | Iterator[bytes] = source
@@ -169,8 +173,8 @@ def write_tiff(
     if laid_out:
         layout = _Layout()
         encode(layout)  # type: ignore[arg-type]  # tifffile lays the file out; the tiles stay where they are
-        return write_segments(storage, key, layout.segments())
-    return write_hashed(storage, key, encode)
+        return write_segments(storage, key, layout.segments(), pause)
+    return write_hashed(storage, key, encode, pause)
 
 
 def _with_stored_tiles(bands: Bands, height: int, width: int, pretiled: PreTiled, threads: int
@@ -322,11 +326,13 @@ class _Layout(io.RawIOBase):
 _WRITE_CHUNK = 8 << 20
 
 
-def write_segments(storage: Storage, key: str, segments: Sequence[bytes | memoryview]) -> tuple[str, int]:
+def write_segments(storage: Storage, key: str, segments: Sequence[bytes | memoryview],
+                   pause: Pause | None = None) -> tuple[str, int]:
     """Write ``segments`` in order to a new storage object ``key`` (atomic, durable) while a second thread hashes
     them; returns (sha256, bytes). Logs the times as :func:`write_hashed` does (the hash: the wait after the
-    durable close)."""
+    durable close), and the time ``pause`` (called before each chunk and before the close) waited."""
     t0 = time.perf_counter()
+    waited = 0.0
 
     def sha256() -> str:
         h = hashlib.sha256()
@@ -340,13 +346,16 @@ def write_segments(storage: Storage, key: str, segments: Sequence[bytes | memory
             for segment in segments:
                 view = memoryview(segment)
                 for at in range(0, len(view), _WRITE_CHUNK):  # bounded: an object store's part buffer stays small
+                    waited += pause() if pause is not None else 0.0
                     f.write(view[at : at + _WRITE_CHUNK])
+            waited += pause() if pause is not None else 0.0
             t_written = time.perf_counter()
         t_durable = time.perf_counter()
         hexdigest = digest.result()
     size = sum(len(s) if isinstance(s, bytes) else s.nbytes for s in segments)
-    log.info("%s: %.1f MB encoded and written in %.2fs, durable %.2fs later, hashed %.2fs after that (one pass)",
-             key, size / 1e6, t_written - t0, t_durable - t_written, time.perf_counter() - t_durable)
+    log.info("%s: %.1f MB encoded and written in %.2fs, durable %.2fs later, hashed %.2fs after that (one pass; "
+             "%.2fs of it yielded to interactive shots)", key, size / 1e6, t_written - t0, t_durable - t_written,
+             time.perf_counter() - t_durable, waited)
     return hexdigest, size
 
 
@@ -360,19 +369,25 @@ def _source(rgb: np.ndarray | Bands) -> tuple[np.ndarray | Iterator[np.ndarray],
     return _tiles(rgb, height, width), (height, width, 3), rgb[0][1].dtype
 
 
-def write_hashed(storage: Storage, key: str, encode: Callable[[BinaryIO], object]) -> tuple[str, int]:
+def write_hashed(storage: Storage, key: str, encode: Callable[[BinaryIO], object],
+                 pause: Pause | None = None) -> tuple[str, int]:
     """Run ``encode`` into a new storage object ``key`` (atomic, durable); returns (sha256, bytes). The file is
     hashed from the page cache on a second thread while the writer makes it durable (fsync). Logs how long the
-    encode, the durable close and the rest of the hash took (where a busy host's finalize time goes)."""
+    encode, the durable close and the rest of the hash took (where a busy host's finalize time goes). ``pause``
+    is called before the encode and before the durable close."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(1) as pool:
         with storage.file_writer(key) as f:  # tifffile seeks back; hashed from a map of the file
+            if pause is not None:
+                pause()
             encode(f)
             size = f.seek(0, os.SEEK_END)
             f.flush()
             written = _mapped(f, size)
             if written is not None:
                 digest = pool.submit(hashlib.sha256, written)
+            if pause is not None:
+                pause()
             t_encoded = time.perf_counter()
         t_durable = time.perf_counter()
         if written is None:  # a backend whose writer cannot be mapped: read the object back

@@ -6,6 +6,7 @@ re-run (same names, same bytes, the same rows updated).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from services.export.recipes import Recipe, resolve_recipes
 from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, served_without_rows, strip_keys
 from services.jobs.previews import final_preview
+from services.jobs.quiet import QuietWindow
 from services.jobs.retention import drop_if_removed
 from services.jobs.states import ACTIVE, JobStatus, Stage, in_batch_lane
 from services.pipeline.preview import preview_factor
@@ -121,9 +123,11 @@ def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe], found: _S
                                    "and the strips were rendered for files made from GPU tiles and bins only")
 
 
-def finalize_job(session: Session, storage: Storage, settings: Settings, job_id: str) -> None:
+def finalize_job(session: Session, storage: Storage, settings: Settings, job_id: str,
+                 quiet: QuietWindow | None = None) -> None:
     """Write one output per recipe from the last phase's strips (of each recipe's colour space), record them,
-    mark the job done, drop intermediates."""
+    mark the job done, drop intermediates. ``quiet``: an interactive job's outputs open the disk's quiet window
+    until they are recorded; a batch-lane job's TIFF writes wait while it is open."""
     job = session.get(Job, job_id)
     if job is None:
         raise NotFound(f"job {job_id} not found")
@@ -143,16 +147,19 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     batch_lane = in_batch_lane(job.priority, job.batch_id)
     # A batch shot's encode yields the cores to an interactive shot's (measured: an interactive 80 MP frame's TIFF
     # took 4.0 s instead of 1.05 s beside a batch's encodes at the same priority).
-    outs = at_low_priority(lambda: write_outputs(storage, job_id, spaces, recipes, tokens, meta,
-                                                 threads=settings.tiff_threads, pretiled=found.pretiled,
-                                                 prebinned=found.prebinned, proofs=found.proofs),
-                           settings.batch_encode_nice if batch_lane else 0)
-    _record_outputs(session, job_id, outs)
-    timings = {**job.params.get("timings", {}), "encode_s": round(time.perf_counter() - t0, 4)}
-    session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
-        status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow(),
-        params={**job.params, "timings": timings}))
-    session.commit()
+    # An interactive shot's files reach the disk first: batch-lane writes wait while they are written.
+    with quiet.holding(job_id) if quiet is not None and not batch_lane else contextlib.nullcontext():
+        pause = quiet.waiter() if quiet is not None and batch_lane else None
+        outs = at_low_priority(lambda: write_outputs(storage, job_id, spaces, recipes, tokens, meta,
+                                                     threads=settings.tiff_threads, pretiled=found.pretiled,
+                                                     prebinned=found.prebinned, proofs=found.proofs, pause=pause),
+                               settings.batch_encode_nice if batch_lane else 0)
+        _record_outputs(session, job_id, outs)
+        timings = {**job.params.get("timings", {}), "encode_s": round(time.perf_counter() - t0, 4)}
+        session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
+            status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow(),
+            params={**job.params, "timings": timings}))
+        session.commit()
     t1 = time.perf_counter()
     final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0,
                   premade=found.preview)

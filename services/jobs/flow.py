@@ -35,6 +35,7 @@ from services.jobs.plan import (
 )
 from services.jobs.planner import plan_phase_shards, plan_shot
 from services.jobs.previews import begin_fast_preview
+from services.jobs.quiet import QuietWindow
 from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage, in_batch_lane
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
@@ -232,10 +233,11 @@ def record_shard_failure(session: Session, shard_id: int, reason: str, *, final:
                  storage)
 
 
-def advance_job(session: Session, storage: Storage, settings: Settings, job_id: str) -> list[ShardTicket]:
-    """Move a job whose current phase is complete to the next phase, or finalize it; returns shards to
-    dispatch. Safe to call any number of times: the phase moves with a conditional UPDATE, so exactly one
-    caller creates the next phase's shards."""
+def advance_job(session: Session, storage: Storage, settings: Settings, job_id: str,
+                quiet: QuietWindow | None = None) -> list[ShardTicket]:
+    """Move a job whose current phase is complete to the next phase, or finalize it (``quiet``: the disk's quiet
+    window, :func:`finalize_job`); returns shards to dispatch. Safe to call any number of times: the phase moves
+    with a conditional UPDATE, so exactly one caller creates the next phase's shards."""
     job = load_job(session, job_id)
     if job.status not in ACTIVE or job.phase < 0:
         return []
@@ -256,5 +258,5 @@ def advance_job(session: Session, storage: Storage, settings: Settings, job_id: 
         session.commit()
         if not claimed:
             return []
-    finalize_job(session, storage, settings, job_id)
+    finalize_job(session, storage, settings, job_id, quiet)
     return []

@@ -12,6 +12,7 @@ from services.db.models import Job, Shard, Station, utcnow
 from services.db.session import session_scope
 from services.errors import IntermediateLost
 from services.jobs import flow
+from services.jobs.quiet import KEY, QuietWindow
 from services.jobs.reconcile import reconcile
 from services.jobs.tickets import ShardTicket
 from services.storage.keys import shard_key
@@ -31,7 +32,8 @@ def _job(session, *, status: str = "running", phase: int = 0, age_s: float = 600
     return job
 
 
-def _stack_job(paths: list[Path], station_name: str, camera: str = "IQ2_XS", recipes: tuple[str, ...] = ()) -> str:
+def _stack_job(paths: list[Path], station_name: str, camera: str = "IQ2_XS", recipes: tuple[str, ...] = (),
+               priority: str | None = None) -> str:
     """Store ``paths`` as a job's uploads and create the job (IQ2_XS unless told), as the API does; returns its
     id."""
     import hashlib
@@ -53,7 +55,7 @@ def _stack_job(paths: list[Path], station_name: str, camera: str = "IQ2_XS", rec
         station = Station(name=station_name, token_hash=station_name)
         session.add(station)
         session.flush()
-        create_job(session, station, job_id, files, camera=camera, recipe=None, priority=None, sha256=[],
+        create_job(session, station, job_id, files, camera=camera, recipe=None, priority=priority, sha256=[],
                    recipes=recipes)
     return job_id
 
@@ -328,7 +330,7 @@ def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path
         assert job.error.startswith("decode failed: LibRaw:") and "RAW" in job.error
 
 
-def _run_to_the_end(job_id: str, n_workers: int = 2) -> int:
+def _run_to_the_end(job_id: str, n_workers: int = 2, quiet: QuietWindow | None = None) -> int:
     """Ingest, every phase's shards, advance until done; returns how many shards ran."""
     from services.config import get_settings
     from services.storage import get_storage
@@ -343,7 +345,7 @@ def _run_to_the_end(job_id: str, n_workers: int = 2) -> int:
                 flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
             ran += 1
         with session_scope() as session:
-            tickets = flow.advance_job(session, storage, settings, job_id)
+            tickets = flow.advance_job(session, storage, settings, job_id, quiet)
     return ran
 
 
@@ -541,3 +543,55 @@ def test_a_proof_finished_by_the_worker_of_a_whole_image_strip_is_the_writers_fi
             (proof,) = [o for o in job.outputs if o.recipe == "web"]
             proofs[n] = storage.local_path(proof.storage_key).read_bytes()
     assert proofs[1] == proofs[2]
+
+
+class _Recorded(QuietWindow):
+    """The real window (Redis) that also records what the finalize asked of it."""
+
+    def __init__(self, url: str, max_wait_s: float) -> None:
+        import redis
+
+        super().__init__(redis.Redis.from_url(url), max_wait_s)
+        self.events: list[tuple[str, object]] = []
+
+    def open(self, job_id: str) -> None:
+        self.events.append(("open", job_id))
+        super().open(job_id)
+
+    def close(self, job_id: str) -> None:
+        self.events.append(("close", job_id))
+        super().close(job_id)
+
+    def waiter(self):  # type: ignore[no-untyped-def]
+        pause = super().waiter()
+
+        def recorded() -> float:
+            waited = pause()
+            self.events.append(("pause", waited))
+            return waited
+
+        return recorded
+
+
+def test_an_interactive_finalize_holds_the_disk_and_a_batch_lane_one_yields(
+        db: str, synth_dir: Path, redis_url: str) -> None:
+    """An interactive job's outputs open the quiet window and close it once recorded (its own writes never wait);
+    a batch-lane job's TIFF pauses between chunks and before its close, and while another job's mark is live it
+    waits, within its budget, then finishes."""
+    frame = synth_dir / "iq3s" / "frame_00.dng"
+    quiet = _Recorded(redis_url, max_wait_s=0.3)
+    quiet.client.delete(KEY)
+    interactive = _stack_job([frame], "quiet-interactive", camera="IQ3_S")
+    _run_to_the_end(interactive, quiet=quiet)
+    assert quiet.events == [("open", interactive), ("close", interactive)]
+    assert quiet.client.zcard(KEY) == 0
+    quiet.events.clear()
+    batch = _stack_job([frame], "quiet-batch", camera="IQ3_S", priority="batch")
+    quiet.open("someone-elses-interactive-shot")
+    _run_to_the_end(batch, quiet=quiet)
+    pauses = [w for kind, w in quiet.events if kind == "pause"]
+    assert len(pauses) >= 2 and sum(pauses) >= 0.3  # held for the whole budget, then written
+    quiet.close("someone-elses-interactive-shot")
+    with session_scope() as session:
+        assert session.get(Job, batch).status == "done"
+        assert session.get(Job, interactive).status == "done"
