@@ -66,6 +66,10 @@ tar czf "$OUT/logs.tgz" -C "$DATA" logs 2>/dev/null  # one file: a call brings b
 echo "TIFF writes (encode+write / durable close / rest of the hash, s):"
 grep -h "MB encoded and written in" "$DATA"/logs/*.log | grep "\.tif" \
   | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo
+echo "TIFF layouts of GPU tiles (s):"
+grep -h ": laid out (" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | sed -E 's/in |s$//g' | tr '\n' ' '; echo
+echo "finalize: record and commit (s):"
+grep -h "the record and commit" "$DATA"/logs/*.log | grep -o "commit [0-9.]*s" | sed -E 's/commit |s$//g' | tr '\n' ' '; echo
 echo "batch TIFF writes that yielded to interactive shots (count, seconds in all):"
 grep -h "yielded to interactive" "$DATA"/logs/*.log | grep -o "; [0-9.]*s of it" | grep -v "; 0.00s" \
   | grep -o "[0-9.]*" | awk '{n++; s+=$1} END {printf "%d %.2f\n", n, s}'

@@ -171,9 +171,12 @@ def write_tiff(
         )
 
     if laid_out:
+        t0 = time.perf_counter()
         layout = _Layout()
         encode(layout)  # type: ignore[arg-type]  # tifffile lays the file out; the tiles stay where they are
-        return write_segments(storage, key, layout.segments(), pause)
+        segments = layout.segments()
+        log.info("%s: laid out (%d tiles) in %.2fs", key, len(layout.placed), time.perf_counter() - t0)
+        return write_segments(storage, key, segments, pause)
     return write_hashed(storage, key, encode, pause)
 
 

@@ -2,11 +2,11 @@
 
 An interactive shot's TIFF must reach the disk (its durable close) through the same queue as the batch's TIFFs.
 Measured on one H200 host with a 100-shot batch (docs/PERFORMANCE.md, session 25): an interactive shot during the
-batch took 1.74-2.39 s against 1.00-1.13 s idle; with this window 1.38-1.47 s. The CPU side already yields (batch
-encodes at nice 10); this is the disk's side. An interactive job is marked in Redis (a sorted set: job id -> until
-when) while its finalize writes its outputs (:meth:`QuietWindow.holding`); a batch-lane job's writer, between 8 MB
-chunks of its TIFF and before its durable close, waits while any mark is live, for at most ``max_wait_s`` over the
-whole job, so the batch never starves whatever the studio's interactive rate. A mark that is never removed (a
+batch took 1.99-2.12x its idle latency; with this window 1.31-1.61x, the batch as fast. The CPU side already yields
+(batch encodes at nice 10); this is the disk's side. An interactive job is marked in Redis (a sorted set: job id ->
+until when) while its finalize writes its outputs (:meth:`QuietWindow.holding`); a batch-lane job's writer, between
+8 MB chunks of its TIFF and before its durable close, waits while any mark is live, for at most ``max_wait_s`` over
+the whole job, so the batch never starves whatever the studio's interactive rate. A mark that is never removed (a
 crash) lapses after ``HOLD_S``. Redis being away skips the window (logged once). Opening the window from the
 interactive shot's ingest instead was measured too: the same interactive latency, 14 % less batch throughput.
 """
