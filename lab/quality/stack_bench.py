@@ -12,6 +12,7 @@ outside a moving object's region, the colour difference (mean CIEDE2000, max 16-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -23,6 +24,8 @@ from typing import Any
 import numpy as np
 import tifffile
 
+from lab.quality.anchors import LIBRAW_AHD, LibRawRunner, libraw_render
+from lab.quality.report import CROP_SIZE, CROP_ZOOM, detail_window, write_strip
 from lab.synth.stack_synth import synthesize_stack
 from services.jobs.planner import plan_frame_groups
 from services.pipeline.render import RenderParams, render_mosaic
@@ -120,6 +123,8 @@ class CaseResult:
     psnr_static_stack: float | None = None
     groups_delta_e_mean: float | None = None
     groups_max_lsb: int | None = None
+    psnr_libraw_single: float | None = None  # LibRaw AHD on the reference frame (the same DNG), when asked
+    crop: str | None = None  # the crop strip written (``crops_dir``)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -142,8 +147,11 @@ def _merge(reference: tuple[np.ndarray, RawMeta], frames: list[tuple[np.ndarray,
 
 def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: float, device: str,
              content: str = "dead_leaves", photos_dir: Path | None = None, cfa: str = "RGGB",
-             max_shift: float = 1.5, raw_merge: bool = False) -> CaseResult:
-    """Synthesize, decode, render single and stacked, and measure one case (``raw_merge``: RenderParams')."""
+             max_shift: float = 1.5, raw_merge: bool = False, libraw: LibRawRunner | None = None,
+             crops_dir: Path | None = None) -> CaseResult:
+    """Synthesize, decode, render single and stacked, and measure one case (``raw_merge``: RenderParams').
+    ``libraw``: also score LibRaw AHD on the reference frame's DNG; ``crops_dir``: also write a crop strip (truth,
+    LibRaw, single, stack, long exposure)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     folder = work / f"{content.replace(':', '_').replace('/', '_')}-{case.name.replace(' ', '_').replace(',', '')}"
@@ -182,12 +190,12 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     inner[BORDER:-BORDER, BORDER:-BORDER] = True
     p1, pn = psnr(single, truth, inner), psnr(stacked, truth, inner)
     result = CaseResult(case.name, case.frames, content, p1, pn, pn - p1, seconds=timings)
+    long_exposure = None
     if not case.moving_object:
         t0 = time.perf_counter()
-        result.long_exposure_gain_db = psnr(_long_exposure(case, folder, scale=scale, seed=seed, noise=noise,
-                                                           content=content, photos_dir=photos_dir, device=device,
-                                                           cfa=cfa),
-                                            truth, inner) - p1
+        long_exposure = _long_exposure(case, folder, scale=scale, seed=seed, noise=noise, content=content,
+                                       photos_dir=photos_dir, device=device, cfa=cfa)
+        result.long_exposure_gain_db = psnr(long_exposure, truth, inner) - p1
         timings["long_exposure"] = time.perf_counter() - t0
     if case.moving_object:
         moving, static = inner & shot.motion_mask, inner & ~shot.motion_mask
@@ -199,7 +207,38 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
         diff = delta_e_2000(srgb16_to_lab(stacked[inner]), srgb16_to_lab(stacked2[inner]))
         result.groups_delta_e_mean = float(diff.mean())
         result.groups_max_lsb = int(np.abs(stacked.astype(np.int64) - stacked2.astype(np.int64)).max())
+    if libraw is not None:
+        _beside_libraw(result, libraw, str(shot.files[0]), truth, inner, {
+            "single": single, f"{case.frames} frames": stacked, "long exposure": long_exposure},
+            crops_dir, shot.motion_mask if case.moving_object else None)
     return result
+
+
+def _beside_libraw(result: CaseResult, libraw: LibRawRunner, dng: str, truth: np.ndarray, inner: np.ndarray,
+                   renders: dict[str, np.ndarray | None], crops_dir: Path | None, motion: np.ndarray | None) -> None:
+    """Score LibRaw AHD on the reference frame's DNG and, with ``crops_dir``, write the case's crop strip: truth,
+    LibRaw, then ``renders`` (a moving object's case: the window around the object)."""
+    out, error = libraw.call(libraw_render, dng, LIBRAW_AHD)
+    if error is not None:
+        return
+    image = out[0]
+    result.psnr_libraw_single = psnr(image, truth, inner)
+    if crops_dir is None:
+        return
+    if motion is not None and motion.any():
+        ys, xs = np.nonzero(motion)
+        size = min(CROP_SIZE, truth.shape[0] - 2 * BORDER, truth.shape[1] - 2 * BORDER)
+        y = int(np.clip(ys.mean() - size // 2, BORDER, truth.shape[0] - size - BORDER))
+        x = int(np.clip(xs.mean() - size // 2, BORDER, truth.shape[1] - size - BORDER))
+    else:
+        y, x = detail_window(truth, CROP_SIZE)
+        size = min(CROP_SIZE, truth.shape[0] - 2 * BORDER, truth.shape[1] - 2 * BORDER)
+    tiles = [("ground truth", truth), ("LibRaw AHD (1 frame)", image), ("Strata, 1 frame", renders["single"])]
+    tiles += [(f"Strata, {name}", r) for name, r in renders.items() if name != "single" and r is not None]
+    name = f"crop_stack_{result.content}_{result.name}".replace(":", "_").replace(" ", "_").replace(",", "")
+    path = write_strip(Path(crops_dir) / f"{name}.png", [(label, t[y : y + size, x : x + size]) for label, t in tiles],
+                       zoom=CROP_ZOOM)
+    result.crop = str(path)
 
 
 def _long_exposure(case: StackCase, folder: Path, *, scale: float, seed: int, noise: float, content: str,
@@ -223,13 +262,17 @@ DEFAULT_CASES = (
 def run_benchmark(cases: Sequence[StackCase] = DEFAULT_CASES, *, scale: float = 0.1, seed: int = 3,
                   noise: float = 0.002, device: str = "cpu", work_dir: Path | None = None,
                   contents: Sequence[str] = ("dead_leaves",), photos_dir: Path | None = None, cfa: str = "RGGB",
-                  max_shift: float = 1.5, raw_merge: bool = False) -> list[CaseResult]:
+                  max_shift: float = 1.5, raw_merge: bool = False, libraw: bool = False,
+                  crops_dir: Path | None = None) -> list[CaseResult]:
     """Run every case on every content in a scratch directory (``cfa``: the frames' CFA pattern; ``max_shift``:
-    the largest random shift of a frame, px)."""
-    with tempfile.TemporaryDirectory(prefix="strata-stack-bench-") as tmp:
+    the largest random shift of a frame, px; ``libraw``: LibRaw AHD on each reference frame beside the renders;
+    ``crops_dir``: a crop strip per case, with LibRaw)."""
+    with tempfile.TemporaryDirectory(prefix="strata-stack-bench-") as tmp, contextlib.ExitStack() as stack:
         work = Path(work_dir or tmp)
+        runner = stack.enter_context(LibRawRunner()) if libraw or crops_dir is not None else None
         return [run_case(c, work, scale=scale, seed=seed, noise=noise, device=device, content=content,
-                         photos_dir=photos_dir, cfa=cfa, max_shift=max_shift, raw_merge=raw_merge)
+                         photos_dir=photos_dir, cfa=cfa, max_shift=max_shift, raw_merge=raw_merge, libraw=runner,
+                         crops_dir=crops_dir)
                 for content in contents for c in cases]
 
 
@@ -239,16 +282,18 @@ def _fmt(v: float | None) -> str:
 
 def format_table(results: Sequence[CaseResult]) -> str:
     """A plain-text table of the results."""
-    head = (f"{'content':<12} {'case':<26} {'single':>7} {'stack':>7} {'gain':>6} {'long':>6} {'mov 1':>6} "
-            f"{'mov N':>6} {'stat 1':>6} {'stat N':>6} {'dE00 2g':>7} {'LSB 2g':>6}")
+    head = (f"{'content':<12} {'case':<26} {'LibRaw':>7} {'single':>7} {'stack':>7} {'gain':>6} {'long':>6} "
+            f"{'mov 1':>6} {'mov N':>6} {'stat 1':>6} {'stat N':>6} {'dE00 2g':>7} {'LSB 2g':>6}")
     rows = [head, "-" * len(head)]
     for r in results:
         long = "-" if r.long_exposure_gain_db is None else f"{r.long_exposure_gain_db:+.2f}"
-        rows.append(f"{r.content:<12} {r.name:<26} {r.psnr_single:7.2f} {r.psnr_stack:7.2f} {r.gain_db:+6.2f} "
+        rows.append(f"{r.content:<12} {r.name:<26} {_fmt(r.psnr_libraw_single):>7} {r.psnr_single:7.2f} "
+                    f"{r.psnr_stack:7.2f} {r.gain_db:+6.2f} "
                     f"{long:>6} {_fmt(r.psnr_motion_single):>6} {_fmt(r.psnr_motion_stack):>6} "
                     f"{_fmt(r.psnr_static_single):>6} {_fmt(r.psnr_static_stack):>6} "
                     f"{_fmt(r.groups_delta_e_mean):>7} {r.groups_max_lsb if r.groups_max_lsb is not None else '-':>6}")
-    rows.append("gain: the stack over the single-frame render (dB); long: the same frame with 1/N of the noise over it")
+    rows.append("LibRaw: AHD on the reference frame (--libraw); gain: the stack over the single-frame render (dB); "
+                "long: the same frame with 1/N of the noise over it")
     rows.append("")
     rows.append("seconds per stage:")
     for r in results:
@@ -273,13 +318,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also merge the frames' raw samples per colour (STRATA_STACK_RAW_MERGE)")
     parser.add_argument("--case", action="append", default=None, choices=[c.name for c in DEFAULT_CASES],
                         help="run only this case (repeatable; default: all)")
+    parser.add_argument("--libraw", action="store_true", help="also score LibRaw AHD on each reference frame")
+    parser.add_argument("--crops", type=Path, default=None,
+                        help="write a crop strip per case here (truth, LibRaw AHD, single, stack, long exposure)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     contents = args.content or ["dead_leaves"]
     cases = [c for c in DEFAULT_CASES if args.case is None or c.name in args.case]
     results = run_benchmark(cases, scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
                             contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift,
-                            raw_merge=args.raw_merge)
+                            raw_merge=args.raw_merge, libraw=args.libraw, crops_dir=args.crops)
     print(format_table(results))
     if args.json:
         payload: dict[str, Any] = {"scale": args.scale, "seed": args.seed, "noise": args.noise, "cfa": args.cfa,

@@ -41,3 +41,20 @@ def test_tiny_case_runs_end_to_end(tmp_path: Path) -> None:
     assert result.gain_db > 0 and result.groups_max_lsb == 0 and result.groups_delta_e_mean == 0.0
     assert result.long_exposure_gain_db is not None and result.long_exposure_gain_db > 0
     assert "tiny" in format_table([result]) and result.seconds["merge_1g"] > 0
+
+
+def test_beside_libraw_with_a_crop_strip(tmp_path: Path) -> None:
+    """--libraw / --crops: LibRaw AHD scored on the reference frame's DNG (well below the stack on a noisy tiny
+    scene), one PNG strip per case (truth, LibRaw, single, stack, long exposure)."""
+    from PIL import Image
+
+    from lab.quality.anchors import LibRawRunner
+
+    with LibRawRunner() as runner:
+        result = run_case(StackCase("tiny", 2), tmp_path / "work", scale=0.02, seed=1, noise=0.002, device="cpu",
+                          libraw=runner, crops_dir=tmp_path / "crops")
+    assert result.psnr_libraw_single is not None and result.psnr_libraw_single < result.psnr_stack
+    assert result.crop is not None
+    with Image.open(result.crop) as strip:
+        assert strip.width > 4 * strip.height - 16  # five tiles side by side under a label row
+    assert "LibRaw" in format_table([result])
