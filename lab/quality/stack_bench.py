@@ -209,7 +209,7 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
         result.groups_max_lsb = int(np.abs(stacked.astype(np.int64) - stacked2.astype(np.int64)).max())
     if libraw is not None:
         _beside_libraw(result, libraw, str(shot.files[0]), truth, inner, {
-            "single": single, f"{case.frames} frames": stacked, "long exposure": long_exposure},
+            "single": single, case.name: stacked, "long exposure": long_exposure},
             crops_dir, shot.motion_mask if case.moving_object else None)
     return result
 
