@@ -145,13 +145,17 @@ def _merge(reference: tuple[np.ndarray, RawMeta], frames: list[tuple[np.ndarray,
     return fused
 
 
+def _decoded(path: Path, npy: Path) -> tuple[np.ndarray, RawMeta]:
+    meta = decode_raw(path, npy)
+    return np.load(npy), meta
+
+
 def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: float, device: str,
              content: str = "dead_leaves", photos_dir: Path | None = None, cfa: str = "RGGB",
              max_shift: float = 1.5, raw_merge: bool = False, libraw: LibRawRunner | None = None,
              crops_dir: Path | None = None) -> CaseResult:
-    """Synthesize, decode, render single and stacked, and measure one case (``raw_merge``: RenderParams').
-    ``libraw``: also score LibRaw AHD on the reference frame's DNG; ``crops_dir``: also write a crop strip (truth,
-    LibRaw, single, stack, long exposure)."""
+    """Synthesize, decode, render single and stacked, and measure one case (``raw_merge``: RenderParams'). With
+    ``libraw``: LibRaw AHD on the reference frame too, and with ``crops_dir`` a crop strip (:func:`_beside_libraw`)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     folder = work / f"{content.replace(':', '_').replace('/', '_')}-{case.name.replace(' ', '_').replace(',', '')}"
@@ -160,11 +164,7 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
                             photos_dir=photos_dir, cfa=cfa, max_shift=max_shift)
     timings["synthesize"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    frames = []
-    for i, path in enumerate(shot.files):
-        npy = folder / f"raw_{i:02d}.npy"
-        meta = decode_raw(path, npy)
-        frames.append((np.load(npy), meta))
+    frames = [_decoded(path, folder / f"raw_{i:02d}.npy") for i, path in enumerate(shot.files)]
     timings["decode"] = time.perf_counter() - t0
     truth = tifffile.imread(shot.ground_truth)
     params = replace(shot_render_params(frames[0][1], frames[0][0]), frames=len(frames),
@@ -190,22 +190,20 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     inner[BORDER:-BORDER, BORDER:-BORDER] = True
     p1, pn = psnr(single, truth, inner), psnr(stacked, truth, inner)
     result = CaseResult(case.name, case.frames, content, p1, pn, pn - p1, seconds=timings)
-    long_exposure = None
-    if not case.moving_object:
-        t0 = time.perf_counter()
-        long_exposure = _long_exposure(case, folder, scale=scale, seed=seed, noise=noise, content=content,
-                                       photos_dir=photos_dir, device=device, cfa=cfa)
+    long_exposure = None if case.moving_object else _long_exposure(
+        case, folder, scale=scale, seed=seed, noise=noise, content=content, photos_dir=photos_dir, device=device,
+        cfa=cfa, timings=timings)
+    if long_exposure is not None:
         result.long_exposure_gain_db = psnr(long_exposure, truth, inner) - p1
-        timings["long_exposure"] = time.perf_counter() - t0
-    if case.moving_object:
+    else:
         moving, static = inner & shot.motion_mask, inner & ~shot.motion_mask
         result.psnr_motion_single, result.psnr_motion_stack = psnr(single, truth, moving), psnr(stacked, truth, moving)
         result.psnr_static_single, result.psnr_static_stack = psnr(single, truth, static), psnr(stacked, truth, static)
     if case.frames >= 2:
-        fused2 = _merge(frames[0], frames, params, 2, device, offsets, timings)
-        stacked2 = render_rgb(fused2, params, device, stack_noise_factors(case.pixel_shift))
-        diff = delta_e_2000(srgb16_to_lab(stacked[inner]), srgb16_to_lab(stacked2[inner]))
-        result.groups_delta_e_mean = float(diff.mean())
+        stacked2 = render_rgb(_merge(frames[0], frames, params, 2, device, offsets, timings), params, device,
+                              stack_noise_factors(case.pixel_shift))
+        result.groups_delta_e_mean = float(delta_e_2000(srgb16_to_lab(stacked[inner]),
+                                                        srgb16_to_lab(stacked2[inner])).mean())
         result.groups_max_lsb = int(np.abs(stacked.astype(np.int64) - stacked2.astype(np.int64)).max())
     if libraw is not None:
         _beside_libraw(result, libraw, str(shot.files[0]), truth, inner, {
@@ -242,13 +240,19 @@ def _beside_libraw(result: CaseResult, libraw: LibRawRunner, dng: str, truth: np
 
 
 def _long_exposure(case: StackCase, folder: Path, *, scale: float, seed: int, noise: float, content: str,
-                   photos_dir: Path | None, device: str, cfa: str = "RGGB") -> np.ndarray:
-    """The single-frame render of the same reference frame with 1/N of the noise (the same scene and seed)."""
+                   photos_dir: Path | None, device: str, cfa: str = "RGGB",
+                   timings: dict[str, float] | None = None) -> np.ndarray:
+    """The single-frame render of the same reference frame with 1/N of the noise (the same scene and seed); its
+    seconds go to ``timings["long_exposure"]``."""
+    t0 = time.perf_counter()
     shot = synthesize_stack(folder / "long_exposure", frames=2, scale=scale, seed=seed, noise=noise / case.frames,
                             content=content, photos_dir=photos_dir, cfa=cfa)
     meta = decode_raw(shot.files[0], folder / "long_exposure" / "raw.npy")
     raw = np.load(folder / "long_exposure" / "raw.npy")
-    return render_mosaic(raw, shot_render_params(meta, raw), device)
+    image = render_mosaic(raw, shot_render_params(meta, raw), device)
+    if timings is not None:
+        timings["long_exposure"] = time.perf_counter() - t0
+    return image
 
 
 DEFAULT_CASES = (
