@@ -802,6 +802,7 @@ BENCH_KINDS: dict[str, tuple[str, str]] = {
     "stack": ("lab.quality.stack_bench", "stack quality: merged stack vs single frame vs truth (PSNR, CIEDE2000)"),
     "service": ("lab.bench.service", "shots through a running `strata serve` (REST, queue, workers, storage)"),
     "preview": ("lab.bench.preview", "the fast preview at ingest: binned mosaic -> sRGB JPEG (CPU), per step"),
+    "shifts": ("lab.bench.shifts", "the pixel-shift check of a 4-frame stack's ingest (global shifts, CPU)"),
 }
 
 

@@ -11,6 +11,7 @@ from services.pipeline.ops.align import (
     estimate_shift,
     grey_pyramid,
     mosaic_grey,
+    shift_estimator,
     tiles_to_pixels,
     warp,
 )
@@ -90,6 +91,19 @@ def test_estimate_shift_recovers_subpixel_shift(shift: tuple[float, float]) -> N
     frame = _shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4, shift=shift), "RGGB"), seed=2)
     dy, dx = estimate_shift(reference, frame, "RGGB")
     assert abs(dy - shift[0]) < 0.1 and abs(dx - shift[1]) < 0.1
+
+
+def test_one_estimator_serves_many_frames_with_the_same_results() -> None:
+    """shift_estimator takes the reference's spectrum once (frame_shifts' threads share it): the same shifts as
+    estimate_shift frame by frame, and the pixel-shift check's benchmark finds its one-pixel pattern."""
+    from lab.bench.shifts import main as bench_shifts
+
+    reference = _shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4), "RGGB"), seed=1)
+    frames = [_shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4, shift=s), "RGGB"), seed=2 + i)
+              for i, s in enumerate([(0.3, -1.7), (1.0, 1.0), (-0.5, 0.25)])]
+    estimate = shift_estimator(reference, "RGGB")
+    assert [estimate(f) for f in frames] == [estimate_shift(reference, f, "RGGB") for f in frames]
+    assert bench_shifts(["--scale", "0.05", "--repeats", "1"]) == 0
 
 
 def test_estimate_shift_bad_input() -> None:

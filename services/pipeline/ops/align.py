@@ -19,6 +19,7 @@ Flow convention, as in :mod:`services.pipeline.ops.merge`: flow ``(dy, dx)`` at 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -293,30 +294,37 @@ def _refine_peak(surface: Tensor, center: tuple[float, float], step: float) -> t
     return center[0] + (iy - half + fy) * step, center[1] + (ix - half + fx) * step
 
 
-def _phase_slope(power: Tensor, dy: float, dx: float) -> tuple[float, float]:
-    """Residual shift after removing (dy, dx): weighted least-squares fit of the cross-power phase slope.
+def _phase_slope(power: Tensor) -> Callable[[float, float], tuple[float, float]]:
+    """The residual shift after removing (dy, dx): a weighted least-squares fit of the cross-power phase slope.
 
     Uses the frequencies below ``_SLOPE_BAND`` cycles/pixel but not the few bins around DC
     (``_SLOPE_MIN_BINS``), weighted by cross-power magnitude, so high-SNR texture dominates and noise-only bins
-    barely count.
+    barely count. Removing a shift turns each bin's phase and leaves its magnitude, so the band's bins, their
+    weights and the normal matrix are taken once; each call only turns the phases (wrapped to [-pi, pi)) and
+    solves: the same shifts as turning the whole complex spectrum each time, and with the reference's spectrum
+    taken once (:func:`shift_estimator`) a 4 x 50 MP pixel-shift check 0.14-0.18 s instead of 0.40-0.44 on two
+    threads of the 2-core VM (`strata bench shifts`).
     """
     h, w = power.shape
-    fy = _freqs(h, power)[:, None] / h  # (h, 1) cycles per pixel
-    fx = _freqs(w, power)[None, :] / w  # (1, w)
-    residual = power * torch.exp(2j * math.pi * (fy * dy + fx * dx))  # (h, w) phase ~ -2 pi f . delta
-    band = (fy.abs() <= _SLOPE_BAND) & (fx.abs() <= _SLOPE_BAND)  # (h, w)
-    band &= (fy * h).square() + (fx * w).square() > _SLOPE_MIN_BINS**2
-    weight = residual.abs().square() * band  # (h, w)
-    theta = residual.angle()  # (h, w)
-    gy = (-2.0 * math.pi * fy).expand(h, w)
-    gx = (-2.0 * math.pi * fx).expand(h, w)
+    fy, fx = _freqs(h, power) / h, _freqs(w, power) / w  # (h,), (w,) cycles per pixel
+    rows, cols = torch.nonzero(fy.abs() <= _SLOPE_BAND)[:, 0], torch.nonzero(fx.abs() <= _SLOPE_BAND)[:, 0]
+    bins = power.index_select(0, rows).index_select(1, cols)  # (hb, wb): the band's rectangle
+    fy, fx = fy[rows][:, None], fx[cols][None, :]  # (hb, 1), (1, wb)
+    near_dc = (fy * h).square() + (fx * w).square() <= _SLOPE_MIN_BINS**2  # (hb, wb): left out (weight 0)
+    weight, phase = bins.abs().square().masked_fill(near_dc, 0.0), bins.angle()  # (hb, wb)
+    gy, gx = -2.0 * math.pi * fy, -2.0 * math.pi * fx  # phase slope per unit shift
     a = torch.stack([
         torch.stack([(weight * gy * gy).sum(), (weight * gy * gx).sum()]),
         torch.stack([(weight * gx * gy).sum(), (weight * gx * gx).sum()]),
     ])  # (2, 2) normal equations
-    rhs = torch.stack([(weight * gy * theta).sum(), (weight * gx * theta).sum()])  # (2,)
-    delta = torch.linalg.solve(a, rhs)
-    return float(delta[0]), float(delta[1])
+    wy, wx = weight * gy, weight * gx  # (hb, wb)
+
+    def fit(dy: float, dx: float) -> tuple[float, float]:
+        theta = torch.remainder(phase + 2.0 * math.pi * (fy * dy + fx * dx) + math.pi, 2.0 * math.pi) - math.pi
+        delta = torch.linalg.solve(a, torch.stack([(wy * theta).sum(), (wx * theta).sum()]))
+        return float(delta[0]), float(delta[1])
+
+    return fit
 
 
 def estimate_shift(reference: Tensor, frame: Tensor, cfa: str) -> tuple[float, float]:
@@ -326,27 +334,37 @@ def estimate_shift(reference: Tensor, frame: Tensor, cfa: str) -> tuple[float, f
     upsampled DFT grid; a power-weighted least-squares fit of the cross-power phase slope then gives the
     sub-pixel shift (robust to noise). The binned shift is doubled; ``cfa`` is validated only.
     """
+    return shift_estimator(reference, cfa)(frame)
+
+
+def shift_estimator(reference: Tensor, cfa: str) -> Callable[[Tensor], tuple[float, float]]:
+    """:func:`estimate_shift` against one ``reference`` for many frames: the reference's windowed spectrum is
+    taken once (thread-safe: each call only reads it)."""
     cfa_channels(cfa)
     check_mosaic(reference, "reference", min_size=8)
-    check_mosaic(frame, "frame", min_size=8)
-    if reference.shape != frame.shape:
-        raise ValueError(f"frame shape {tuple(frame.shape)} differs from reference {tuple(reference.shape)}")
     a = _binned_luma(reference)  # (h, w)
-    b = _binned_luma(frame.to(reference.device))  # (h, w)
     h, w = a.shape
     window = _hann(h, a)[:, None] * _hann(w, a)[None, :]  # (h, w)
-    fa = torch.fft.fft2((a - a.mean()) * window)  # (h, w) complex128
-    fb = torch.fft.fft2((b - b.mean()) * window)  # (h, w) complex128
-    power = fb * fa.conj()  # (h, w) cross-power spectrum
-    mag = power.abs()
-    cross = power / (mag + mag.mean() * 1e-2)  # (h, w) near-whitened: a sharp peak for the coarse search
-    surface = torch.fft.ifft2(cross).real  # (h, w)
-    py, px = divmod(int(torch.argmax(surface)), w)
-    py = py - h if py > h // 2 else py
-    px = px - w if px > w // 2 else px
-    coarse = _upsampled_peak(cross, (float(py), float(px)), 1.0, 1.0 / 8)
-    dy, dx = _refine_peak(coarse, (float(py), float(px)), 1.0 / 8)
-    for _ in range(_SLOPE_ITERATIONS):
-        ddy, ddx = _phase_slope(power, dy, dx)
-        dy, dx = dy + ddy, dx + ddx
-    return round(2.0 * dy, _SHIFT_DECIMALS) + 0.0, round(2.0 * dx, _SHIFT_DECIMALS) + 0.0
+    fa_conj = torch.fft.fft2((a - a.mean()) * window).conj()  # (h, w) complex128
+
+    def estimate(frame: Tensor) -> tuple[float, float]:
+        check_mosaic(frame, "frame", min_size=8)
+        if reference.shape != frame.shape:
+            raise ValueError(f"frame shape {tuple(frame.shape)} differs from reference {tuple(reference.shape)}")
+        b = _binned_luma(frame.to(reference.device))  # (h, w)
+        power = torch.fft.fft2((b - b.mean()) * window) * fa_conj  # (h, w) cross-power spectrum
+        mag = power.abs()
+        cross = power / (mag + mag.mean() * 1e-2)  # (h, w) near-whitened: a sharp peak for the coarse search
+        surface = torch.fft.ifft2(cross).real  # (h, w)
+        py, px = divmod(int(torch.argmax(surface)), w)
+        py = py - h if py > h // 2 else py
+        px = px - w if px > w // 2 else px
+        coarse = _upsampled_peak(cross, (float(py), float(px)), 1.0, 1.0 / 8)
+        dy, dx = _refine_peak(coarse, (float(py), float(px)), 1.0 / 8)
+        slope = _phase_slope(power)
+        for _ in range(_SLOPE_ITERATIONS):
+            ddy, ddx = slope(dy, dx)
+            dy, dx = dy + ddy, dx + ddx
+        return round(2.0 * dy, _SHIFT_DECIMALS) + 0.0, round(2.0 * dx, _SHIFT_DECIMALS) + 0.0
+
+    return estimate
