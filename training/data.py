@@ -70,10 +70,12 @@ class Recipe:
 
     name: str
     weights: dict[str, float]
-    upscale_share: float = 0.35  # crops taken smaller and enlarged 1.25-2x (bicubic): softer content
+    upscale_share: float = 0.35  # crops taken smaller and enlarged 1.25x-upscale_max (bicubic)
     downscale_share: float = 0.0  # crops taken larger and reduced 1.25-2x (area filter): denser content
     grain_share: float = 0.0  # images given fine scene texture (film grain), std 0.5-4 / 255 in sRGB
     saturation_share: float = 0.0  # images with saturation scaled by 0.5-1.5
+    upscale_max: float = 2.0  # the largest enlargement of an upscaled crop
+    gray_share: float = 0.0  # images made neutral (luma only): monochrome scenes, grey products, B&W prints
 
 
 RECIPES: dict[str, Recipe] = {
@@ -81,6 +83,10 @@ RECIPES: dict[str, Recipe] = {
     # skimage's photographs are held out in v2: an evaluation source of another origin than the training one
     "v2": Recipe("v2", {"photos": 0.5, "skimage": 0.0, "dead_leaves": 0.3, "patterns": 0.2},
                  upscale_share=0.25, downscale_share=0.3, grain_share=0.2, saturation_share=0.3),
+    # a fine-tuning recipe for the best package (issue 17): more soft (lens-limited, enlarged up to 3x) and
+    # neutral content, scikit-image held out; used from the v2 weights (``--init``)
+    "soft": Recipe("soft", {"photos": 0.55, "skimage": 0.0, "dead_leaves": 0.45, "patterns": 0.0},
+                   upscale_share=0.5, upscale_max=3.0, saturation_share=0.2, gray_share=0.15),
 }
 
 
@@ -327,9 +333,10 @@ class TrainingSource:
         """(B, 3, size, size) float sRGB in [0, 1].
 
         Scale augmentation: a share of the crops (``recipe.upscale_share``) is taken smaller and enlarged by
-        1.25-2x (bicubic), so the network also sees content softer than these downscaled web photographs, as a
-        lens-limited medium-format frame often is; with recipe v2 another share (``downscale_share``) is taken
-        larger and reduced by up to 2x with an area filter, so it also sees denser detail than they hold.
+        1.25 to ``recipe.upscale_max`` times (bicubic), so the network also sees content softer than these
+        downscaled web photographs, as a lens-limited medium-format frame often is; with recipe v2 another share
+        (``downscale_share``) is taken larger and reduced by up to 2x with an area filter, so it also sees denser
+        detail than they hold.
         """
         out = []
         for src in self.rng.choice(len(self.names), size=b, p=self.weights):
@@ -350,7 +357,7 @@ class TrainingSource:
             if down:
                 crop = F.interpolate(crop[None], size=(size, size), mode="area")[0]  # (3, size, size)
             elif roll < self.recipe.upscale_share:
-                small = max(16, int(round(size / self.rng.uniform(1.25, 2.0))))
+                small = max(16, int(round(size / self.rng.uniform(1.25, self.recipe.upscale_max))))
                 crop = F.interpolate(crop[None, :, :small, :small], size=(size, size), mode="bicubic",
                                      align_corners=False)[0].clamp(0, 255)  # (3, size, size)
             if self.rng.random() < 0.5:
@@ -364,15 +371,21 @@ class TrainingSource:
 
 
 def scene_variety(srgb: Tensor, recipe: Recipe, gen: torch.Generator) -> Tensor:
-    """Recipe v2's per-image scene augmentations on (B, 3, H, W) sRGB: saturation scaled by 0.5-1.5 for a share
-    of the images, and fine texture added to the scene for another share (film grain, fabric, foliage at the
-    limit of resolution: detail that is really there, which a noise-free input must keep): Gaussian, std 0.5-4
-    / 255, monochrome or coloured, half of it softened by a 3x3 blur."""
+    """The recipes' per-image scene augmentations on (B, 3, H, W) sRGB: a share made neutral (luma only),
+    saturation scaled by 0.5-1.5 for a share of the images, and fine texture added to the scene for another
+    share (film grain, fabric, foliage at the limit of resolution: detail that is really there, which a
+    noise-free input must keep): Gaussian, std 0.5-4 / 255, monochrome or coloured, half of it softened by a
+    3x3 blur."""
     b, dev = srgb.shape[0], srgb.device
+    luma_weights = torch.tensor([0.2126, 0.7152, 0.0722], device=dev).view(1, 3, 1, 1)
+    if recipe.gray_share > 0:
+        pick = (torch.rand(b, 1, 1, 1, generator=gen, device=dev) < recipe.gray_share).float()
+        luma = (srgb * luma_weights).sum(1, keepdim=True)
+        srgb = pick * luma.expand_as(srgb) + (1 - pick) * srgb
     if recipe.saturation_share > 0:
         pick = (torch.rand(b, 1, 1, 1, generator=gen, device=dev) < recipe.saturation_share).float()
         s = 1.0 + pick * (torch.rand(b, 1, 1, 1, generator=gen, device=dev) - 0.5)
-        luma = (srgb * torch.tensor([0.2126, 0.7152, 0.0722], device=dev).view(1, 3, 1, 1)).sum(1, keepdim=True)
+        luma = (srgb * luma_weights).sum(1, keepdim=True)
         srgb = (luma + s * (srgb - luma)).clamp(0.0, 1.0)
     if recipe.grain_share > 0:
         pick = (torch.rand(b, 1, 1, 1, generator=gen, device=dev) < recipe.grain_share).float()

@@ -162,6 +162,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="minutes after which to save --checkpoint and stop (finish later with --resume)")
     p.add_argument("--checkpoint", default=None, help="where --stop-after saves the run")
     p.add_argument("--resume", default=None, help="a checkpoint to continue")
+    p.add_argument("--init", default=None,
+                   help="start from this package's weights (fine-tuning; its config must match the run's)")
+    p.add_argument("--version", default=None, help=f"the written v2 package's version (default {V2_VERSION})")
     p.add_argument("--smoke", action="store_true", help="CPU, 20 steps, tiny crops; writes a *-smoke package")
     p.add_argument("--ship-anyway", action="store_true",
                    help="write the camera default packages even if the model loses to classical somewhere")
@@ -280,7 +283,8 @@ def _write_packages(net: JDDNet, config: dict[str, Any], args: argparse.Namespac
             log.warning("the model does not beat classical at every noise level: %s not written", V2_PACKAGE)
             return []
         path = Path(args.out) / V2_PACKAGE
-        write_package(path, jdd_manifest(path.stem, ("*",), config, training, version=V2_VERSION), weights)
+        write_package(path, jdd_manifest(path.stem, ("*",), config, training, version=args.version or V2_VERSION),
+                      weights)
         return [path]
     files = list(LEARNED_PACKAGES)
     if not beats and not args.ship_anyway:
@@ -332,7 +336,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     config = {"width": args.width, "dilations": [int(d) for d in args.dilations.split(",")]}
     name = jdd.ARCHITECTURE if args.package == "v1" else Path(V2_PACKAGE).stem
-    run = f"{name}-seed{args.seed}" + ("-smoke" if args.smoke else "")
+    run = f"{name}-seed{args.seed}" + (f"-{args.recipe}-ft" if args.init else "") + ("-smoke" if args.smoke else "")
     log_dir = Path(args.log_dir or (args.out if args.smoke else "docs/training"))
     _setup_logging(log_dir / f"{run}.log", append=bool(args.resume))
     gen = _seed_everything(args.seed, device)
@@ -340,6 +344,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     cuda = device.type == "cuda"
     if cuda:
         net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    if args.init and not args.resume:
+        _load_init(net, args.init, config)
     params = sum(p.numel() for p in net.parameters())
     log.info("run %s: config %s, recipe %s, %d parameters, rf %d, %.0f FLOPs/pixel, torch %s on %s", run, config,
              args.recipe, params, jdd.jdd_receptive_field(config), jdd.flops_per_pixel(config), torch.__version__,
@@ -383,14 +389,27 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _load_init(net: JDDNet, package: str, config: dict[str, Any]) -> None:
+    """Copy a package's weights into ``net`` (``--init``): the start of a fine-tuning run."""
+    from services.pipeline.models.package import read_package
+
+    pkg = read_package(resolve_package(package))
+    if pkg.weights is None or pkg.manifest.config != config:
+        raise SystemExit(f"--init {package}: config {pkg.manifest.config} does not match the run's {config}")
+    net.load_state_dict({k: v.to(next(net.parameters()).device) for k, v in pkg.weights.items()})
+    log.info("initialised from %s %s", pkg.source, pkg.manifest.version)
+
+
 def _shipped_references(args: argparse.Namespace, device: torch.device) -> dict[str, Enhancer]:
-    """The shipped v1 package, scored beside a v2 run on the same sets."""
+    """The shipped v1 package (and the --init package), scored beside a v2 run on the same sets."""
     if args.package != "v2" or args.smoke:
         return {}
     from services.pipeline.models import load_package
 
-    return {"strata_jdd_v1": load_package(resolve_package("strata_jdd_v1.strata"), device,
-                                          precision="float32")}
+    refs = {"strata_jdd_v1": load_package(resolve_package("strata_jdd_v1.strata"), device, precision="float32")}
+    if args.init:
+        refs["init"] = load_package(resolve_package(args.init), device, precision="float32")
+    return refs
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -92,3 +92,30 @@ def test_recipe_v1_draws_no_scene_augmentation() -> None:
     assert torch.equal(torch.rand(1, generator=gen), torch.rand(1, generator=torch.Generator().manual_seed(1)))
     y = data.scene_variety(x, data.RECIPES["v2"], torch.Generator().manual_seed(0))
     assert y.shape == x.shape and float(y.min()) >= 0 and float(y.max()) <= 1
+
+
+def test_the_soft_recipe_makes_a_share_of_scenes_neutral() -> None:
+    """Recipe ``soft`` (the best package's fine-tuning): gray_share 1 leaves every image luma only, in range."""
+    recipe = data.Recipe("gray", data.RECIPES["soft"].weights, gray_share=1.0)
+    x = torch.rand(3, 3, 16, 16)
+    y = data.scene_variety(x, recipe, torch.Generator().manual_seed(0))
+    assert torch.allclose(y[:, 0], y[:, 1]) and torch.allclose(y[:, 1], y[:, 2])
+    assert float(y.min()) >= 0 and float(y.max()) <= 1
+    assert data.RECIPES["soft"].weights["skimage"] == 0  # scikit-image's photographs stay an unseen source
+
+
+@needs_photos
+def test_init_fine_tunes_from_a_package_and_refuses_another_config(tmp_path: Path) -> None:
+    """--init starts a run from a package's weights (the fine-tuning that made strata_jdd_v2 2.1.0); a package
+    of another config is refused before any training."""
+    first = tmp_path / "first"
+    main(["--package", "v2", "--smoke", "--steps", "2", "--photos", str(PHOTOS), "--out", str(first)])
+    start = first / "strata_jdd_v1-smoke.strata"
+    out = tmp_path / "ft"
+    main(["--package", "v2", "--smoke", "--steps", "2", "--recipe", "soft", "--init", str(start), "--photos",
+          str(PHOTOS), "--out", str(out)])
+    assert "initialised from strata_jdd_v1-smoke.strata" in (out / "strata_jdd_v2-seed0-soft-ft-smoke.log").read_text()
+    assert json.loads((out / "strata_jdd_v2-seed0-soft-ft-smoke.json").read_text())["finished"]
+    with pytest.raises(SystemExit, match="does not match"):
+        main(["--package", "v2", "--smoke", "--steps", "2", "--init", "strata_jdd_v2.strata", "--photos",
+              str(PHOTOS), "--out", str(tmp_path / "x")])
