@@ -67,9 +67,11 @@ from services.raw.meta import RawMeta
 Frame = tuple[np.ndarray, RawMeta]
 _PIXEL_SHIFT_TOLERANCE = 0.25  # px: how far measured shifts may be from whole pixels
 SHIFT_WINDOW = 1024  # px: the central square the global shifts are measured on (a whole-pixel pattern test)
-# Each frame's model pass is told this many times the stack's noise (per-sample noise / frames); chosen by a sweep
-# on the stack benchmark (docs/QUALITY.md, "tried and not kept" has the other values).
+# Each frame's model pass is told this many times the stack's noise (per-sample noise / frames), at most
+# MERGE_NOISE_CAP of a frame's own; chosen by sweeps on the stack benchmark (docs/QUALITY.md): with the best package
+# 2.1.0 a quarter of the frame's noise was best for 4 and for 8 frames.
 MERGE_NOISE_FACTOR = 2.0
+MERGE_NOISE_CAP = 0.25
 
 
 def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.Tensor:
@@ -84,8 +86,9 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
 
     With a ``device``, each frame is demosaiced and denoised by the shot's model package, told
     :data:`MERGE_NOISE_FACTOR` times the noise the whole stack of ``stack_size`` frames will have (per-sample
-    noise / ``stack_size``): it removes about what averaging would leave and keeps the detail; averaging then
-    takes the rest down, and a light filter after fusion (:func:`stack_noise_factors`) finishes. The package beat
+    noise / ``stack_size``), at most :data:`MERGE_NOISE_CAP` of a frame's own: it removes about what averaging
+    would leave and keeps the detail; averaging then takes the rest down, and a light filter after fusion
+    (:func:`stack_noise_factors`) finishes. The package beat
     a pure demosaic and Malvar on the stack benchmark (docs/QUALITY.md).
     """
     if stack_size < 1:
@@ -96,7 +99,8 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
         wanted = get_settings().merge_precision  # STRATA_MERGE_PRECISION, on GPUs; the CPU computes as the strips
         precision = wanted if dev.type == "cuda" else None
         enhancer = load_enhancer(params.camera, dev, package=params.model, precision=precision)
-        told = MERGE_NOISE_FACTOR / stack_size if stack_size > 1 else 1.0  # 1: a frame at its own noise (pixel shift)
+        # 1: a frame at its own noise (pixel shift)
+        told = min(MERGE_NOISE_FACTOR / stack_size, MERGE_NOISE_CAP) if stack_size > 1 else 1.0
         shot = tuple(g * params.noise_shot * told for g in params.gains)
         read = tuple(g * g * params.noise_read * told for g in params.gains)
 
@@ -496,6 +500,7 @@ __all__ = [
     "BLEND_RADIUS",
     "BLEND_TOLERANCE",
     "FUSED_CHANNELS",
+    "MERGE_NOISE_CAP",
     "MERGE_NOISE_FACTOR",
     "PIXEL_SHIFT_NOISE_SHARE",
     "RAW_MERGE_MIN_WEIGHT",
