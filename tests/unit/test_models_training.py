@@ -16,9 +16,23 @@ PHOTOS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "photo
 needs_photos = pytest.mark.skipif(not PHOTOS.is_dir(), reason=f"training photographs not at {PHOTOS}")
 
 
-@needs_photos
-def test_smoke_training_writes_a_loadable_smoke_package(tmp_path: Path) -> None:
-    main(["--smoke", "--photos", str(PHOTOS), "--out", str(tmp_path)])
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The training photographs when this checkout sits beside ../shared, else a stand-in directory of PNGs
+    (dead-leaves images under training and held-out names), so the training runs also run in a lone clone."""
+    if PHOTOS.is_dir():
+        return PHOTOS
+    from PIL import Image
+
+    out = tmp_path_factory.mktemp("photos")
+    names = ["001.png", "002.png", "003.png", *sorted(data.HELD_OUT_PHOTOS)[:2]]
+    for i, name in enumerate(names):
+        Image.fromarray(data.dead_leaves(800_000 + i, 160).permute(1, 2, 0).numpy()).save(out / name)
+    return out
+
+
+def test_smoke_training_writes_a_loadable_smoke_package(tmp_path: Path, photos: Path) -> None:
+    main(["--smoke", "--photos", str(photos), "--out", str(tmp_path)])
     path = tmp_path / "strata_jdd_v1-smoke.strata"
     enh = load_package(path, camera="IQ2_XS")
     assert enh.manifest.is_smoke and enh.manifest.training["steps"] == 20
@@ -63,11 +77,10 @@ def test_dead_leaves_is_deterministic() -> None:
     assert not torch.equal(a, data.dead_leaves(900_001, 48))
 
 
-@needs_photos
-def test_a_run_stopped_at_a_checkpoint_resumes_to_the_end(tmp_path: Path) -> None:
+def test_a_run_stopped_at_a_checkpoint_resumes_to_the_end(tmp_path: Path, photos: Path) -> None:
     """--stop-after saves the run part-way (no package), --resume finishes it (recipe v2, the v2 smoke run)."""
     ckpt = tmp_path / "ckpt.pt"
-    common = ["--package", "v2", "--smoke", "--steps", "6", "--photos", str(PHOTOS), "--out", str(tmp_path)]
+    common = ["--package", "v2", "--smoke", "--steps", "6", "--photos", str(photos), "--out", str(tmp_path)]
     main([*common, "--stop-after", "0", "--checkpoint", str(ckpt)])
     assert ckpt.exists() and not (tmp_path / "strata_jdd_v1-smoke.strata").exists()
     assert torch.load(ckpt, weights_only=False)["step"] == 1
@@ -104,18 +117,17 @@ def test_the_soft_recipe_makes_a_share_of_scenes_neutral() -> None:
     assert data.RECIPES["soft"].weights["skimage"] == 0  # scikit-image's photographs stay an unseen source
 
 
-@needs_photos
-def test_init_fine_tunes_from_a_package_and_refuses_another_config(tmp_path: Path) -> None:
+def test_init_fine_tunes_from_a_package_and_refuses_another_config(tmp_path: Path, photos: Path) -> None:
     """--init starts a run from a package's weights (the fine-tuning that made strata_jdd_v2 2.1.0); a package
     of another config is refused before any training."""
     first = tmp_path / "first"
-    main(["--package", "v2", "--smoke", "--steps", "2", "--photos", str(PHOTOS), "--out", str(first)])
+    main(["--package", "v2", "--smoke", "--steps", "2", "--photos", str(photos), "--out", str(first)])
     start = first / "strata_jdd_v1-smoke.strata"
     out = tmp_path / "ft"
     main(["--package", "v2", "--smoke", "--steps", "2", "--recipe", "soft", "--init", str(start), "--photos",
-          str(PHOTOS), "--out", str(out)])
+          str(photos), "--out", str(out)])
     assert "initialised from strata_jdd_v1-smoke.strata" in (out / "strata_jdd_v2-seed0-soft-ft-smoke.log").read_text()
     assert json.loads((out / "strata_jdd_v2-seed0-soft-ft-smoke.json").read_text())["finished"]
     with pytest.raises(SystemExit, match="does not match"):
         main(["--package", "v2", "--smoke", "--steps", "2", "--init", "strata_jdd_v2.strata", "--photos",
-              str(PHOTOS), "--out", str(tmp_path / "x")])
+              str(photos), "--out", str(tmp_path / "x")])
