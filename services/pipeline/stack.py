@@ -88,8 +88,8 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
     :data:`MERGE_NOISE_FACTOR` times the noise the whole stack of ``stack_size`` frames will have (per-sample
     noise / ``stack_size``), at most :data:`MERGE_NOISE_CAP` of a frame's own: it removes about what averaging
     would leave and keeps the detail; averaging then takes the rest down, and a light filter after fusion
-    (:func:`stack_noise_factors`) finishes. The package beat
-    a pure demosaic and Malvar on the stack benchmark (docs/QUALITY.md).
+    (:func:`stack_noise_factors`) finishes. The package beat a pure demosaic and Malvar on the stack benchmark
+    (docs/QUALITY.md).
     """
     if stack_size < 1:
         raise ValueError(f"stack_size must be >= 1, got {stack_size}")

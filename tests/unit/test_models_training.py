@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from services.pipeline.models import load_package
+from services.pipeline.models.package import read_package
 from training import data
 from training.train import main
 
@@ -124,9 +125,11 @@ def test_init_fine_tunes_from_a_package_and_refuses_another_config(tmp_path: Pat
     main(["--package", "v2", "--smoke", "--steps", "2", "--photos", str(photos), "--out", str(first)])
     start = first / "strata_jdd_v1-smoke.strata"
     out = tmp_path / "ft"
-    main(["--package", "v2", "--smoke", "--steps", "2", "--recipe", "soft", "--init", str(start), "--photos",
-          str(photos), "--out", str(out)])
+    main(["--package", "v2", "--smoke", "--steps", "2", "--recipe", "soft", "--init", str(start), "--lr", "0",
+          "--photos", str(photos), "--out", str(out)])
     assert "initialised from strata_jdd_v1-smoke.strata" in (out / "strata_jdd_v2-seed0-soft-ft-smoke.log").read_text()
+    before, after = read_package(start).weights, read_package(out / "strata_jdd_v1-smoke.strata").weights
+    assert before and after and all(torch.equal(before[k], after[k]) for k in before)  # lr 0: the start, unchanged
     assert json.loads((out / "strata_jdd_v2-seed0-soft-ft-smoke.json").read_text())["finished"]
     with pytest.raises(SystemExit, match="does not match"):
         main(["--package", "v2", "--smoke", "--steps", "2", "--init", "strata_jdd_v2.strata", "--photos",
