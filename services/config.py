@@ -153,6 +153,10 @@ class Settings(BaseSettings):
         default=4, description="Orientations the `max` tier averages on single frames: 4 (+0.88 dB over `best` "
         "without noise, +0.26-0.45 with it; about 4x its GPU time) or 2 (identity and 180 degrees: +0.52 / "
         "+0.18-0.27 dB for 2x; at scale 0.1 the noise-free shots score LibRaw AHD + 5.2 dB: docs/QUALITY.md) or 8.")
+    stack_frames_package: str = Field(
+        default="auto", description="The package a stack's frames' model pass uses: auto (the shot package's "
+        "shipped companion: strata_jdd_v2_frames, 2.0.0's weights, for strata_jdd_v2; +0.01..+0.23 dB on the stack "
+        "benchmark's photographs), same (the shot's package) or a package name or path. Chosen once per shot.")
     model_tf32: bool = Field(default=True, description="TF32 tensor cores for model convolutions on GPUs.")
     model_precision: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="The model pass's numerics: float32 | bfloat16 | float16; default float16 on GPUs "

@@ -418,6 +418,115 @@ def training_batch(source: TrainingSource, b: int, size: int, margin: int, gen: 
                      gains=gains, mix=mix, report_jitter=True)
 
 
+# Stacks (the frames' package): each frame sees the scene moved by a whole pixel or not in each direction, so the
+# frames sample every colour at other sites, as a stack's sub-pixel shifts do
+STACK_OFFSETS = ((0, 0), (0, 1), (1, 0), (1, 1))
+
+
+@dataclass
+class StackBatch:
+    """``stacks`` stacks of ``frames`` frames each, frame-major within a stack: ``raw.mosaic`` (stacks * frames, 1,
+    S + 2m, S + 2m) and the noise each frame is told (``raw.shot``/``raw.read``: the stack's merge told,
+    :func:`stack_told`); ``offsets[i]``: where frame i's canvas starts in the stack's scene, (dy, dx) in {0, 1}.
+    A frame's output (S x S, :func:`training.train.predict`) covers scene rows and columns ``offset + m`` on; all
+    frames share the scene's ``[m + 1, m + S)`` square, whose clean target is ``target`` (stacks, 3, S - 1, S - 1)."""
+
+    raw: RawBatch
+    target: Tensor
+    offsets: list[tuple[int, int]]
+    stacks: int
+    frames: int
+
+
+def stack_told(frames: int) -> float:
+    """The share of its noise a frame of a stack of ``frames`` is told by the merge (services.pipeline.stack)."""
+    from services.pipeline.stack import MERGE_NOISE_CAP, MERGE_NOISE_FACTOR
+
+    return min(MERGE_NOISE_FACTOR / frames, MERGE_NOISE_CAP) if frames > 1 else 1.0
+
+
+def aligned(out: Tensor, batch: StackBatch) -> Tensor:
+    """(stacks * frames, 3, S, S) outputs -> (stacks, frames, 3, S - 1, S - 1): each frame's part of the square
+    all frames share."""
+    s = out.shape[-1]
+    views = out.view(batch.stacks, batch.frames, *out.shape[1:])
+    return torch.stack([views[:, i, :, 1 - dy : s - dy, 1 - dx : s - dx] for i, (dy, dx) in enumerate(batch.offsets)],
+                       dim=1)
+
+
+def stack_of(srgb: Tensor, frames: int, margin: int, gen: torch.Generator, *, shot: Tensor, read: Tensor,
+             exposure: Tensor, gains: Tensor, mix: Tensor, report_jitter: bool) -> StackBatch:
+    """(stacks, 3, L + 1, L + 1) sRGB scenes (L = S + 2 margin) -> :class:`StackBatch`: every frame of a stack with
+    the stack's exposure, white balance, camera and noise level, its own noise draw and offset (frame 0 at (0, 0),
+    the others through :data:`STACK_OFFSETS` in a random order), told :func:`stack_told` of the noise."""
+    stacks, length = srgb.shape[0], srgb.shape[-1] - 1
+    order = torch.randperm(len(STACK_OFFSETS) - 1, generator=gen, device=gen.device).tolist()
+    rest = [STACK_OFFSETS[1 + k] for k in order]
+    offsets = [STACK_OFFSETS[0], *(rest * frames)][:frames]
+    scenes = torch.stack([srgb[..., dy : dy + length, dx : dx + length] for dy, dx in offsets], dim=1)
+    per = {k: v.repeat_interleave(frames, dim=0) for k, v in
+           {"shot": shot, "read": read, "exposure": exposure, "gains": gains, "mix": mix}.items()}
+    raw = unprocess(scenes.flatten(0, 1), cfa="RGGB", margin=margin, gen=gen, report_jitter=False, **per)
+    told = stack_told(frames)
+    shot_c, read_c = raw.shot[::frames], raw.read[::frames]
+    if report_jitter:
+        shot_c, read_c = _jitter_report(shot_c, read_c, gen)
+    raw.shot = shot_c.repeat_interleave(frames, dim=0) * told
+    raw.read = read_c.repeat_interleave(frames, dim=0) * told
+    batch = StackBatch(raw=raw, target=raw.target, offsets=offsets, stacks=stacks, frames=frames)
+    batch.target = aligned(raw.target, batch)[:, 0]
+    return batch
+
+
+def training_stack_batch(source: TrainingSource, frames_per_step: int, size: int, margin: int,
+                         gen: torch.Generator, frames: int) -> StackBatch:
+    """About ``frames_per_step`` frames in stacks of ``frames``, from the source's content, with the noise and
+    colour variety of :func:`training_batch` (each stack one draw)."""
+    dev = source.device
+    b = max(1, frames_per_step // frames)
+    srgb = scene_variety(source.crops(b, size + 2 * margin + 1), source.recipe, gen)
+    shot, read = sample_noise(b, gen, dev)
+    exposure = torch.empty(b, device=dev).uniform_(math.log(0.4), math.log(1.6), generator=gen).exp()
+    red = torch.empty(b, device=dev).uniform_(1.6, 2.6, generator=gen)
+    blue = torch.empty(b, device=dev).uniform_(1.3, 2.2, generator=gen)
+    gains = torch.stack([red, torch.ones(b, device=dev), blue], dim=1)
+    mix = torch.rand(b, len(XYZ_TO_CAMS), generator=gen, device=dev) + 1e-3
+    return stack_of(srgb, frames, margin, gen, shot=shot, read=read, exposure=exposure, gains=gains, mix=mix,
+                    report_jitter=True)
+
+
+def held_out_stacks(photos: str | Path, device: torch.device, margin: int, size: int = 128,
+                    frames: tuple[int, ...] = (4, 8), per_photo: int = 2) -> dict[str, StackBatch]:
+    """Fixed evaluation stacks at mid noise (:data:`NOISE_LEVELS`) from the held-out photographs: one
+    :class:`StackBatch` per stack size, named ``"<frames> frames"``."""
+    rng = np.random.default_rng(24680)
+    length = size + 2 * margin + 1
+    crops: list[Tensor] = []
+    for im in load_photos(photos, held_out=True, device=device):
+        if min(im.shape[-2:]) < length:
+            continue
+        for _ in range(per_photo):
+            y = int(rng.integers(im.shape[-2] - length + 1))
+            x = int(rng.integers(im.shape[-1] - length + 1))
+            crops.append(im[:, y : y + length, x : x + length])
+    if not crops:
+        return {}
+    srgb = torch.stack(crops).float() / 255.0
+    n = srgb.shape[0]
+    gains = torch.tensor(np.stack([rng.uniform(1.7, 2.5, n), np.ones(n), rng.uniform(1.4, 2.1, n)], 1),
+                         dtype=torch.float32, device=device)
+    mix = torch.tensor(rng.random((n, len(XYZ_TO_CAMS))) + 1e-3, dtype=torch.float32, device=device)
+    exposure = torch.tensor(np.exp(rng.uniform(math.log(0.5), math.log(1.3), n)), dtype=torch.float32, device=device)
+    shot, read = NOISE_LEVELS["mid"]
+    out = {}
+    for count in frames:
+        gen = torch.Generator(device=device).manual_seed(4242 + count)
+        out[f"{count} frames"] = stack_of(srgb, count, margin, gen, shot=torch.full((n,), shot, device=device),
+                                          read=torch.full((n,), read, device=device), exposure=exposure,
+                                          gains=gains, mix=mix, report_jitter=False)
+    return out
+
+
 def held_out_batches(photos: str | Path, device: torch.device, size: int = 192, per_photo: int = 2,
                      dead_leaves_count: int = 8) -> dict[str, list[RawBatch]]:
     """Fixed evaluation sets per noise level (:data:`NOISE_LEVELS`) from held-out content only.
@@ -477,7 +586,8 @@ def _level_sets(crops: list[Tensor], rng: np.random.Generator, device: torch.dev
     return out
 
 
-__all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "RECIPES", "XYZ_TO_CAMS", "RawBatch",
-           "Recipe", "TrainingSource", "dead_leaves", "held_out_batches", "held_out_other_source", "load_photos",
-           "mosaic_of", "pattern_image", "photo_paths", "rgb_to_cam", "sample_noise", "scene_variety",
-           "skimage_images", "training_batch", "unprocess"]
+__all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "RECIPES", "STACK_OFFSETS", "XYZ_TO_CAMS",
+           "RawBatch", "Recipe", "StackBatch", "TrainingSource", "aligned", "dead_leaves", "held_out_batches",
+           "held_out_other_source", "held_out_stacks", "load_photos", "mosaic_of", "pattern_image", "photo_paths",
+           "rgb_to_cam", "sample_noise", "scene_variety", "skimage_images", "stack_of", "stack_told",
+           "training_batch", "training_stack_batch", "unprocess"]

@@ -18,6 +18,13 @@ shipped as); ``--package v2`` the `best` one, ``strata_jdd_v2.strata``: a larger
 (:data:`PACKAGE_DEFAULTS`), data recipe v2 (:mod:`training.data`), also scored on scikit-image's photographs,
 a source it never trained on. ``--stop-after MINUTES`` with ``--checkpoint`` saves the run part-way and
 ``--resume`` continues it (the device lends 10-minute calls).
+
+``--package frames`` trains ``strata_jdd_v2_frames.strata``, the package of a stack's frames' model pass
+(:func:`services.pipeline.models.registry.frames_package`), for what a stack needs of it: each step renders stacks
+of 2, 4 or 8 frames of one scene (each frame its own noise, moved by a whole pixel or not, told the share of its
+noise the merge tells it) and scores the average of a stack's renders against the truth. Scored on held-out
+stacks (4 and 8 frames, mid noise) against the ``--init`` package; usually run from the shipped one:
+``--package frames --init strata_jdd_v2_frames.strata --version 2.2.0 --steps 12000 --lr 2e-4``.
 """
 
 from __future__ import annotations
@@ -61,9 +68,14 @@ PACKAGE_DEFAULTS: dict[str, dict[str, Any]] = {
            "dilations": ",".join(str(d) for d in jdd.DEFAULT_CONFIG["dilations"]), "crop": 128, "batch": 32,
            "lr": 2e-3},
     "v2": {"recipe": "v2", "width": 64, "dilations": "1,1,2,3,3,2,1,1", "crop": 160, "batch": 24, "lr": 1.5e-3},
+    # batch: frames per step (in stacks of STACK_SIZES)
+    "frames": {"recipe": "v2", "width": 64, "dilations": "1,1,2,3,3,2,1,1", "crop": 128, "batch": 32, "lr": 2e-4},
 }
 V2_PACKAGE = "strata_jdd_v2.strata"
 V2_VERSION = "2.0.0"
+FRAMES_PACKAGE = "strata_jdd_v2_frames.strata"
+FRAMES_VERSION = "2.2.0"
+STACK_SIZES = (2, 4, 8)  # a frames step draws one of these
 
 
 def srgb_view(rgb: Tensor, cam_to_rgb: Tensor) -> Tensor:
@@ -150,7 +162,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-dir", default=None, help="log + metrics JSON (default docs/training; smoke: --out)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--package", choices=sorted(PACKAGE_DEFAULTS), default="v1",
-                   help="v1: the fast packages; v2: strata_jdd_v2, the best package")
+                   help="v1: the fast packages; v2: strata_jdd_v2, the best package; frames: the stacks' frames' "
+                   "package, trained on stacks")
     p.add_argument("--recipe", choices=sorted(data.RECIPES), default=None, help="data recipe (default: the package's)")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--crop", type=int, default=None, help="target crop (full-res pixels, even)")
@@ -164,7 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", default=None, help="a checkpoint to continue")
     p.add_argument("--init", default=None,
                    help="start from this package's weights (fine-tuning; its config must match the run's)")
-    p.add_argument("--version", default=None, help=f"the written v2 package's version (default {V2_VERSION})")
+    p.add_argument("--version", default=None,
+                   help=f"the written package's version (v2: default {V2_VERSION}; frames: {FRAMES_VERSION})")
     p.add_argument("--smoke", action="store_true", help="CPU, 20 steps, tiny crops; writes a *-smoke package")
     p.add_argument("--ship-anyway", action="store_true",
                    help="write the camera default packages even if the model loses to classical somewhere")
@@ -227,11 +241,7 @@ def _optimise(net: JDDNet, source: data.TrainingSource, eval_sets: Any, config: 
         lr = lr_at(step, total, args.lr, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        batch = data.training_batch(source, args.batch, args.crop, margin, gen)
-        if cuda:
-            batch.mosaic = batch.mosaic.contiguous(memory_format=torch.channels_last)
-        out = predict(net, batch, margin, autocast=cuda)
-        loss = F.l1_loss(srgb_view(out, batch.cam_to_rgb), srgb_view(batch.target, batch.cam_to_rgb))
+        loss = _step_loss(net, source, args, margin, gen, cuda)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         loss = loss.detach()
@@ -244,6 +254,49 @@ def _optimise(net: JDDNet, source: data.TrainingSource, eval_sets: Any, config: 
         if args.eval_every and step % args.eval_every == 0 and step < total:
             log.info("eval at %d: %s", step, json.dumps(evaluate(net, config, eval_sets, device, "float32")))
     return step, history, time.time() - t_train, True
+
+
+def _step_loss(net: JDDNet, source: data.TrainingSource, args: argparse.Namespace, margin: int,
+               gen: torch.Generator, cuda: bool) -> Tensor:
+    """One step's loss: a batch of single frames, or (``--package frames``) of stacks, their frames' renders
+    averaged (:func:`stack_render`) against the truth."""
+    if args.package == "frames":
+        count = STACK_SIZES[int(torch.randint(len(STACK_SIZES), (1,), generator=gen, device=gen.device))]
+        stacks = data.training_stack_batch(source, args.batch, args.crop, margin, gen, count)
+        view = stacks.raw.cam_to_rgb[:: stacks.frames]
+        return F.l1_loss(srgb_view(stack_render(net, stacks, margin, cuda), view), srgb_view(stacks.target, view))
+    batch = data.training_batch(source, args.batch, args.crop, margin, gen)
+    if cuda:
+        batch.mosaic = batch.mosaic.contiguous(memory_format=torch.channels_last)
+    out = predict(net, batch, margin, autocast=cuda)
+    return F.l1_loss(srgb_view(out, batch.cam_to_rgb), srgb_view(batch.target, batch.cam_to_rgb))
+
+
+def stack_render(net: JDDNet, stacks: data.StackBatch, margin: int, autocast: bool) -> Tensor:
+    """A stack batch's frames rendered (:func:`predict`) and averaged over the square they share: (stacks, 3,
+    S - 1, S - 1), what the merge makes of perfectly aligned frames."""
+    raw = stacks.raw
+    if autocast:
+        raw.mosaic = raw.mosaic.contiguous(memory_format=torch.channels_last)
+    return data.aligned(predict(net, raw, margin, autocast), stacks).mean(dim=1)
+
+
+@torch.no_grad()
+def evaluate_stacks(nets: dict[str, JDDNet], sets: dict[str, data.StackBatch], margin: int
+                    ) -> dict[str, dict[str, float]]:
+    """Mean PSNR (sRGB view) of each net's averaged stack renders per held-out stack set (float32)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, stacks in sets.items():
+        view = stacks.raw.cam_to_rgb[:: stacks.frames]
+        truth = srgb_view(stacks.target, view).clamp(0, 1)
+        out[name] = {}
+        for label, net in nets.items():
+            was_training = net.training
+            net.eval()
+            got = srgb_view(stack_render(net, stacks, margin, autocast=False), view).clamp(0, 1)
+            net.train(was_training)
+            out[name][label] = float(psnr(got, truth).mean())
+    return out
 
 
 def _training_record(args: argparse.Namespace, source: data.TrainingSource, steps: int, train_s: float,
@@ -278,12 +331,14 @@ def _write_packages(net: JDDNet, config: dict[str, Any], args: argparse.Namespac
         smoke_path = Path(args.out) / f"{jdd.ARCHITECTURE}-smoke.strata"
         write_package(smoke_path, jdd_manifest(f"{jdd.ARCHITECTURE}-smoke", ("*",), config, training), weights)
         return [smoke_path]
-    if args.package == "v2":
+    if args.package in ("v2", "frames"):
+        file, version = (V2_PACKAGE, V2_VERSION) if args.package == "v2" else (FRAMES_PACKAGE, FRAMES_VERSION)
         if not beats and not args.ship_anyway:
-            log.warning("the model does not beat classical at every noise level: %s not written", V2_PACKAGE)
+            log.warning("the model does not beat %s: %s not written",
+                        "classical at every noise level" if args.package == "v2" else "--init on the stacks", file)
             return []
-        path = Path(args.out) / V2_PACKAGE
-        write_package(path, jdd_manifest(path.stem, ("*",), config, training, version=args.version or V2_VERSION),
+        path = Path(args.out) / file
+        write_package(path, jdd_manifest(path.stem, ("*",), config, training, version=args.version or version),
                       weights)
         return [path]
     files = list(LEARNED_PACKAGES)
@@ -335,7 +390,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Run one training (or a part of one, with ``--stop-after``); returns the metrics written to the JSON."""
     device = torch.device(args.device)
     config = {"width": args.width, "dilations": [int(d) for d in args.dilations.split(",")]}
-    name = jdd.ARCHITECTURE if args.package == "v1" else Path(V2_PACKAGE).stem
+    name = {"v1": jdd.ARCHITECTURE, "v2": Path(V2_PACKAGE).stem, "frames": Path(FRAMES_PACKAGE).stem}[args.package]
     run = f"{name}-seed{args.seed}" + (f"-{args.recipe}-ft" if args.init else "") + ("-smoke" if args.smoke else "")
     log_dir = Path(args.log_dir or (args.out if args.smoke else "docs/training"))
     _setup_logging(log_dir / f"{run}.log", append=bool(args.resume))
@@ -362,15 +417,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         log.info("stopped after %.1f min at step %d: continue with --resume %s", args.stop_after, steps,
                  args.checkpoint)
         return {"run": run, "steps": steps, "finished": False, "checkpoint": args.checkpoint}
-    others = _shipped_references(args, device)
-    metrics = {p: evaluate(net, config, eval_sets, device, p, others) for p in (["float32", "bfloat16"] if cuda
-                                                                                 else ["float32"])}
-    _log_metrics("held-out", metrics)
-    other_sets = {} if args.smoke else data.held_out_other_source(device)
-    other = {"float32": evaluate(net, config, other_sets, device, "float32", others)} if other_sets else {}
-    _log_metrics("other source (scikit-image)", other)
-    beats = all(v["gain_db"] > 0 for v in metrics["float32"].values())
+    metrics, other, stacks, beats = _final_metrics(net, config, args, device, eval_sets)
     training = _training_record(args, source, steps, train_s, metrics)
+    if stacks:
+        training["held_out_stacks_psnr"] = stacks
     if other:
         training["held_out_other_source_psnr"] = other["float32"]
     timing = time_enhance(net, config, device, 80.0) if cuda else {}
@@ -389,6 +439,41 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _final_metrics(net: JDDNet, config: dict[str, Any], args: argparse.Namespace, device: torch.device,
+                   eval_sets: dict[str, list[data.RawBatch]]) -> tuple[dict, dict, dict, bool]:
+    """The finished run scored: held-out sets (float32, and bfloat16 on CUDA), other-origin sets, stacks (the frames'
+    package), and whether it may ship (beats classical at every level; frames: the --init package on the stacks)."""
+    others = _shipped_references(args, device)
+    metrics = {p: evaluate(net, config, eval_sets, device, p, others) for p in (["float32", "bfloat16"]
+                                                                                 if device.type == "cuda"
+                                                                                 else ["float32"])}
+    _log_metrics("held-out", metrics)
+    other_sets = {} if args.smoke else data.held_out_other_source(device)
+    other = {"float32": evaluate(net, config, other_sets, device, "float32", others)} if other_sets else {}
+    _log_metrics("other source (scikit-image)", other)
+    beats = all(v["gain_db"] > 0 for v in metrics["float32"].values())
+    stacks = _stack_metrics(net, config, args, device) if args.package == "frames" else {}
+    if stacks:
+        beats = "init" not in next(iter(stacks.values())) or all(v["model"] >= v["init"] for v in stacks.values())
+    return metrics, other, stacks, beats
+
+
+def _stack_metrics(net: JDDNet, config: dict[str, Any], args: argparse.Namespace, device: torch.device
+                   ) -> dict[str, dict[str, float]]:
+    """The frames' package scored on held-out stacks (mid noise, 4 and 8 frames) beside the ``--init`` package."""
+    margin = 2 * net.radius
+    sets = data.held_out_stacks(args.photos, device, margin, size=32 if args.smoke else 128,
+                                per_photo=1 if args.smoke else 2)
+    nets = {"model": net}
+    if args.init:
+        nets["init"] = JDDNet(config["width"], config["dilations"]).to(device)
+        _load_init(nets["init"], args.init, config)
+    stacks = evaluate_stacks(nets, sets, margin)
+    for name, v in stacks.items():
+        log.info("held-out stacks %-9s %s", name, "  ".join(f"{k} {x:.2f} dB" for k, x in v.items()))
+    return stacks
+
+
 def _load_init(net: JDDNet, package: str, config: dict[str, Any]) -> None:
     """Copy a package's weights into ``net`` (``--init``): the start of a fine-tuning run."""
     from services.pipeline.models.package import read_package
@@ -402,7 +487,7 @@ def _load_init(net: JDDNet, package: str, config: dict[str, Any]) -> None:
 
 def _shipped_references(args: argparse.Namespace, device: torch.device) -> dict[str, Enhancer]:
     """The shipped v1 package (and the --init package), scored beside a v2 run on the same sets."""
-    if args.package != "v2" or args.smoke:
+    if args.package == "v1" or args.smoke:
         return {}
     from services.pipeline.models import load_package
 

@@ -88,7 +88,7 @@ def _warm_up_stacks(device: str) -> None:
 
     from services.pipeline.models.registry import default_package, package_ref
     from services.pipeline.shot import shot_render_params
-    from services.pipeline.stack import merge_frame_group, render_stack_strip
+    from services.pipeline.stack import merge_frame_group, render_stack_strip, stack_params
     from services.raw.colour import CameraProfile
     from services.raw.meta import RawMeta
 
@@ -97,7 +97,8 @@ def _warm_up_stacks(device: str) -> None:
     meta = RawMeta(width=64, height=64, cfa="RGGB", black_levels=(0.0,) * 4, white_level=65535.0,
                    profile=CameraProfile(np.eye(3)), as_shot_neutral=None, make="", model="IQ2_XS",
                    noise_profile=None)
-    params = shot_render_params(meta, frames[0], camera="IQ2_XS", model=package_ref(default_package("IQ2_XS")))
+    params = stack_params(shot_render_params(meta, frames[0], camera="IQ2_XS",
+                                             model=package_ref(default_package("IQ2_XS"))), len(frames))
     group = merge_frame_group((frames[0], meta), [(f, meta) for f in frames], device, stack_size=3, positions=[0, 1, 2],
                              params=params)
     render_stack_strip([group], 0, 64, params, device, pixel_shift=False)

@@ -37,6 +37,7 @@ from services.pipeline.stack import (
     pixel_shift_offsets,
     render_rgb,
     stack_noise_factors,
+    stack_params,
 )
 from services.raw.colour import srgb_decode, srgb_to_xyz_matrix
 from services.raw.decode import decode_raw
@@ -167,7 +168,7 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     frames = [_decoded(path, folder / f"raw_{i:02d}.npy") for i, path in enumerate(shot.files)]
     timings["decode"] = time.perf_counter() - t0
     truth = tifffile.imread(shot.ground_truth)
-    params = replace(shot_render_params(frames[0][1], frames[0][0]), frames=len(frames),
+    params = replace(stack_params(shot_render_params(frames[0][1], frames[0][0]), len(frames)),
                      raw_merge=raw_merge and not case.pixel_shift)
 
     t0 = time.perf_counter()

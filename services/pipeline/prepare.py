@@ -14,7 +14,7 @@ from services.errors import BadRawFile, FramesMismatch, UnsupportedSensor
 from services.pipeline.preview import MosaicBinner
 from services.pipeline.render import RenderParams
 from services.pipeline.shot import shot_render_params
-from services.pipeline.stack import frame_shifts, pixel_shift_offsets
+from services.pipeline.stack import frame_shifts, pixel_shift_offsets, stack_params
 from services.raw.decode import decode_raw
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
@@ -85,8 +85,8 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     try:
         params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
                                             extra_spaces=extra_spaces, tier=model_tier), frames=len(metas))
-        if len(metas) > 1:  # a stack's frames are averaged across orientations already (ops.merge)
-            params = replace(params, orientations=1)
+        if len(metas) > 1:  # one orientation, the frames' package (stack.stack_params)
+            params = stack_params(params, len(metas))
     except ValueError as exc:  # the file's levels or colour tags are unusable (white under black, zero gains ...)
         raise BadRawFile(f"implausible RAW metadata: {exc}") from exc
     offsets = None

@@ -100,6 +100,8 @@ class RenderParams:
     # The model's self-ensemble (Enhancer.enhance): 1, or 2 / 4 / 8 orientations averaged (the `max` tier) for
     # single frames; stacks' frames are averaged across orientations already and render with 1
     orientations: int = 1
+    # The package a stack's frames' model pass uses ("": ``model``); chosen once per shot (models.frames_package)
+    frames_model: str = ""
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -140,7 +142,7 @@ class RenderParams:
         """Inverse of :meth:`to_dict`; the optional keys may be missing (older rows)."""
         optional: dict[str, Any] = {k: type(getattr(cls, k))(d[k])
                                     for k in ("sharpen_amount", "transfer", "camera", "model", "frames", "layout",
-                                              "raw_merge", "orientations")
+                                              "raw_merge", "orientations", "frames_model")
                                     if k in d}
         return cls(
             cfa=str(d["cfa"]),

@@ -32,6 +32,7 @@ import torch
 from services.config import get_settings
 from services.pipeline.models import load_enhancer
 from services.pipeline.models.classical import DEMOSAIC_NOISE_FACTORS
+from services.pipeline.models.registry import frames_package
 from services.pipeline.ops import (
     cfa_masks,
     denoise_lee,
@@ -84,7 +85,8 @@ def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.T
 def merge_params(params: RenderParams, device: str | torch.device | None = None, stack_size: int = 1) -> MergeParams:
     """The merge parameters implied by the shot's shared render parameters.
 
-    With a ``device``, each frame is demosaiced and denoised by the shot's model package, told
+    With a ``device``, each frame is demosaiced and denoised by the shot's frames' package (``frames_model``, see
+    :func:`stack_params`; else its model package), told
     :data:`MERGE_NOISE_FACTOR` times the noise the whole stack of ``stack_size`` frames will have (per-sample
     noise / ``stack_size``), at most :data:`MERGE_NOISE_CAP` of a frame's own: it removes about what averaging
     would leave and keeps the detail; averaging then takes the rest down, and a light filter after fusion
@@ -98,7 +100,7 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
         dev = torch.device(device)
         wanted = get_settings().merge_precision  # STRATA_MERGE_PRECISION, on GPUs; the CPU computes as the strips
         precision = wanted if dev.type == "cuda" else None
-        enhancer = load_enhancer(params.camera, dev, package=params.model, precision=precision)
+        enhancer = load_enhancer(params.camera, dev, package=params.frames_model or params.model, precision=precision)
         # 1: a frame at its own noise (pixel shift)
         told = min(MERGE_NOISE_FACTOR / stack_size, MERGE_NOISE_CAP) if stack_size > 1 else 1.0
         shot = tuple(g * params.noise_shot * told for g in params.gains)
@@ -109,6 +111,13 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
 
     return MergeParams(cfa=params.cfa, gains=params.gains, shot=params.noise_shot, read=params.noise_read,
                        demosaic=demosaic)
+
+
+def stack_params(params: RenderParams, frames: int) -> RenderParams:
+    """A shot's render parameters for a stack of ``frames``: its size, one orientation (the frames are averaged
+    across orientations already, :mod:`services.pipeline.ops.merge`) and the package its frames' model pass uses
+    (:func:`~services.pipeline.models.registry.frames_package`, decided here once for every group)."""
+    return replace(params, frames=frames, orientations=1, frames_model=frames_package(params.model))
 
 
 def _centre(raw: np.ndarray, size: int) -> np.ndarray:
@@ -521,6 +530,7 @@ __all__ = [
     "render_fused_spaces",
     "render_rgb",
     "render_stack_strip",
+    "stack_params",
     "render_stack_strip_spaces",
     "stack_noise_factors",
 ]

@@ -231,3 +231,28 @@ def test_package_manifest_gives_the_halo_without_building() -> None:
 def test_package_ref_is_portable_for_shipped_packages(tmp_path: Path) -> None:
     assert registry.package_ref(registry.default_package("IQ3_S")) == registry.default_package("IQ3_S").name
     assert registry.package_ref(tmp_path / "x.strata") == str(tmp_path / "x.strata")
+
+
+def test_stack_frames_take_the_best_packages_shipped_companion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import services.config
+
+    frames = registry.FRAMES_PACKAGES[registry.BEST_PACKAGE]
+    shipped = read_package(registry.PACKAGES_DIR / frames).manifest
+    best = read_package(registry.PACKAGES_DIR / registry.BEST_PACKAGE).manifest
+    assert not shipped.is_smoke and shipped.architecture == best.architecture and shipped.config == best.config
+    assert shipped.receptive_field == best.receptive_field  # the merge's margins hold for either
+    monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(stack_frames_package="auto"))
+    assert registry.frames_package(registry.BEST_PACKAGE) == frames
+    assert registry.frames_package("strata_jdd_v1.strata") == "strata_jdd_v1.strata"  # no companion: itself
+    own = _write_jdd(tmp_path / registry.BEST_PACKAGE)  # a package of that name that is not the shipped one
+    assert registry.frames_package(str(own)) == str(own)
+    monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(stack_frames_package="same"))
+    assert registry.frames_package(registry.BEST_PACKAGE) == registry.BEST_PACKAGE
+    monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(stack_frames_package=str(own)))
+    assert registry.frames_package(registry.BEST_PACKAGE) == str(own)
+    monkeypatch.setattr(services.config, "get_settings",
+                        lambda: SimpleNamespace(stack_frames_package="strata_jdd_v1"))
+    assert registry.frames_package(registry.BEST_PACKAGE) == "strata_jdd_v1.strata"  # a shipped name, as recorded
+    monkeypatch.setattr(registry, "PACKAGES_DIR", tmp_path)  # the companion not shipped: the shot's own package
+    monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(stack_frames_package="auto"))
+    assert registry.frames_package(str(own)) == str(own)

@@ -134,3 +134,32 @@ def test_init_fine_tunes_from_a_package_and_refuses_another_config(tmp_path: Pat
     with pytest.raises(SystemExit, match="does not match"):
         main(["--package", "v2", "--smoke", "--steps", "2", "--init", "strata_jdd_v2.strata", "--photos",
               str(photos), "--out", str(tmp_path / "x")])
+
+
+def test_stack_frames_share_one_square_of_the_scene() -> None:
+    gen = torch.Generator().manual_seed(3)
+    scenes = data.dead_leaves(900_123, 41)[None].float().repeat(2, 1, 1, 1) / 255.0  # (2, 3, 41, 41): L = 40
+    ones = torch.ones(2)
+    stacks = data.stack_of(scenes, 4, 4, gen, shot=ones * 1e-3, read=ones * 1e-5, exposure=ones,
+                           gains=torch.tensor([[2.0, 1.0, 1.5]] * 2), mix=torch.ones(2, len(data.XYZ_TO_CAMS)),
+                           report_jitter=False)
+    assert stacks.raw.mosaic.shape == (8, 1, 40, 40) and stacks.target.shape == (2, 3, 31, 31)
+    assert sorted(stacks.offsets) == sorted(data.STACK_OFFSETS) and stacks.offsets[0] == (0, 0)
+    targets = data.aligned(stacks.raw.target, stacks)  # every frame's clean target over the shared square
+    assert torch.equal(targets, targets[:, :1].expand_as(targets))
+    assert not torch.equal(stacks.raw.mosaic[0], stacks.raw.mosaic[1])  # moved, and its own noise
+    told = data.stack_told(4)
+    assert told == 0.25 and torch.allclose(stacks.raw.shot[:4], torch.tensor([2.0, 1.0, 1.5]) * 1e-3 * told)
+
+
+def test_the_frames_package_trains_on_stacks_and_is_scored_on_them(tmp_path: Path, photos: Path) -> None:
+    first = tmp_path / "init"
+    main(["--package", "frames", "--smoke", "--steps", "2", "--photos", str(photos), "--out", str(first)])
+    start = first / "strata_jdd_v1-smoke.strata"
+    out = tmp_path / "ft"
+    main(["--package", "frames", "--smoke", "--steps", "2", "--init", str(start), "--lr", "0", "--photos",
+          str(photos), "--out", str(out)])
+    stacks = json.loads((out / "strata_jdd_v2_frames-seed0-v2-ft-smoke.json").read_text())["held_out_stacks_psnr"]
+    assert sorted(stacks) == ["4 frames", "8 frames"]
+    for v in stacks.values():  # at lr 0 the model is its init, scored on the same stacks
+        assert v["model"] == v["init"] and v["model"] > 10.0

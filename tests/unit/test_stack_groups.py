@@ -315,3 +315,19 @@ def test_a_reader_waits_for_a_group_stored_in_the_background_and_gives_up_on_a_d
             load_accumulator(storage, "j", "g1.npy")
     finally:
         resident.PENDING_WAIT_S = saved
+
+
+def test_stack_frames_render_with_the_shots_frames_package(stack: list[Frame]) -> None:
+    from services.pipeline.models.registry import frames_package
+    from services.pipeline.render import RenderParams
+    from services.pipeline.stack import stack_params
+
+    params = stack_params(shot_render_params(stack[0][1], stack[0][0]), 4)
+    assert params.frames == 4 and params.orientations == 1 and params.frames_model == frames_package(params.model)
+    assert params.frames_model != params.model  # the best package's companion (models.registry.FRAMES_PACKAGES)
+    assert RenderParams.from_dict(params.to_dict()) == params  # travels to every group with the shot
+    merged = _fused(stack[:2], 1, params=params)
+    np.testing.assert_array_equal(_fused(stack[:2], 1, params=replace(params, model="classical_v1.strata")), merged)
+    own = _fused(stack[:2], 1, params=replace(params, frames_model=""))  # "": the shot's package
+    assert not np.array_equal(own, merged)
+    np.testing.assert_array_equal(_fused(stack[:2], 1, params=replace(params, frames_model=params.model)), own)

@@ -33,6 +33,11 @@ TIERS = ("best", "fast", "max")
 # without noise +0.36 dB with 2 and +0.63 dB with 4 on five photographs (+0.88 with 4 on ten), at 2x / 4x the
 # model's GPU time (docs/QUALITY.md)
 MAX_ORIENTATIONS = 4
+# The package a stack's frames' model pass uses when the shot renders with the key (everything after the merge uses
+# the shot's own package): strata_jdd_v2 2.1.0 was fine-tuned on single frames at their own noise, and in a stack
+# its frames are told a quarter of theirs, where 2.0.0's weights render them better (+0.01..+0.23 dB on the stack
+# benchmark's photographs, docs/QUALITY.md). The setting ``stack_frames_package`` overrides it.
+FRAMES_PACKAGES: dict[str, str] = {BEST_PACKAGE: "strata_jdd_v2_frames.strata"}
 
 _cache: dict[tuple[str, str, str | None], Enhancer] = {}
 _manifests: dict[str, Manifest] = {}
@@ -110,6 +115,23 @@ def tier_orientations(tier: str | None) -> int:
     return int(_setting("max_orientations") or MAX_ORIENTATIONS)
 
 
+def frames_package(package: str) -> str:
+    """The package (a ref, as :func:`package_ref` records it) a stack's frames' model pass uses when the shot
+    renders with ``package``: the setting ``stack_frames_package`` ("same": ``package`` itself; a name or path),
+    else ("auto") the shipped companion in :data:`FRAMES_PACKAGES`, else ``package``. Chosen once per shot (every
+    frame group must use the same package for the groups' sums to fuse exactly)."""
+    wanted = _setting("stack_frames_package") or "auto"
+    if wanted == "same":
+        return package
+    if wanted != "auto":
+        return package_ref(resolve_package(wanted))
+    path = resolve_package(package)
+    companion = FRAMES_PACKAGES.get(path.name) if path.parent == PACKAGES_DIR else None
+    if companion is None or _shipped_learned(companion, "a stack") is None:
+        return package
+    return companion
+
+
 def package_manifest(package: str | Path) -> Manifest:
     """The verified manifest of a package (path or shipped name), read once per process: what a coordinator
     needs to plan strip halos without building the network."""
@@ -169,6 +191,6 @@ def clear_cache() -> None:
         _manifests.clear()
 
 
-__all__ = ["BEST_PACKAGE", "CLASSICAL_PACKAGE", "LEARNED_DEFAULTS", "PACKAGES_DIR", "TIERS", "clear_cache",
-           "compute_precision", "default_package", "load_enhancer", "package_manifest", "package_ref",
-           "resolve_package"]
+__all__ = ["BEST_PACKAGE", "CLASSICAL_PACKAGE", "FRAMES_PACKAGES", "LEARNED_DEFAULTS", "PACKAGES_DIR", "TIERS",
+           "clear_cache", "compute_precision", "default_package", "frames_package", "load_enhancer", "package_manifest",
+           "package_ref", "resolve_package"]
