@@ -32,7 +32,7 @@ import torch
 from services.config import get_settings
 from services.pipeline.models import load_enhancer
 from services.pipeline.models.classical import DEMOSAIC_NOISE_FACTORS
-from services.pipeline.models.registry import frames_package
+from services.pipeline.models.registry import frames_package, package_manifest
 from services.pipeline.ops import (
     cfa_masks,
     denoise_lee,
@@ -116,8 +116,11 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
 def stack_params(params: RenderParams, frames: int) -> RenderParams:
     """A shot's render parameters for a stack of ``frames``: its size, one orientation (the frames are averaged
     across orientations already, :mod:`services.pipeline.ops.merge`) and the package its frames' model pass uses
-    (:func:`~services.pipeline.models.registry.frames_package`, decided here once for every group)."""
-    return replace(params, frames=frames, orientations=1, frames_model=frames_package(params.model))
+    (:func:`~services.pipeline.models.registry.frames_package`, decided here once for every group; a package that
+    cannot be read fails here, at ingest, as the shot's own would: ``ModelPackageError``)."""
+    chosen = frames_package(params.model)
+    package_manifest(chosen)
+    return replace(params, frames=frames, orientations=1, frames_model=chosen)
 
 
 def _centre(raw: np.ndarray, size: int) -> np.ndarray:

@@ -331,3 +331,15 @@ def test_stack_frames_render_with_the_shots_frames_package(stack: list[Frame]) -
     own = _fused(stack[:2], 1, params=replace(params, frames_model=""))  # "": the shot's package
     assert not np.array_equal(own, merged)
     np.testing.assert_array_equal(_fused(stack[:2], 1, params=replace(params, frames_model=params.model)), own)
+
+
+def test_a_frames_package_that_cannot_be_read_fails_at_ingest(stack: list[Frame],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import services.pipeline.models.registry as registry
+    from services.pipeline.models import ModelPackageError
+    from services.pipeline.stack import stack_params
+
+    params = shot_render_params(stack[0][1], stack[0][0])
+    monkeypatch.setattr(registry, "_setting", lambda name: "no-such-package" if "frames" in name else None)
+    with pytest.raises(ModelPackageError, match="no-such-package"):
+        stack_params(params, 4)
