@@ -501,14 +501,7 @@ def held_out_stacks(photos: str | Path, device: torch.device, margin: int, size:
     :class:`StackBatch` per stack size, named ``"<frames> frames"``."""
     rng = np.random.default_rng(24680)
     length = size + 2 * margin + 1
-    crops: list[Tensor] = []
-    for im in load_photos(photos, held_out=True, device=device):
-        if min(im.shape[-2:]) < length:
-            continue
-        for _ in range(per_photo):
-            y = int(rng.integers(im.shape[-2] - length + 1))
-            x = int(rng.integers(im.shape[-1] - length + 1))
-            crops.append(im[:, y : y + length, x : x + length])
+    crops = _random_crops(load_photos(photos, held_out=True, device=device), rng, length, per_photo)
     if not crops:
         return {}
     srgb = torch.stack(crops).float() / 255.0
@@ -550,15 +543,21 @@ def held_out_other_source(device: torch.device, size: int = 192, per_image: int 
     """Evaluation sets like :func:`held_out_batches` from scikit-image's photographs, a source of another origin
     than the training photographs (held out by recipe v2; v1 trained on them); empty without scikit-image."""
     rng = np.random.default_rng(54321)
+    crops = _random_crops(skimage_images(device), rng, size, per_image)
+    return _level_sets(crops, rng, device) if len(crops) >= 4 else {}
+
+
+def _random_crops(images: list[Tensor], rng: np.random.Generator, size: int, per_image: int) -> list[Tensor]:
+    """``per_image`` random ``size`` x ``size`` crops of each image at least that large (positions from ``rng``)."""
     crops: list[Tensor] = []
-    for im in skimage_images(device):
+    for im in images:
         if min(im.shape[-2:]) < size:
             continue
         for _ in range(per_image):
             y = int(rng.integers(im.shape[-2] - size + 1))
             x = int(rng.integers(im.shape[-1] - size + 1))
             crops.append(im[:, y : y + size, x : x + size])
-    return _level_sets(crops, rng, device) if len(crops) >= 4 else {}
+    return crops
 
 
 def _level_sets(crops: list[Tensor], rng: np.random.Generator, device: torch.device) -> dict[str, list[RawBatch]]:

@@ -208,7 +208,7 @@
     try {
       const job = await json("/v1/jobs/" + encodeURIComponent(id));
       $("job-name").textContent = shotName(job);
-      $("job-summary").textContent = job.status + " · " + job.stage + " · " + Math.round(job.progress * 100) + "% · station " + job.station +
+      $("job-summary").textContent = job.status + (job.stage && job.stage !== job.status ? " · " + job.stage : "") + " · " + Math.round(job.progress * 100) + "% · station " + job.station +
         " · elapsed " + fmtDuration(elapsed(job)) + (eta(job) ? " · ETA " + fmtDuration(eta(job)) : "");
       $("job-error").hidden = !job.error; $("job-error").textContent = plainError(job.error);
       $("downloads").replaceChildren(...(job.files_removed_at ? [el("li", "Files removed " + new Date(job.files_removed_at).toLocaleString() + " (retention, or a removal through the API).", "muted")]
