@@ -154,8 +154,16 @@ def test_both_hosts_take_shards_through_the_bucket(hosts: Hosts, shots: dict[str
     gpu_shards = [s for s in job["shards"] if s["kind"] in ("strip", "frame_group")]
     assert {s["worker"].split("@")[1] for s in gpu_shards} == {"hosta", "hostb"}, gpu_shards
     _download(hosts, job)
-    keys = _bucket_keys(hosts, job["id"])  # uploads and the output stay; intermediates went at the job's end
-    assert [k for k in keys if not k.startswith(("frames/", "out/", "preview"))] == [] and "out/frame_00.tif" in keys
+    # uploads and the output stay; the intermediates go just after the job is marked done (the finalize commits
+    # "done" first, then writes the final preview and removes them), so wait for that
+    deadline = time.monotonic() + 60
+    while True:
+        keys = _bucket_keys(hosts, job["id"])
+        left = [k for k in keys if not k.startswith(("frames/", "out/", "preview"))]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == [] and "out/frame_00.tif" in keys
     assert not (hosts.root / "api" / "storage").exists()  # nothing on the API host's disk but its scratch...
     assert list((hosts.root / "api" / "scratch" / "obj").glob("*/*")) == []  # ...which the probe never filled
 
