@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from services.pipeline.ops import SRGB_TO_XYZ_D65, cfa_masks, srgb_decode
+from services.pipeline.ops.merge import frame_noise_share
 
 HELD_OUT_PHOTOS: tuple[str, ...] = tuple(f"{i:03d}.png" for i in range(33, 41))
 DEAD_LEAVES_HELD_OUT_SEEDS = range(900_000, 900_016)
@@ -440,9 +441,7 @@ class StackBatch:
 
 def stack_told(frames: int) -> float:
     """The share of its noise a frame of a stack of ``frames`` is told by the merge (services.pipeline.stack)."""
-    from services.pipeline.stack import MERGE_NOISE_CAP, MERGE_NOISE_FACTOR
-
-    return min(MERGE_NOISE_FACTOR / frames, MERGE_NOISE_CAP) if frames > 1 else 1.0
+    return frame_noise_share(frames)
 
 
 def aligned(out: Tensor, batch: StackBatch) -> Tensor:

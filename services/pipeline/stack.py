@@ -45,8 +45,11 @@ from services.pipeline.ops.filters import box_mean
 from services.pipeline.ops.levels import normalize_levels
 from services.pipeline.ops.merge import (
     FIXED_POINT_BITS,
+    MERGE_NOISE_CAP,
+    MERGE_NOISE_FACTOR,
     MergeParams,
     accumulate_frames,
+    frame_noise_share,
     pixel_shift_accumulate,
     prepare_reference,
 )
@@ -68,11 +71,6 @@ from services.raw.meta import RawMeta
 Frame = tuple[np.ndarray, RawMeta]
 _PIXEL_SHIFT_TOLERANCE = 0.25  # px: how far measured shifts may be from whole pixels
 SHIFT_WINDOW = 1024  # px: the central square the global shifts are measured on (a whole-pixel pattern test)
-# Each frame's model pass is told this many times the stack's noise (per-sample noise / frames), at most
-# MERGE_NOISE_CAP of a frame's own; chosen by sweeps on the stack benchmark (docs/QUALITY.md): with the best package
-# 2.1.0 a quarter of the frame's noise was best for 4 and for 8 frames.
-MERGE_NOISE_FACTOR = 2.0
-MERGE_NOISE_CAP = 0.25
 
 
 def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.Tensor:
@@ -102,7 +100,7 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
         precision = wanted if dev.type == "cuda" else None
         enhancer = load_enhancer(params.camera, dev, package=params.frames_model or params.model, precision=precision)
         # 1: a frame at its own noise (pixel shift)
-        told = min(MERGE_NOISE_FACTOR / stack_size, MERGE_NOISE_CAP) if stack_size > 1 else 1.0
+        told = frame_noise_share(stack_size)
         shot = tuple(g * params.noise_shot * told for g in params.gains)
         read = tuple(g * g * params.noise_read * told for g in params.gains)
 

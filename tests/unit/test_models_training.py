@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,17 @@ def test_the_frames_package_trains_on_stacks_and_is_scored_on_them(tmp_path: Pat
     assert sorted(stacks) == ["4 frames", "8 frames"]
     for v in stacks.values():  # at lr 0 the model is its init, scored on the same stacks
         assert v["model"] == v["init"] and v["model"] > 10.0
+
+
+def test_training_runs_without_the_service_dependencies(tmp_path: Path, photos: Path) -> None:
+    # The GPU machine that trains has torch and scikit-image, not the service's pydantic: a stack smoke run there
+    # once died importing services.config. Block pydantic in a fresh interpreter and run one.
+    script = ("import runpy, sys\n"
+              "sys.modules['pydantic'] = None\nsys.modules['pydantic_settings'] = None\n"
+              "sys.argv = ['training.train', *sys.argv[1:]]\n"
+              "runpy.run_module('training.train', run_name='__main__')\n")
+    args = ["--package", "frames", "--smoke", "--steps", "1", "--photos", str(photos), "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "strata_jdd_v1-smoke.strata").is_file()

@@ -95,6 +95,18 @@ def shift_mosaic(frame: Tensor, dy: float, dx: float, cfa: str) -> tuple[Tensor,
 # What the merge itself makes two static frames differ by, as a share of the reference's local standard deviation
 # (each frame's demosaic errs differently at its CFA phase and orientation, warps and alignment err with the
 # gradient): the motion test tolerates it on top of the sensor noise (see motion_weights).
+# Each frame's model pass in a stack is told this many times the stack's noise (per-sample noise / frames), at most
+# MERGE_NOISE_CAP of a frame's own; chosen by sweeps on the stack benchmark (docs/QUALITY.md): with the best package
+# 2.1.0 a quarter of the frame's noise was best for 4 and for 8 frames. Kept here (torch only) so training can use it.
+MERGE_NOISE_FACTOR = 2.0
+MERGE_NOISE_CAP = 0.25
+
+
+def frame_noise_share(stack_size: int) -> float:
+    """The share of its own noise a frame of a ``stack_size``-frame stack is told (1: a frame alone or pixel shift)."""
+    return min(MERGE_NOISE_FACTOR / stack_size, MERGE_NOISE_CAP) if stack_size > 1 else 1.0
+
+
 MODEL_ERROR = 0.1
 
 
