@@ -34,9 +34,10 @@ TIERS = ("best", "fast", "max")
 # model's GPU time (docs/QUALITY.md)
 MAX_ORIENTATIONS = 4
 # The package a stack's frames' model pass uses when the shot renders with the key (everything after the merge uses
-# the shot's own package): strata_jdd_v2 2.1.0 was fine-tuned on single frames at their own noise, and in a stack
-# its frames are told a quarter of theirs, where 2.0.0's weights render them better (+0.01..+0.23 dB on the stack
-# benchmark's photographs, docs/QUALITY.md). The setting ``stack_frames_package`` overrides it.
+# the shot's own package): strata_jdd_v2_frames 2.2.0 is 2.0.0's weights trained on the stack's own objective (the
+# average of N frames' renders, each told a quarter of its noise, against the truth; training.train --package
+# frames), +0.09..+0.51 dB over 2.0.0's weights on the stack benchmark's photographs at mid noise (docs/QUALITY.md).
+# The setting ``stack_frames_package`` overrides it.
 FRAMES_PACKAGES: dict[str, str] = {BEST_PACKAGE: "strata_jdd_v2_frames.strata"}
 
 _cache: dict[tuple[str, str, str | None], Enhancer] = {}
