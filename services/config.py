@@ -146,17 +146,23 @@ class Settings(BaseSettings):
     model_iq2_xs: str | None = Field(default=None, description="Package for IQ2_XS (STRATA_MODEL_IQ2_XS).")
     model_tier: Literal["best", "fast", "max"] = Field(
         default="best", description="Learned package when neither the camera's setting nor a recipe names one: best "
-        "(strata_jdd_v2), fast (strata_jdd_v1: 0.02 s less GPU per 80 MP frame, 0.3-0.7 dB lower PSNR) or max "
+        "(strata_jdd_v2; a clean single frame averaged over two orientations), fast (strata_jdd_v1: 0.02 s less GPU "
+        "per 80 MP frame, 0.3-0.7 dB lower PSNR) or max "
         "(strata_jdd_v2 averaged over 4 orientations on single frames: 4x its GPU time, about +0.9 dB without "
         "noise). A recipe's `model` overrides it per job.")
     max_orientations: Literal[2, 4, 8] = Field(
-        default=4, description="Orientations the `max` tier averages on single frames: 4 (+0.88 dB over `best` "
-        "without noise, +0.26-0.45 with it; about 4x its GPU time) or 2 (identity and 180 degrees: +0.52 / "
-        "+0.18-0.27 dB for 2x; at scale 0.1 the noise-free shots score LibRaw AHD + 5.2 dB: docs/QUALITY.md) or 8.")
+        default=4, description="Orientations the `max` tier averages on single frames: 4 (+0.88 dB over one pass "
+        "without noise, +0.26-0.45 with it; about 4x its GPU time) or 2 (identity and a quarter turn: +0.57 / "
+        "+0.25 dB without / at low noise for 2x, what `best` does on clean shots: docs/QUALITY.md) or 8.")
+    clean_orientations: Literal[1, 2, 4] = Field(
+        default=2, description="Orientations the `best` tier averages on a clean single frame (signal-to-noise at "
+        "18 % grey >= 24 dB: base ISO to about ISO 1600): 2 (+0.5 dB without noise, +0.2 at low noise, about 0.09 s "
+        "more GPU per 80 MP frame; docs/QUALITY.md), 1 (off) or 4. Noisier shots render once.")
     stack_frames_package: str = Field(
         default="auto", description="The package a stack's frames' model pass uses: auto (the shot package's "
-        "shipped companion: strata_jdd_v2_frames, 2.0.0's weights, for strata_jdd_v2; +0.01..+0.23 dB on the stack "
-        "benchmark's photographs), same (the shot's package) or a package name or path. Chosen once per shot.")
+        "shipped companion: strata_jdd_v2_frames 2.2.0, trained on stacks, for strata_jdd_v2; +0.1..+0.5 dB over "
+        "strata_jdd_v2 on the stack benchmark's photographs at mid noise), same (the shot's package) or a package "
+        "name or path. Chosen once per shot.")
     model_tf32: bool = Field(default=True, description="TF32 tensor cores for model convolutions on GPUs.")
     model_precision: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="The model pass's numerics: float32 | bfloat16 | float16; default float16 on GPUs "

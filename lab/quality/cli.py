@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="torch device for the Strata path (default cuda if present)")
     ap.add_argument("--methods", default=None,
                     help="comma list of packages (name or path; NAME@N renders it as a self-ensemble of N "
-                         "orientations: the max tier is strata_jdd_v2.strata@4) and LibRaw methods "
+                         "orientations: the max tier is strata_jdd_v2.strata@4; NAME@auto as the best tier picks, two "
+                         "orientations on a clean shot) and LibRaw methods "
                          f"({', '.join(LIBRAW_METHODS)}); default: all")
     ap.add_argument("--limit", type=int, default=None, help="at most N shots per level")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")

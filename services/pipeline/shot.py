@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from services.pipeline.models.architectures import post_sharpen
-from services.pipeline.models.registry import default_package, package_manifest, package_ref, tier_orientations
+from services.pipeline.models.registry import default_package, package_manifest, package_ref, snr_db, tier_orientations
 from services.pipeline.render import LINEAR_SHARPEN, RenderParams, SpaceColour
 from services.raw.colour import cfa_planes, render_colour, white_balance_neutral
 from services.raw.meta import RawMeta
@@ -43,13 +43,14 @@ def shot_render_params(meta: RawMeta, mosaic: np.ndarray, space: str = "srgb", c
     Colour follows the DNG specification (services/raw/colour.py): white balance from AsShotNeutral (or
     AsShotWhiteXY, or a grey-world estimate when the file has neither), camera to XYZ D50 to ``space``.
     The model package is chosen here, once, so every shard of the shot renders with the same one: ``model``, else
-    the camera's default of ``tier`` (best | fast | max; None: the setting; ``max`` also sets the self-ensemble).
+    the camera's default of ``tier`` (best | fast | max; None: the setting; ``max``, and ``best`` on a clean shot, also
+    set the self-ensemble: :func:`~services.pipeline.models.registry.tier_orientations`).
     ``extra_spaces``: further output spaces the shards also produce (each its matrix and transfer, computed
     here once; the white and so the gains do not depend on the space).
     """
     shot, read = estimate_noise(meta, mosaic)
     package = model or package_ref(default_package(camera, tier))
-    orientations = 1 if meta.is_linear or model else tier_orientations(tier)
+    orientations = 1 if meta.is_linear or model else tier_orientations(tier, package, snr_db(shot, read))
     neutral = white_balance_neutral(meta, mosaic)
     colour = render_colour(meta, space, neutral=neutral)
     extras = []

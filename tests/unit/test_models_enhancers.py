@@ -194,9 +194,9 @@ def test_best_package_strips_stitch_to_whole(cfa: str) -> None:
 
 
 def test_an_ensemble_is_the_mean_of_the_turned_renders_and_its_strips_stitch() -> None:
-    """The `max` tier's self-ensemble: the mean of the renders of the mosaic turned to the first N orientations
-    (each with the pattern it then has, odd sizes too), turned back; strips with the package's halo still stitch
-    to the whole frame."""
+    """The `max` tier's self-ensemble: the mean of the renders of the mosaic turned to the first N orientations of
+    ENSEMBLE_ORDER (each with the pattern it then has, odd sizes too), turned back; strips with the package's halo
+    still stitch to the whole frame."""
     from services.pipeline.ops.cfa import orient, oriented_cfa, unorient
 
     enh = _shipped_best()
@@ -206,6 +206,8 @@ def test_an_ensemble_is_the_mean_of_the_turned_renders_and_its_strips_stitch() -
     turned = [unorient(enh.enhance(orient(x, k).contiguous(), oriented_cfa("GBRG", k, height, width), SHOT, READ), k)
               for k in range(4)]
     assert torch.allclose(whole, sum(turned) / 4, atol=1e-6)
+    pair = enh.enhance(x, "GBRG", SHOT, READ, orientations=2)  # identity and a quarter turn (ENSEMBLE_ORDER)
+    assert torch.allclose(pair, (turned[0] + turned[2]) / 2, atol=1e-6)
     assert (whole - turned[0]).abs().max().item() > 1e-4  # not the plain render
     halo = enh.receptive_field + enh.receptive_field % 2
     cuts = [0, 40, 43, height]

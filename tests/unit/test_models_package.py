@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import zipfile
 from pathlib import Path
@@ -182,6 +183,28 @@ def test_best_tier_takes_the_v2_package_and_fast_the_cameras_own(tmp_path: Path,
     assert registry.tier_orientations("max") == 2 and registry.tier_orientations(None) == 1  # STRATA_MAX_ORIENTATIONS
     with pytest.raises(ValueError, match="model tier"):
         registry.default_package("IQ3_S", "huge")
+
+
+def test_best_tier_turns_a_clean_shot_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`best` averages two orientations of the best package on a clean shot (SNR at 18 % grey >= 24 dB), one on a
+    noisier shot, another package or a stack's explicit model; STRATA_CLEAN_ORIENTATIONS sets the count."""
+    import services.config
+
+    monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(model_tier="best"))
+    best = registry.BEST_PACKAGE
+    low, mid = registry.snr_db(2e-4, 2.9e-8), registry.snr_db(2e-3, 4.3e-6)  # the benchmark's low and mid levels
+    assert registry.snr_db(0.0, 0.0) == math.inf and low == pytest.approx(29.5, abs=0.1)
+    assert mid == pytest.approx(19.5, abs=0.1)
+    assert registry.tier_orientations("best", best, registry.snr_db(0.0, 0.0)) == registry.CLEAN_ORIENTATIONS == 2
+    assert registry.tier_orientations(None, best, low) == 2
+    assert registry.tier_orientations("best", best, mid) == 1
+    assert registry.tier_orientations("best", "iq3s_denoise_v2.strata", low) == 1  # another package: once
+    assert registry.tier_orientations("best", best) == 1  # noise unknown
+    assert registry.tier_orientations("fast", best, low) == 1
+    assert registry.tier_orientations("max", best, mid) == registry.MAX_ORIENTATIONS
+    monkeypatch.setattr(services.config, "get_settings",
+                        lambda: SimpleNamespace(model_tier="best", clean_orientations=1))
+    assert registry.tier_orientations("best", best, low) == 1  # STRATA_CLEAN_ORIENTATIONS=1: off
 
 
 def test_setting_names_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

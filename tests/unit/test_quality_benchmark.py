@@ -111,3 +111,25 @@ def test_tiny_benchmark_run_writes_json_and_crops(tmp_path: Path, capsys: pytest
     assert sorted(Path(p).name for p in report["crops"].values()) == [
         "crop_mid_dead_leaves_900001.png", "crop_none_dead_leaves_900001.png"]
     assert "PSNR" in capsys.readouterr().out
+
+
+def test_auto_ensemble_renders_as_the_best_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PACKAGE@auto`` (a default method) renders with the orientations the best tier picks for the shot: two
+    on a clean shot, one at mid noise; ``@N`` forces N."""
+    from lab.quality import strata
+    from services.pipeline import render
+    from services.pipeline.shot import shot_render_params
+
+    assert strata.split_ensemble("strata_jdd_v2.strata@auto") == ("strata_jdd_v2.strata", strata.AUTO)
+    assert strata.package_label("strata_jdd_v2.strata@auto") == "strata_jdd_v2@auto"
+    assert strata.split_ensemble("a@b.strata") == ("a@b.strata", 1)
+    seen: list[int] = []
+    monkeypatch.setattr(render, "render_mosaic", lambda mosaic, params, device: seen.append(params.orientations))
+    for level in ("none", "mid"):
+        shot = synthesize_shot("IQ3_S", tmp_path / level, scale=0.02, seed=900_000, noise=level, cfa="RGGB")
+        meta, mosaic, _ = strata.decode(shot.files[0], tmp_path)
+        for method in ("strata_jdd_v2.strata@auto", "strata_jdd_v2.strata@4"):
+            strata.render_strata(meta, mosaic, method, "cpu")
+        seen.append(shot_render_params(meta, mosaic, tier="best").orientations)  # the service's own choice
+        seen.append(shot_render_params(meta, mosaic, tier="fast").orientations)
+    assert seen == [2, 4, 2, 1, 1, 4, 1, 1]

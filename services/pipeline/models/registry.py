@@ -10,6 +10,7 @@ package, else ``classical_v1.strata``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,15 @@ TIERS = ("best", "fast", "max")
 # without noise +0.36 dB with 2 and +0.63 dB with 4 on five photographs (+0.88 with 4 on ten), at 2x / 4x the
 # model's GPU time (docs/QUALITY.md)
 MAX_ORIENTATIONS = 4
+# The `best` tier averages two orientations (identity and 180 degrees) of a clean single frame: one whose noise at
+# 18 % grey leaves a signal-to-noise ratio of at least CLEAN_SNR_DB (base ISO to about ISO 1600 on the benchmark's
+# noise line: the `low` level is 29.5 dB, `mid` 19.5). There the network's demosaicking error dominates and the
+# second orientation cancels much of it (+0.5 dB without noise, +0.2 at low noise, on the held-out photographs;
+# docs/QUALITY.md) for about 0.09 s more GPU per 80 MP frame; noisier shots render once. The setting
+# ``clean_orientations`` (1 turns it off) overrides the count.
+CLEAN_SNR_DB = 24.0
+CLEAN_ORIENTATIONS = 2
+SNR_GREY = 0.18
 # The package a stack's frames' model pass uses when the shot renders with the key (everything after the merge uses
 # the shot's own package): strata_jdd_v2_frames 2.2.0 is 2.0.0's weights trained on the stack's own objective (the
 # average of N frames' renders, each told a quarter of its noise, against the truth; training.train --package
@@ -108,12 +118,27 @@ def resolve_tier(tier: str | None) -> str:
     return tier
 
 
-def tier_orientations(tier: str | None) -> int:
-    """How many orientations a single frame of ``tier`` averages (:meth:`Enhancer.enhance`): 1, or for ``max``
-    the setting ``max_orientations`` (STRATA_MAX_ORIENTATIONS), else :data:`MAX_ORIENTATIONS`."""
-    if resolve_tier(tier) != "max":
-        return 1
-    return int(_setting("max_orientations") or MAX_ORIENTATIONS)
+def snr_db(shot: float, read: float, level: float = SNR_GREY) -> float:
+    """Signal-to-noise ratio in dB at ``level`` (normalised raw units) of the noise model ``variance = shot * x +
+    read``; infinite for a noise-free model."""
+    variance = shot * level + read
+    return math.inf if variance <= 0 else 20.0 * math.log10(level / math.sqrt(variance))
+
+
+def tier_orientations(tier: str | None, package: str | Path | None = None, snr: float | None = None) -> int:
+    """How many orientations a single frame of ``tier`` averages (:meth:`Enhancer.enhance`).
+
+    ``max``: the setting ``max_orientations`` (STRATA_MAX_ORIENTATIONS), else :data:`MAX_ORIENTATIONS`. ``best``
+    rendering :data:`BEST_PACKAGE` a shot whose ``snr`` (:func:`snr_db`) is at least :data:`CLEAN_SNR_DB`: the
+    setting ``clean_orientations`` (STRATA_CLEAN_ORIENTATIONS), else :data:`CLEAN_ORIENTATIONS`. Otherwise 1.
+    """
+    resolved = resolve_tier(tier)
+    if resolved == "max":
+        return int(_setting("max_orientations") or MAX_ORIENTATIONS)
+    if (resolved == "best" and package is not None and Path(package).name == BEST_PACKAGE and snr is not None
+            and snr >= CLEAN_SNR_DB):
+        return int(_setting("clean_orientations") or CLEAN_ORIENTATIONS)
+    return 1
 
 
 def frames_package(package: str) -> str:
