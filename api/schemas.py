@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 from pydantic import BaseModel, Field
 
 from services.db.models import Job, Output, as_utc, job_recipes
+from services.raw.meta import snr_db
 
 
 class FrameOut(BaseModel):
@@ -76,6 +78,28 @@ def _source_camera(job: Job) -> SourceCameraOut | None:
                            layout=str(source.get("layout", "")))
 
 
+class RenderOut(BaseModel):
+    """How the shot is rendered, decided once at ingest (null on the job until then)."""
+
+    package: str = Field(description="The model package (a shipped package's file name, else its path).")
+    orientations: int = Field(description="Renders averaged per frame: 1, 2 (`best` on a clean frame) or 4 (`max`).")
+    frames: int = Field(description="Frames the image stands for (a stack's size; 1 for a single frame).")
+    frames_package: str | None = Field(default=None, description="A stack's frames' model package; null otherwise.")
+    noise_shot: float = Field(description="The noise model's shot coefficient (variance = shot * x + read).")
+    noise_read: float = Field(description="The noise model's read variance.")
+    snr_db: float | None = Field(description="Signal-to-noise ratio at 18 % grey in dB; null for a noise-free model.")
+
+    @classmethod
+    def of(cls, render: dict | None) -> RenderOut | None:
+        if not render:
+            return None
+        shot, read = float(render.get("noise_shot", 0.0)), float(render.get("noise_read", 0.0))
+        snr = snr_db(shot, read)
+        return cls(package=str(render.get("model", "")), orientations=int(render.get("orientations", 1)),
+                   frames=int(render.get("frames", 1)), frames_package=render.get("frames_model") or None,
+                   noise_shot=shot, noise_read=read, snr_db=round(snr, 2) if math.isfinite(snr) else None)
+
+
 class JobOut(BaseModel):
     id: str
     station: str = Field(description="Name of the station that submitted it.")
@@ -105,6 +129,8 @@ class JobOut(BaseModel):
         default_factory=dict,
         description="Seconds per stage: decode_s, prepare_s (decode + shared parameters + plan), phase_N_s (the "
                     "phase's first shard started -> its last finished), encode_s (every output written).")
+    render: RenderOut | None = Field(default=None, description="How the shot is rendered; null until ingest "
+                                     "has decided.")
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -126,7 +152,7 @@ class JobOut(BaseModel):
             error=job.error, updated_at=_utc(job.updated_at),
             preview_url=f"/v1/jobs/{job.id}/preview" if job.preview_etag and not job.pruned_at else None,
             preview_kind=job.preview_kind, batch=job.batch_id, files_removed_at=_utc(job.pruned_at),
-            timings=stage_timings(job),
+            timings=stage_timings(job), render=RenderOut.of(job.params.get("render")),
         )
 
 

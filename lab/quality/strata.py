@@ -74,9 +74,10 @@ def render_strata(meta: Any, mosaic: np.ndarray, package: str, device: str,
 
     import torch
 
-    from services.pipeline.models.registry import snr_db, tier_orientations
+    from services.pipeline.models.registry import tier_orientations
     from services.pipeline.render import render_mosaic
     from services.pipeline.shot import shot_render_params
+    from services.raw.meta import snr_db
 
     t0 = time.perf_counter()
     package, orientations = split_ensemble(package)

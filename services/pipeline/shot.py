@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from services.pipeline.models.architectures import post_sharpen
-from services.pipeline.models.registry import default_package, package_manifest, package_ref, snr_db, tier_orientations
+from services.pipeline.models.registry import default_package, package_manifest, package_ref, tier_orientations
 from services.pipeline.render import LINEAR_SHARPEN, RenderParams, SpaceColour
 from services.raw.colour import cfa_planes, render_colour, white_balance_neutral
-from services.raw.meta import RawMeta
+from services.raw.meta import RawMeta, snr_db
 
 
 def estimate_noise(meta: RawMeta, mosaic: np.ndarray) -> tuple[float, float]:

@@ -3,6 +3,7 @@ travel through storage and Redis."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,16 @@ class NoiseProfile:
 
     shot: float
     read: float
+
+
+SNR_GREY = 0.18  # the signal level a shot's signal-to-noise ratio is quoted at (18 % grey, normalised raw units)
+
+
+def snr_db(shot: float, read: float, level: float = SNR_GREY) -> float:
+    """Signal-to-noise ratio in dB at ``level`` of the noise model ``variance = shot * x + read``; infinite for a
+    noise-free model."""
+    variance = shot * level + read
+    return math.inf if variance <= 0 else 20.0 * math.log10(level / math.sqrt(variance))
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ def test_tokens_over_the_api(client: TestClient) -> None:
 def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) -> None:
     a = _token("station-a")
     job = _submit(client, a, synth_dir)
+    assert job["render"] is None  # not decided before ingest
     r = client.get(f"/v1/jobs/{job['id']}/preview", headers=a)
     assert r.status_code == 404 and r.json()["type"] == "not_found"
     from services.config import get_settings
@@ -155,6 +156,10 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     assert done["status"] == "done" and done["preview_kind"] == "final"
     assert {"decode_s", "prepare_s", "phase_0_s", "encode_s"} <= set(done["timings"])  # stage timings
     assert all(v >= 0 for v in done["timings"].values())
+    render = done["render"]  # how it was rendered, decided at ingest
+    assert render["frames"] == 1 and render["frames_package"] is None and render["noise_shot"] >= 0
+    clean = render["snr_db"] is None or render["snr_db"] >= 24.0
+    assert render["orientations"] == (2 if clean and render["package"] == "strata_jdd_v2.strata" else 1), render
     final = client.get(f"/v1/jobs/{job['id']}/preview", headers={**a, "If-None-Match": fast.headers["etag"]})
     assert final.status_code == 200 and final.headers["etag"] != fast.headers["etag"]
     big = Image.open(io.BytesIO(final.content)).size  # a small frame: the fast one is at half resolution

@@ -15,6 +15,7 @@ from services.pipeline.models import ModelMismatch, ModelPackageError, halo_rows
 from services.pipeline.models.jdd import JDDNet, jdd_manifest, jdd_receptive_field
 from services.pipeline.models.manifest import Manifest
 from services.pipeline.models.package import load_package, read_package, write_package
+from services.raw.meta import snr_db
 from training import packages as training_packages
 from training.packages import classical_manifest
 
@@ -192,10 +193,10 @@ def test_best_tier_turns_a_clean_shot_twice(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(model_tier="best"))
     best = registry.BEST_PACKAGE
-    low, mid = registry.snr_db(2e-4, 2.9e-8), registry.snr_db(2e-3, 4.3e-6)  # the benchmark's low and mid levels
-    assert registry.snr_db(0.0, 0.0) == math.inf and low == pytest.approx(29.5, abs=0.1)
+    low, mid = snr_db(2e-4, 2.9e-8), snr_db(2e-3, 4.3e-6)  # the benchmark's low and mid levels
+    assert snr_db(0.0, 0.0) == math.inf and low == pytest.approx(29.5, abs=0.1)
     assert mid == pytest.approx(19.5, abs=0.1)
-    assert registry.tier_orientations("best", best, registry.snr_db(0.0, 0.0)) == registry.CLEAN_ORIENTATIONS == 2
+    assert registry.tier_orientations("best", best, snr_db(0.0, 0.0)) == registry.CLEAN_ORIENTATIONS == 2
     assert registry.tier_orientations(None, best, low) == 2
     assert registry.tier_orientations("best", best, mid) == 1
     assert registry.tier_orientations("best", "iq3s_denoise_v2.strata", low) == 1  # another package: once

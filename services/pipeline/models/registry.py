@@ -10,7 +10,6 @@ package, else ``classical_v1.strata``.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +41,6 @@ MAX_ORIENTATIONS = 4
 # ``clean_orientations`` (1 turns it off) overrides the count.
 CLEAN_SNR_DB = 24.0
 CLEAN_ORIENTATIONS = 2
-SNR_GREY = 0.18
 # The package a stack's frames' model pass uses when the shot renders with the key (everything after the merge uses
 # the shot's own package): strata_jdd_v2_frames 2.2.0 is 2.0.0's weights trained on the stack's own objective (the
 # average of N frames' renders, each told a quarter of its noise, against the truth; training.train --package
@@ -118,19 +116,13 @@ def resolve_tier(tier: str | None) -> str:
     return tier
 
 
-def snr_db(shot: float, read: float, level: float = SNR_GREY) -> float:
-    """Signal-to-noise ratio in dB at ``level`` (normalised raw units) of the noise model ``variance = shot * x +
-    read``; infinite for a noise-free model."""
-    variance = shot * level + read
-    return math.inf if variance <= 0 else 20.0 * math.log10(level / math.sqrt(variance))
-
-
 def tier_orientations(tier: str | None, package: str | Path | None = None, snr: float | None = None) -> int:
     """How many orientations a single frame of ``tier`` averages (:meth:`Enhancer.enhance`).
 
     ``max``: the setting ``max_orientations`` (STRATA_MAX_ORIENTATIONS), else :data:`MAX_ORIENTATIONS`. ``best``
-    rendering :data:`BEST_PACKAGE` a shot whose ``snr`` (:func:`snr_db`) is at least :data:`CLEAN_SNR_DB`: the
-    setting ``clean_orientations`` (STRATA_CLEAN_ORIENTATIONS), else :data:`CLEAN_ORIENTATIONS`. Otherwise 1.
+    rendering :data:`BEST_PACKAGE` a shot whose ``snr`` (:func:`services.raw.meta.snr_db`) is at least
+    :data:`CLEAN_SNR_DB`: the setting ``clean_orientations`` (STRATA_CLEAN_ORIENTATIONS), else
+    :data:`CLEAN_ORIENTATIONS`. Otherwise 1.
     """
     resolved = resolve_tier(tier)
     if resolved == "max":
