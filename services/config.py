@@ -156,7 +156,7 @@ class Settings(BaseSettings):
         "+0.25 dB without / at low noise for 2x, what `best` does on clean shots: docs/QUALITY.md) or 8.")
     clean_orientations: Literal[1, 2, 4] = Field(
         default=2, description="Orientations the `best` tier averages on a clean single frame (signal-to-noise at "
-        "18 % grey >= 24 dB: base ISO to about ISO 1600): 2 (+0.5 dB without noise, +0.2 at low noise, about 0.09 s "
+        "18 % grey >= 24 dB: base ISO to about ISO 1600): 2 (+0.57 dB without noise, +0.25 at low noise, 0.09 s "
         "more GPU per 80 MP frame; docs/QUALITY.md), 1 (off) or 4. Noisier shots render once.")
     stack_frames_package: str = Field(
         default="auto", description="The package a stack's frames' model pass uses: auto (the shot package's "

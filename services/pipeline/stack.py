@@ -491,7 +491,7 @@ def render_stack_strip_spaces(groups: Sequence[Accumulator], y0: int, y1: int, p
 # The frames were already denoised (at MERGE_NOISE_FACTOR x the stack's noise), so the filter after fusion takes out
 # only this share of the (interpolated) noise left over the merge weight (stack benchmark: 0.3 beat 0.5 and 0.7 with
 # the factor at 2, and 0.5 beat 0 and 1 with it at 1; with the frames' package trained on stacks, 2.2.0, 0.15 beat
-# 0.3 by +0.02..+0.10 dB at low, mid and high noise, 0 and 0.6 did worse: docs/QUALITY.md).
+# 0.3 by +0.00..+0.10 dB at low, mid and high noise, no case lost; 0 and 0.6 did worse: docs/QUALITY.md).
 STACK_RESIDUAL_NOISE = 0.15
 
 

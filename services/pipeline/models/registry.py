@@ -33,12 +33,12 @@ TIERS = ("best", "fast", "max")
 # without noise +0.36 dB with 2 and +0.63 dB with 4 on five photographs (+0.88 with 4 on ten), at 2x / 4x the
 # model's GPU time (docs/QUALITY.md)
 MAX_ORIENTATIONS = 4
-# The `best` tier averages two orientations (identity and 180 degrees) of a clean single frame: one whose noise at
-# 18 % grey leaves a signal-to-noise ratio of at least CLEAN_SNR_DB (base ISO to about ISO 1600 on the benchmark's
-# noise line: the `low` level is 29.5 dB, `mid` 19.5). There the network's demosaicking error dominates and the
-# second orientation cancels much of it (+0.5 dB without noise, +0.2 at low noise, on the held-out photographs;
-# docs/QUALITY.md) for about 0.09 s more GPU per 80 MP frame; noisier shots render once. The setting
-# ``clean_orientations`` (1 turns it off) overrides the count.
+# The `best` tier averages two orientations (identity and a quarter turn, base.ENSEMBLE_ORDER) of a clean single
+# frame: one whose noise leaves a signal-to-noise ratio of at least CLEAN_SNR_DB at 18 % grey (base ISO to about ISO
+# 1600 on the benchmark's noise line: the `low` level is 29.5 dB, `mid` 19.5). There the network's demosaicking error
+# dominates and the second orientation cancels much of it (+0.57 dB without noise, +0.25 at low noise on the held-out
+# photographs, +0.90 / +0.27 on images of other origins; docs/QUALITY.md) for about 0.09 s more GPU per 80 MP frame;
+# noisier shots render once. The setting ``clean_orientations`` (1 turns it off) overrides the count.
 CLEAN_SNR_DB = 24.0
 CLEAN_ORIENTATIONS = 2
 # The package a stack's frames' model pass uses when the shot renders with the key (everything after the merge uses
