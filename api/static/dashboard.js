@@ -203,6 +203,14 @@
     return msg;
   }
 
+  function renderText(r) {
+    if (!r) return "Decided at ingest.";
+    const pkg = r.package.replace(/\.strata$/, "");
+    const parts = [pkg + (r.orientations > 1 ? " × " + r.orientations + " orientations" : "")];
+    if (r.frames > 1) parts.push(r.frames + "-frame stack" + (r.frames_package ? " (frames: " + r.frames_package.replace(/\.strata$/, "") + ")" : ""));
+    parts.push(r.snr_db === null ? "noise-free" : "SNR " + r.snr_db.toFixed(1) + " dB at 18 % grey");
+    return parts.join(" · ");
+  }
   async function jobLoop() {
     const id = document.body.dataset.jobId;
     try {
@@ -217,6 +225,7 @@
         b.addEventListener("click", () => download(o)); li.append(b, el("span", " " + (o.bytes / 1048576).toFixed(1) + " MB", "muted")); return li;
       }) : [el("li", "None yet.", "muted")]));
       $("frames").replaceChildren(...job.frames.map((f) => el("li", frameName(f) + " (" + (f.bytes / 1048576).toFixed(1) + " MB)")));
+      $("render-info").textContent = renderText(job.render);
       $("cancel").disabled = !["queued", "running"].includes(job.status);
       timeline(job);
       if (job.files_removed_at) { $("job-preview").hidden = true; $("preview-caption").textContent = "The preview went with the files."; }

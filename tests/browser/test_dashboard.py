@@ -215,6 +215,9 @@ def test_job_detail_shows_preview_timeline_and_downloads(service: Service, brows
     _until(lambda: browser.find_element(By.ID, "job-preview").get_attribute("data-kind") == "final", 30,
            "the final preview")
     assert "Download detail_shot" in browser.find_element(By.ID, "downloads").text
+    render = browser.find_element(By.ID, "render-info").text  # the job's render decision (package, noise)
+    assert render.startswith("strata_jdd_v2") or render.startswith("classical_v1"), render
+    assert "dB at 18 % grey" in render or "noise-free" in render, render
     assert browser.find_element(By.ID, "cancel").get_attribute("disabled") is not None
     _shot(browser, "04-job-detail")
     browser.execute_script("document.getElementById('timeline').scrollIntoView()")

@@ -24,6 +24,7 @@ from services.pipeline.render import render_mosaic
 from services.pipeline.shot import shot_render_params
 from services.raw.decode import decode_raw
 from services.raw.dng import write_dng
+from services.raw.meta import snr_db
 from services.stations import create_station_token
 from services.storage import get_storage
 
@@ -171,5 +172,7 @@ def test_a_recipe_picks_the_fast_or_max_model_and_the_default_is_the_best(client
             flow.ingest_job(session, get_storage(), get_settings(), job["id"], n_workers=1)
             render = session.get(Job, job["id"]).params["render"]
             models[recipes] = (render["model"], render["orientations"])
-    assert models == {"tiff16": ("strata_jdd_v2.strata", 1), "tiff16-fast,jpeg-proof": ("iq3s_denoise_v2.strata", 1),
+    clean = snr_db(render["noise_shot"], render["noise_read"]) >= 24.0  # best turns a clean frame twice
+    assert models == {"tiff16": ("strata_jdd_v2.strata", 2 if clean else 1),
+                      "tiff16-fast,jpeg-proof": ("iq3s_denoise_v2.strata", 1),
                       "tiff16-max,tiff16-fast": ("strata_jdd_v2.strata", 4)}  # max: the best package, 4 ways
