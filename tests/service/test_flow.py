@@ -403,6 +403,11 @@ def test_a_stack_renders_several_spaces_in_its_strips(db: str, tmp_path: Path) -
                                                        "frame_00_tiff8.tif"]
         assert job.params["render"]["space"] == "prophoto"
         assert [s["space"] for s in job.params["render"]["extra_spaces"]] == ["srgb"]
+        from api.schemas import RenderOut
+
+        render = RenderOut.of(job.params["render"])  # what GET /v1/jobs/{id} says: a 2-frame stack, turned once
+        assert render is not None and render.frames == 2 and render.orientations == 1
+        assert render.package == "strata_jdd_v2.strata" and render.frames_package == "strata_jdd_v2_frames.strata"
 
 
 def test_work_of_an_older_version_is_rerendered_not_failed(db: str, tmp_path: Path) -> None:
