@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _whole(value: object) -> object:
+    """An environment variable's text as a whole number, for the settings that take one of a few numbers (an int
+    ``Literal`` does not take the text "2" of ``STRATA_CLEAN_ORIENTATIONS=2`` as 2); anything else as it is."""
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    return value
 
 
 class Settings(BaseSettings):
@@ -150,11 +158,11 @@ class Settings(BaseSettings):
         "per 80 MP frame, 0.3-0.7 dB lower PSNR) or max "
         "(strata_jdd_v2 averaged over 4 orientations on single frames: 4x its GPU time, about +0.9 dB without "
         "noise). A recipe's `model` overrides it per job.")
-    max_orientations: Literal[2, 4, 8] = Field(
+    max_orientations: Annotated[Literal[2, 4, 8], BeforeValidator(_whole)] = Field(
         default=4, description="Orientations the `max` tier averages on single frames: 4 (+0.88 dB over one pass "
         "without noise, +0.26-0.45 with it; about 4x its GPU time) or 2 (identity and a quarter turn: +0.57 / "
         "+0.25 dB without / at low noise for 2x, what `best` does on clean shots: docs/QUALITY.md) or 8.")
-    clean_orientations: Literal[1, 2, 4] = Field(
+    clean_orientations: Annotated[Literal[1, 2, 4], BeforeValidator(_whole)] = Field(
         default=2, description="Orientations the `best` tier averages on a clean single frame (signal-to-noise at "
         "18 % grey >= 24 dB: base ISO to about ISO 1600): 2 (+0.57 dB without noise, +0.25 at low noise, 0.09 s "
         "more GPU per 80 MP frame; docs/QUALITY.md), 1 (off) or 4. Noisier shots render once.")
