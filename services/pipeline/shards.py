@@ -236,14 +236,17 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
             key, shape, np.uint16, durable=False, written=partial(_written_rows, made, key, lean.get(i))))
             for i, key in enumerate(keys)]
         waits = [prefault(out[a:b]) for i, out in enumerate(outs) for a, b in lean.get(i, [(0, shape[0])])]
+        asked = time.perf_counter()
         with device_slot():  # released before the results are stored: the next strip renders meanwhile
+            waited = time.perf_counter() - asked  # for a device slot (the other strips on this worker's device)
             split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
                          on_device if tile_spaces or ahead.bins else None)
         t1 = time.perf_counter()
         _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, made)
     log.info("strip %s: rendered and downloaded in %.2fs (of which bins and tiles on the device %.2fs), bins and "
-             "tiles stored in %.2fs%s", shard.out, t1 - t0, made.seconds, time.perf_counter() - t1,
-             f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "")
+             "tiles stored in %.2fs%s; %.2fs of it waiting for a device slot", shard.out, t1 - t0, made.seconds,
+             time.perf_counter() - t1,
+             f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "", waited)
 
 
 def _bins_on_device(made: _Made, ahead: PreEncode, bins: torch.Tensor, key: str, k: int) -> None:
