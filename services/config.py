@@ -101,6 +101,11 @@ class Settings(BaseSettings):
         "on its own CUDA stream (one model copy): one shard's downloads overlap another's model pass (a batch on one "
         "H200: 1.58 frames/s with 2, 1.17-1.19 with 1). Each plans strips for its share of the GPU's memory. CPU "
         "workers compute one shard at a time.")
+    gpu_urgent_slots: int = Field(
+        default=0, ge=0, le=2, description="Device slots of a GPU worker kept for interactive shots' shards beyond "
+        "STRATA_GPU_WORKER_THREADS (and a worker thread each): batch strips hold at most STRATA_GPU_WORKER_THREADS, "
+        "so an interactive strip does not wait for a batch strip to leave the device (services/pipeline/gate.py). "
+        "Off (0) until measured on a GPU host (docs/PERFORMANCE.md): an interactive strip takes the next free slot.")
     gpu_overlap_threads: int | None = Field(
         default=None, ge=0, le=8, description="Threads a GPU worker runs beyond its STRATA_GPU_WORKER_THREADS device "
         "slots: a strip stores its results (tile streams, bins) after giving its slot back, so the next strip's model "

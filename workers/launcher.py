@@ -95,8 +95,9 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
                    "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
-            # device slots (STRATA_GPU_WORKER_THREADS) + threads storing results meanwhile (services/pipeline/gate.py)
-            threads = max(1, settings.gpu_worker_threads) + overlap if gpu != "cpu" else 1
+            # device slots (STRATA_GPU_WORKER_THREADS) + threads storing results meanwhile + a thread per slot kept for
+            # interactive shards (STRATA_GPU_URGENT_SLOTS; services/pipeline/gate.py)
+            threads = max(1, settings.gpu_worker_threads) + overlap + settings.gpu_urgent_slots if gpu != "cpu" else 1
             specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)],
                                                 "threads" if threads > 1 else "solo", threads, settings),
                                   env, worker=True))

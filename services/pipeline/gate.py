@@ -4,7 +4,9 @@ A GPU worker runs more threads than it lets onto the device (``STRATA_GPU_WORKER
 ``STRATA_GPU_OVERLAP_THREADS``): a strip holds a slot while it renders on the device, then stores its results (the
 TIFF tile streams, proof bins, preview sums: about a third of its time in a batch) without it, so the next strip's
 model pass runs meanwhile and the device memory still holds at most ``slots`` renders. A thread computing an
-interactive shot's shard (:data:`urgent`) takes the next free slot before any batch thread waiting for one.
+interactive shot's shard (:data:`urgent`) takes the next free slot before any batch thread waiting for one, and
+``reserve`` more slots (``STRATA_GPU_URGENT_SLOTS``) are kept for such shards alone: batch strips hold at most
+``permits``, so an interactive strip does not wait for a batch strip to leave the device.
 Without :func:`configure` (CPU workers, tests) :func:`device_slot` does nothing.
 """
 
@@ -19,45 +21,54 @@ urgent: ContextVar[bool] = ContextVar("strata_urgent_shard", default=False)  # s
 
 
 class DeviceGate:
-    """``permits`` slots; urgent holders are served first."""
+    """``permits`` slots for anyone plus ``reserve`` for urgent holders only; urgent holders are served first."""
 
-    def __init__(self, permits: int) -> None:
+    def __init__(self, permits: int, reserve: int = 0) -> None:
         if permits < 1:
             raise ValueError(f"a device gate needs at least one slot, got {permits}")
+        if reserve < 0:
+            raise ValueError(f"a device gate's reserve cannot be negative, got {reserve}")
         self.permits = permits
-        self._free = permits
+        self.reserve = reserve
+        self._held = 0
         self._urgent_waiting = 0
         self._cond = threading.Condition()
+
+    def _blocked(self, is_urgent: bool) -> bool:
+        if is_urgent:
+            return self._held >= self.permits + self.reserve
+        return self._held >= self.permits or self._urgent_waiting > 0
 
     @contextmanager
     def hold(self, is_urgent: bool = False) -> Iterator[None]:
         with self._cond:
             self._urgent_waiting += is_urgent
             try:
-                while self._free == 0 or (not is_urgent and self._urgent_waiting):
+                while self._blocked(is_urgent):
                     self._cond.wait()
             finally:
                 self._urgent_waiting -= is_urgent
-            self._free -= 1
+            self._held += 1
         try:
             yield
         finally:
             with self._cond:
-                self._free += 1
+                self._held -= 1
                 self._cond.notify_all()
 
     @property
     def free(self) -> int:
-        return self._free
+        """Slots a batch holder could take now."""
+        return max(0, self.permits - self._held)
 
 
 _gate: DeviceGate | None = None
 
 
-def configure(permits: int | None) -> None:
-    """Set this process's gate (``permits`` slots; None: no gate)."""
+def configure(permits: int | None, reserve: int = 0) -> None:
+    """Set this process's gate (``permits`` slots and ``reserve`` for urgent shards; None: no gate)."""
     global _gate
-    _gate = DeviceGate(permits) if permits else None
+    _gate = DeviceGate(permits, reserve) if permits else None
 
 
 @contextmanager

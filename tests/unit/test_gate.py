@@ -86,3 +86,31 @@ def test_device_slot_reads_the_shards_urgency_and_does_nothing_without_a_gate() 
         assert gate._gate.free == 1
     finally:
         gate.configure(None)
+
+
+def test_a_reserved_slot_lets_an_urgent_shard_in_while_batch_strips_fill_the_others() -> None:
+    g = gate.DeviceGate(1, reserve=1)
+    release = threading.Event()
+    entered: list[str] = []
+
+    def holder(name: str, is_urgent: bool) -> None:
+        with g.hold(is_urgent):
+            entered.append(name)
+            release.wait(5)
+
+    batch = threading.Thread(target=holder, args=("batch0", False))
+    batch.start()
+    _until(lambda: entered == ["batch0"])
+    second = threading.Thread(target=holder, args=("batch1", False))
+    second.start()
+    urgent = threading.Thread(target=holder, args=("urgent", True))
+    urgent.start()
+    _until(lambda: "urgent" in entered)  # in at once, beside the batch strip: the reserve is its own
+    time.sleep(0.05)
+    assert entered == ["batch0", "urgent"] and g.free == 0  # the second batch strip waits: batch holds at most 1
+    release.set()
+    for t in (batch, second, urgent):
+        t.join(5)
+    assert sorted(entered) == ["batch0", "batch1", "urgent"] and g.free == 1
+    with pytest.raises(ValueError, match="negative"):
+        gate.DeviceGate(1, reserve=-1)

@@ -143,3 +143,16 @@ def test_a_worker_computing_two_shards_holds_both_leases(redis_url: str) -> None
     finally:
         beat.stop()
         client.delete(PREFIX + info.name)
+
+
+def test_a_gpu_workers_threads_are_its_slots_the_overlap_and_the_urgent_reserve() -> None:
+    from services.config import Settings
+    from workers.launcher import worker_specs
+
+    def threads(**kw: object) -> int:
+        spec = worker_specs(Settings(**kw), gpus=["0"], coordinator=False)[0]  # type: ignore[arg-type]
+        return int(spec.argv[spec.argv.index("--concurrency") + 1])
+
+    assert threads() == 2 + 2  # two device slots, two threads storing results (one GPU worker)
+    assert threads(gpu_urgent_slots=1) == 2 + 2 + 1
+    assert threads(gpu_worker_threads=1, gpu_overlap_threads=0) == 1
