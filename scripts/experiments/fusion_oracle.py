@@ -9,6 +9,7 @@ scored on the bottom half: from today's result alone (what a residual denoiser c
 pessimistic one for a non-linear network; the point is the order of magnitude.
 
     python scripts/experiments/fusion_oracle.py --json docs/quality/fusion-oracle-cpu-scale0.1-mid.json
+    python scripts/experiments/fusion_oracle.py --raw-merge --json docs/quality/fusion-oracle-cpu-scale0.1-mid-raw.json
 """
 
 from __future__ import annotations
@@ -30,13 +31,21 @@ from services.pipeline.ops import denoise_lee, sharpen, white_balance
 from services.pipeline.ops._checks import small
 from services.pipeline.render import SHARPEN_SIGMA, encode_spaces, noise_per_channel
 from services.pipeline.shot import shot_render_params
-from services.pipeline.stack import RGB_DENOISE_RADIUS, render_rgb, stack_noise_factors, stack_params
+from services.pipeline.stack import (
+    RAW_MERGE_NOISE_SHARE,
+    RGB_DENOISE_RADIUS,
+    _remosaic_enhance,
+    render_rgb,
+    stack_noise_factors,
+    stack_params,
+)
 
 RADIUS = 2  # 5 x 5 neighbourhoods
 
 
 def _renders(fused: np.ndarray, params, device: str) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
-    """Today's result, A alone and B alone, each (H, W, 3) uint16 sRGB codes."""
+    """Today's result, A alone and B alone (and, with the raw-sample merge, D: the raw-merged image through the
+    package as the service renders it before its blend), each (H, W, 3) uint16 sRGB codes."""
     today = render_rgb(fused, params, device, stack_noise_factors(False))
     x = torch.from_numpy(np.ascontiguousarray(fused, dtype=np.float32))[None]
     gains = small(params.gains, "cpu", torch.float32).view(1, 3, 1, 1)
@@ -50,7 +59,12 @@ def _renders(fused: np.ndarray, params, device: str) -> dict[str, np.ndarray]:  
         enhancer = load_enhancer(params.camera, torch.device("cpu"), package=params.model)
         b = enhancer.enhance(white_balance(x[:, 4:5], params.gains, params.cfa), params.cfa, shot_b, read_b)
         b = sharpen(b, params.sharpen_amount, SHARPEN_SIGMA)
-        return {"today": today, "A": encode_spaces(a, params)[0], "B": encode_spaces(b, params)[0]}
+        out = {"today": today, "A": encode_spaces(a, params)[0], "B": encode_spaces(b, params)[0]}
+        if fused.shape[0] == 11:
+            d = _remosaic_enhance(x[:, 5:8] * gains, params, shot_b * RAW_MERGE_NOISE_SHARE,
+                                  read_b * RAW_MERGE_NOISE_SHARE)
+            out["D"] = encode_spaces(sharpen(d, params.sharpen_amount, SHARPEN_SIGMA), params)[0]
+        return out
 
 
 def _features(images: list[np.ndarray], rows: slice) -> np.ndarray:
@@ -86,6 +100,8 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.002)
     ap.add_argument("--scale", type=float, default=0.1)
     ap.add_argument("--photos", type=Path, default=Path("../shared/data/photos"))
+    ap.add_argument("--raw-merge", action="store_true", help="merge the raw samples too (11 channels): today's "
+                    "result then includes their blend, and D joins the probes")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
@@ -97,7 +113,7 @@ def main() -> None:
                 decoded = [_decoded(p, Path(tmp) / f"raw_{i:02d}.npy") for i, p in enumerate(shot.files)]
                 truth = tifffile.imread(shot.ground_truth)
                 params = stack_params(shot_render_params(decoded[0][1], decoded[0][0]), frames)
-                params = replace(params, raw_merge=False)
+                params = replace(params, raw_merge=args.raw_merge)
                 fused = _merge(decoded[0], decoded, params, 1, "cpu", None, {})
                 r = _renders(fused, params, "cpu")
             h, w = truth.shape[:2]
@@ -106,12 +122,15 @@ def main() -> None:
             score["probe: today"] = psnr(_probe([r["today"]], truth), truth[bottom])
             score["probe: A + B"] = psnr(_probe([r["A"], r["B"]], truth), truth[bottom])
             score["probe: today + A + B"] = psnr(_probe([r["today"], r["A"], r["B"]], truth), truth[bottom])
+            if "D" in r:
+                score["probe: A + B + D"] = psnr(_probe([r["A"], r["B"], r["D"]], truth), truth[bottom])
             row = {"content": content, "frames": frames, "noise": args.noise,
                    **{k: round(v, 3) for k, v in score.items()}}
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"scale": args.scale, "rows": rows}, indent=1) + "\n")
+        summary = {"scale": args.scale, "raw_merge": args.raw_merge, "rows": rows}
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
 
 
 if __name__ == "__main__":
