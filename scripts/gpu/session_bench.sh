@@ -77,7 +77,7 @@ echo "proofs derived (resize, sharpen, 8-bit; s):"
 grep -h ": derived (long edge" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | sed -E 's/in |s$//g' | tr '\n' ' '; echo
 echo "strips (render+download / of which bins+tiles on the device / bins+tiles stored / waiting for a device slot, s):"
 grep -h "rendered and downloaded in" "$DATA"/logs/*.log \
-  | sed -E 's/.*downloaded in ([0-9.]+)s .*device ([0-9.]+)s\), .*stored in ([0-9.]+)s.*; ([0-9.]+)s of it waiting.*/\1\/\2\/\3\/\4/' \
+  | sed -E 's/.*downloaded in ([0-9.]+)s .*device slot ([0-9.]+)s, .*device ([0-9.]+)s\), .*stored in ([0-9.]+)s.*/\1\/\3\/\4\/\2/' \
   | tr '\n' ' '; echo
 grep -h "ingested:" "$DATA"/logs/*.log | grep -o "decoded in [0-9.]*s, planned in [0-9.]*s" | sed -E 's/decoded in |planned in //g' \
   | tr '\n' ' '; echo

@@ -243,10 +243,10 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
                          on_device if tile_spaces or ahead.bins else None)
         t1 = time.perf_counter()
         _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, made)
-    log.info("strip %s: rendered and downloaded in %.2fs (of which bins and tiles on the device %.2fs), bins and "
-             "tiles stored in %.2fs%s; %.2fs of it waiting for a device slot", shard.out, t1 - t0, made.seconds,
+    log.info("strip %s: rendered and downloaded in %.2fs (of which waiting for a device slot %.2fs, bins and tiles on "
+             "the device %.2fs), bins and tiles stored in %.2fs%s", shard.out, t1 - t0, waited, made.seconds,
              time.perf_counter() - t1,
-             f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "", waited)
+             f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "")
 
 
 def _bins_on_device(made: _Made, ahead: PreEncode, bins: torch.Tensor, key: str, k: int) -> None:
