@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from cli.storage import storage_app
@@ -832,9 +833,24 @@ def chaos(ctx: typer.Context) -> None:
     raise typer.Exit(chaos_main(ctx.args) or 0)
 
 
+def settings_problems(error: ValidationError) -> list[str]:
+    """One line per setting pydantic refused: its environment variable, the value given and why."""
+    lines = []
+    for e in error.errors():
+        name = ".".join(str(part) for part in e["loc"]) or "?"
+        var = name if name.startswith("STRATA_") else f"STRATA_{name.upper()}"
+        lines.append(f"{var}={os.environ.get(var, e.get('input', ''))!s}: {e['msg']}")
+    return lines
+
+
 def main() -> None:  # pragma: no cover
-    logging.basicConfig(level=get_settings().log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        level = get_settings().log_level.upper()
+    except ValidationError as exc:  # a bad STRATA_* variable: say which, not a traceback
+        for line in settings_problems(exc):
+            print(f"strata: invalid setting {line} (docs/OPERATIONS.md lists the settings)", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     app()
 

@@ -43,3 +43,17 @@ def test_an_orientation_count_outside_its_choices_is_refused(monkeypatch: pytest
     monkeypatch.setenv("STRATA_CLEAN_ORIENTATIONS", "3")
     with pytest.raises(ValueError, match="1, 2 or 4"):
         Settings()
+
+
+def test_the_cli_names_a_bad_setting_and_exits_2_without_a_traceback() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "STRATA_CLEAN_ORIENTATIONS": "3", "STRATA_GPU_WORKER_THREADS": "many"}
+    done = subprocess.run([sys.executable, "-m", "cli.main", "--version"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert "invalid setting STRATA_CLEAN_ORIENTATIONS=3: Input should be 1, 2 or 4" in done.stderr
+    assert "invalid setting STRATA_GPU_WORKER_THREADS=many" in done.stderr
+    assert "Traceback" not in done.stderr
