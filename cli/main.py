@@ -159,6 +159,9 @@ def serve(
     from services.db.migrate import upgrade
     from workers.launcher import ProcSpec, Supervisor, free_port, lease_releaser, redis_spec, worker_specs
 
+    problem = _port_problem(host, port)
+    if problem:  # before anything starts: else the API child fails alone and /readyz may answer from the other program
+        raise _fail(f"cannot serve on {host}:{port}: {problem} (another program holds it? pass --port)", 2)
     data = _use_data_dir(data_dir).resolve()
     os.environ["STRATA_DATA_DIR"] = str(data)
     settings = get_settings()
@@ -203,6 +206,24 @@ def serve(
         sup.run_forever()
     finally:
         console.print("stopped")
+
+
+def _port_problem(host: str, port: int) -> str | None:
+    """Why the API could not listen on ``host:port`` (bound here the way uvicorn binds it), or None."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"unknown address ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def _wait_redis(url: str, timeout: float) -> None:

@@ -335,3 +335,21 @@ def test_submit_prints_what_was_sent_when_the_service_goes_away_midway(api: Fake
     done = runner.invoke(app, ["--retry-for", "1", "submit", str(tmp_path), "--no-wait", "--json", *_auth(api)])
     assert done.exit_code == 3
     assert [(s["job"], s["status"]) for s in json.loads(done.stdout)] == [("j1", "queued"), (None, "not_sent")]
+
+
+def test_serve_refuses_a_port_another_program_holds_before_starting_anything(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--data-dir",
+                               str(tmp_path / "data")], env={**os.environ, "COLUMNS": "200"}, capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in done.stdout + done.stderr
+    assert not (tmp_path / "data").exists()  # nothing started, nothing written
