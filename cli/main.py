@@ -42,7 +42,14 @@ def _use_data_dir(data_dir: Path | None, create: bool = True) -> Path:
         get_settings.cache_clear()
     settings = get_settings()
     if create:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+            probe = settings.data_dir / f".strata-write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise _fail(f"data dir {settings.data_dir} cannot be used: {exc.strerror or exc} (pass --data-dir or set "
+                        "STRATA_DATA_DIR)", 2) from None
     return settings.data_dir
 
 

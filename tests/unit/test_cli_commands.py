@@ -353,3 +353,20 @@ def test_serve_refuses_a_port_another_program_holds_before_starting_anything(tmp
     assert done.returncode == 2
     assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in done.stdout + done.stderr
     assert not (tmp_path / "data").exists()  # nothing started, nothing written
+
+
+def test_serve_refuses_a_data_dir_it_cannot_write(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "a-file").write_text("not a folder")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--data-dir",
+                           str(tmp_path / "a-file" / "data")], env={**os.environ, "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"data dir {tmp_path / 'a-file' / 'data'} cannot be used: Not a directory" in done.stdout + done.stderr
