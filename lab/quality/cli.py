@@ -12,6 +12,7 @@ from lab.quality.anchors import LIBRAW_METHODS
 from lab.quality.benchmark import DEFAULT_SCALE, run_benchmark
 from lab.quality.report import CROP_SIZE, CROP_ZOOM, json_safe, markdown_tables, print_report
 from lab.quality.shots import CFA_CYCLE, LEVELS
+from lab.synth.unprocess import content_problem, noise_level
 
 
 def _csv(text: str) -> list[str]:
@@ -48,7 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry: parse ``argv``, run, print the tables, write JSON; returns 0 (1 when nothing was scored)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for level in _csv(args.levels):
+        try:
+            noise_level(level)
+        except ValueError as exc:
+            parser.error(str(exc))
+    for spec in _csv(args.content) if args.content else []:
+        problem = content_problem(spec, args.photos_dir)
+        if problem:
+            parser.error(f"--content {spec}: {problem}")
     report = run_benchmark(
         scale=args.scale, levels=_csv(args.levels), content=_csv(args.content) if args.content else None,
         photos_dir=args.photos_dir, cfa=args.cfa, device=args.device,

@@ -27,6 +27,7 @@ import tifffile
 from lab.quality.anchors import LIBRAW_AHD, LibRawRunner, libraw_render
 from lab.quality.report import CROP_SIZE, CROP_ZOOM, detail_window, write_strip
 from lab.synth.stack_synth import synthesize_stack
+from lab.synth.unprocess import content_problem
 from services.jobs.planner import plan_frame_groups
 from services.pipeline.render import RenderParams, render_mosaic
 from services.pipeline.shot import shot_render_params
@@ -329,6 +330,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     contents = args.content or ["dead_leaves"]
+    if args.noise < 0 or args.max_shift < 0 or args.scale <= 0:
+        parser.error(f"--noise and --max-shift must be >= 0 and --scale > 0, got {args.noise}, {args.max_shift}, "
+                     f"{args.scale}")
+    for spec in contents:
+        problem = content_problem(spec, args.photos, seeded=False)
+        if problem:
+            parser.error(f"--content {spec}: {problem}")
     cases = [c for c in DEFAULT_CASES if args.case is None or c.name in args.case]
     results = run_benchmark(cases, scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
                             contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift,

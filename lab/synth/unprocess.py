@@ -390,6 +390,30 @@ def photo_path(name: str, photos_dir: Path | str | None = None) -> Path:
     return path
 
 
+def content_problem(source: str, photos_dir: Path | str | None = None, seeded: bool = True) -> str | None:
+    """Why a benchmark's content spec (``dead_leaves[:SEED]``, ``photo:NNN``, ``skimage:NAME`` or a file path) cannot
+    be read, or None: checked before a run starts, so a typo is a usage error, not a traceback minutes in.
+    ``seeded``: whether ``dead_leaves`` may carry a seed."""
+    if source == "dead_leaves" or source.startswith("dead_leaves:"):
+        seed = source.partition(":")[2]
+        if seed and not seeded:
+            return "dead_leaves takes no seed here (--seed sets it)"
+        return None if not seed or seed.isdigit() else f"dead_leaves seed {seed!r} is not a whole number"
+    try:
+        if source.startswith("skimage:"):
+            import skimage.data
+
+            if getattr(skimage.data, source.split(":", 1)[1], None) is None:
+                return f"scikit-image has no image {source.split(':', 1)[1]!r}"
+        elif source.startswith("photo:"):
+            photo_path(source.split(":", 1)[1], photos_dir)
+        elif not Path(source).is_file():
+            return f"no image file {source}"
+    except (ValueError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
 def load_srgb(source: str | Path, photos_dir: Path | str | None = None) -> np.ndarray:
     """An sRGB-encoded (H, W, 3) float32 image in [0, 1] from ``photo:NNN``, ``skimage:NAME`` or a file path."""
     text = str(source)

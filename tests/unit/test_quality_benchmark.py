@@ -133,3 +133,32 @@ def test_auto_ensemble_renders_as_the_best_tier(tmp_path: Path, monkeypatch: pyt
         seen.append(shot_render_params(meta, mosaic, tier="best").orientations)  # the service's own choice
         seen.append(shot_render_params(meta, mosaic, tier="fast").orientations)
     assert seen == [2, 4, 2, 1, 1, 4, 1, 1]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--levels", "none,bogus"], "unknown noise level 'bogus'"),
+    (["--content", "photo:999", "--photos-dir", "/nonexistent"], "--content photo:999: photograph '999' not found"),
+    (["--content", "dead_leaves:x"], "dead_leaves seed 'x' is not a whole number"),
+    (["--content", "/nonexistent/image.png"], "no image file /nonexistent/image.png"),
+])
+def test_bad_input_is_a_usage_error_before_anything_runs(argv: list[str], says: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from lab.quality.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--noise", "-1"], "--noise and --max-shift must be >= 0"),
+    (["--content", "dead_leaves:5"], "dead_leaves takes no seed here"),
+    (["--content", "photo:999", "--photos", "/nonexistent"], "--content photo:999: photograph '999' not found"),
+])
+def test_the_stack_benchmark_refuses_bad_input_before_it_runs(argv: list[str], says: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from lab.quality.stack_bench import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
