@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lab.args import positive_float, torch_device
 from services.pipeline.models import jdd
 from services.pipeline.models.package import configure_cuda_numerics
 from services.pipeline.models.registry import PACKAGES_DIR, compute_precision, load_enhancer
@@ -149,8 +150,8 @@ def check_bf16(name: str, package: Path, data: Inputs, dev: str) -> dict[str, An
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="strata bench enhance", description=__doc__)
-    ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--device", type=torch_device, default="cuda:0" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--scale", type=positive_float, default=1.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--packages", default="classical_v1.strata,strata_jdd_v1.strata")
     ap.add_argument("--json", type=Path, default=Path("bench-enhance.json"))

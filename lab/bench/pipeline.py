@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lab.args import positive_float, torch_devices
 from services.jobs.planner import plan_frame_groups, plan_strips, strip_count
 from services.pipeline.render import render_strip
 from services.pipeline.shot import shot_render_params
@@ -210,9 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     ap = argparse.ArgumentParser(prog="strata bench pipeline", description=__doc__)
-    ap.add_argument("--devices", default="cuda:0" if torch.cuda.is_available() else "cpu",
+    ap.add_argument("--devices", type=torch_devices, default="cuda:0" if torch.cuda.is_available() else "cpu",
                     help="comma list, e.g. cuda:0,cuda:1; each scenario runs on 1..N of them")
-    ap.add_argument("--scale", type=float, default=1.0, help="linear size relative to the real sensors")
+    ap.add_argument("--scale", type=positive_float, default=1.0, help="linear size relative to the real sensors")
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--scenarios", default="single,stack")
     ap.add_argument("--tiff-threads", type=int, default=os.cpu_count() or 4)

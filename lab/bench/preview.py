@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lab.args import positive_float
 from lab.synth.synth import synthesize_shot
 from services.export.preview import encode_jpeg
 from services.pipeline.preview import MosaicBinner, binned_preview, mosaic_preview
@@ -125,8 +126,8 @@ def run(scale: float, repeats: int, work: Path, mosaic_only: bool = False, threa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.bench.preview", description=__doc__.split("\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="IQ3_S sensor scale (1.0 = 80 MP)")
+    parser = argparse.ArgumentParser(prog="strata bench preview", description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", type=positive_float, default=1.0, help="IQ3_S sensor scale (1.0 = 80 MP)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     parser.add_argument("--mosaic-only", action="store_true",

@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from lab.args import positive_float
 from lab.bench.pipeline import machine, procedural_mosaic, write_frame
 from lab.bench.sampler import ResourceSampler, busy_summary, cpu_summary
 from services.local_service import local_service
@@ -347,7 +348,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--token", default=None, help="station token (default: the local service's)")
     ap.add_argument("--data-dir", type=Path, default=None,
                     help="data directory of the `strata serve` to use (default STRATA_DATA_DIR, ./var, the last one)")
-    ap.add_argument("--scale", type=float, default=1.0, help="linear size relative to the real sensors")
+    ap.add_argument("--scale", type=positive_float, default=1.0, help="linear size relative to the real sensors")
     ap.add_argument("--frames", type=int, default=8, help="frames of the `stack` scenario")
     ap.add_argument("--scenarios", default="single,stack",
                     help="comma list of single, stack4, stack8, stack (--frames), batch")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lab.args import positive_float
 from lab.quality.report import machine_info
 from services.pipeline.stack import frame_shifts, pixel_shift_offsets
 
@@ -39,7 +40,7 @@ def _frames(scale: float, seed: int) -> list[Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="strata bench shifts", description=__doc__.splitlines()[0])
-    ap.add_argument("--scale", type=float, default=1.0, help="linear scale of the 50 MP frames")
+    ap.add_argument("--scale", type=positive_float, default=1.0, help="linear scale of the 50 MP frames")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (a coordinator's: cores / slots)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--seed", type=int, default=0)

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from lab.args import positive_float
 from lab.bench.pipeline import machine
 from lab.bench.service import run_job, shot_files
 
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("mode", choices=["upload", "service"])
     ap.add_argument("--mb", type=int, default=1024, help="upload: total stack size in MiB")
     ap.add_argument("--frames", type=int, default=8, help="upload: frames in the stack")
-    ap.add_argument("--scale", type=float, default=0.05, help="service: IQ3_S frame scale")
+    ap.add_argument("--scale", type=positive_float, default=0.05, help="service: IQ3_S frame scale")
     ap.add_argument("--repeats", type=int, default=5, help="service: warm runs per backend")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from lab.args import positive_float, torch_device
 from lab.quality import benchmark
 from lab.quality.anchors import LIBRAW_METHODS
 from lab.quality.benchmark import DEFAULT_SCALE, run_benchmark
@@ -22,13 +23,14 @@ def _csv(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options of ``strata quality``."""
     ap = argparse.ArgumentParser(prog="strata quality", description=(benchmark.__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--scale", type=float, default=DEFAULT_SCALE, help="frame size as a fraction of IQ3_S")
+    ap.add_argument("--scale", type=positive_float, default=DEFAULT_SCALE, help="frame size as a fraction of IQ3_S")
     ap.add_argument("--levels", default=",".join(LEVELS), help="noise levels (names or shot coefficients)")
     ap.add_argument("--content", default=None,
                     help="comma list: photo:NNN, skimage:NAME, a path, dead_leaves:SEED (default: held-out set)")
     ap.add_argument("--photos-dir", type=Path, default=None, help="photographs (default ../shared/data/photos)")
     ap.add_argument("--cfa", default=None, choices=CFA_CYCLE, help="one CFA phase (default: cycle all four)")
-    ap.add_argument("--device", default=None, help="torch device for the Strata path (default cuda if present)")
+    ap.add_argument("--device", type=torch_device, default=None,
+                    help="torch device for the Strata path (default cuda if present)")
     ap.add_argument("--methods", default=None,
                     help="comma list of packages (name or path; NAME@N renders it as a self-ensemble of N "
                          "orientations: the max tier is strata_jdd_v2.strata@4; NAME@auto as the best tier picks, two "

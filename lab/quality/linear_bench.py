@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
+from lab.args import torch_device
 from lab.quality.stack_bench import psnr as psnr16
 from lab.synth.synth import synthesize_linear_shot
 from services.pipeline.render import render_mosaic
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--size", default="768x512", help="WxH")
     ap.add_argument("--content", default="dead_leaves")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", type=torch_device, default="cpu")
     args = ap.parse_args(argv)
     width, height = (int(v) for v in args.size.split("x"))
     report: dict[str, dict[str, float]] = {}

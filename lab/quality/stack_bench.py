@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import tifffile
 
+from lab.args import positive_float, torch_device
 from lab.quality.anchors import LIBRAW_AHD, LibRawRunner, libraw_render
 from lab.quality.report import CROP_SIZE, CROP_ZOOM, detail_window, write_strip
 from lab.synth.stack_synth import synthesize_stack
@@ -311,10 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry: ``--scale``, ``--seed``, ``--noise``, ``--device``, ``--json PATH``."""
     parser = argparse.ArgumentParser(prog="strata bench stack",
                                      description="Stack quality benchmark on synthetic stacks.")
-    parser.add_argument("--scale", type=float, default=0.1)
+    parser.add_argument("--scale", type=positive_float, default=0.1)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--noise", type=float, default=0.002, help="shot-noise coefficient (mid noise: 0.002)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=torch_device, default="cpu")
     parser.add_argument("--content", action="append", default=None,
                         help="dead_leaves (default), photo:NNN, skimage:NAME or an image path; repeatable")
     parser.add_argument("--photos", type=Path, default=None, help="directory of photo:NNN (../shared/data/photos)")
@@ -330,9 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     contents = args.content or ["dead_leaves"]
-    if args.noise < 0 or args.max_shift < 0 or args.scale <= 0:
-        parser.error(f"--noise and --max-shift must be >= 0 and --scale > 0, got {args.noise}, {args.max_shift}, "
-                     f"{args.scale}")
+    if args.noise < 0 or args.max_shift < 0:
+        parser.error(f"--noise and --max-shift must be >= 0, got {args.noise}, {args.max_shift}")
     for spec in contents:
         problem = content_problem(spec, args.photos, seeded=False)
         if problem:

@@ -162,3 +162,19 @@ def test_the_stack_benchmark_refuses_bad_input_before_it_runs(argv: list[str], s
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("module", "argv", "says"), [
+    ("lab.bench.enhance", ["--device", "cuda:7"], "argument --device: cuda:7:"),
+    ("lab.bench.pipeline", ["--devices", "cpu,cuda:7"], "argument --devices: cuda:7:"),
+    ("lab.quality.stack_bench", ["--device", "tpu"], "argument --device: "),
+    ("lab.bench.preview", ["--scale", "-1"], "argument --scale: must be a finite number above 0, got -1"),
+    ("lab.bench.service", ["--scale", "x"], "argument --scale: 'x' is not a number"),
+])
+def test_the_benchmarks_refuse_a_device_or_scale_that_cannot_work(module: str, argv: list[str], says: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(module).main(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
