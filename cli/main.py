@@ -8,7 +8,7 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -17,6 +17,9 @@ from rich.console import Console
 from cli.storage import storage_app
 from services.config import get_settings
 from services.local_service import local_service, remember_local_service
+
+if TYPE_CHECKING:
+    from workers.launcher import Supervisor
 
 app = typer.Typer(help="Strata: asynchronous RAW render service. Exit codes: 0 ok, 1 a job failed, 2 bad usage, "
                   "3 service unreachable, 4 token refused.", no_args_is_help=True,
@@ -53,6 +56,29 @@ def _use_data_dir(data_dir: Path | None, create: bool = True) -> Path:
     return settings.data_dir
 
 
+def _upgrade(stop: Supervisor | None = None) -> None:
+    """Bring the configured database to the latest schema; one that cannot be reached or read stops the command
+    with exit 2 and the database's error in one line (its password hidden), not a traceback (``stop``: the
+    supervisor of what was started already, stopped first)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from services.db.migrate import upgrade
+
+    try:
+        upgrade()
+    except SQLAlchemyError as exc:
+        url = get_settings().resolved_database_url
+        try:
+            shown = make_url(url).render_as_string(hide_password=True)
+        except ArgumentError:
+            shown = url.rpartition("@")[2]
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        if stop is not None:
+            stop.stop()
+        raise _fail(f"the database {shown} cannot be used: {reason} (STRATA_DATABASE_URL)", 2) from None
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     console.print(f"[red]error:[/red] {message}")
     return typer.Exit(code)
@@ -62,9 +88,8 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 def db_upgrade(data_dir: DataDir = None) -> None:
     """Create or upgrade the database schema (Alembic)."""
     _use_data_dir(data_dir)
-    from services.db.migrate import upgrade
 
-    upgrade()
+    _upgrade()
     console.print("database is at the latest revision")
 
 
@@ -83,12 +108,11 @@ def token_create(
     if not who:
         raise _fail("give --station NAME (or --admin --name NAME)")
     _use_data_dir(data_dir)
-    from services.db.migrate import upgrade
     from services.db.session import session_scope
     from services.errors import StrataError
     from services.stations import create_station_token
 
-    upgrade()
+    _upgrade()
     try:
         with session_scope() as session:
             token = create_station_token(session, who, replace=rotate, role="admin" if admin else "station")
@@ -102,11 +126,10 @@ def token_create(
 def token_list(data_dir: DataDir = None) -> None:
     """Every station and admin: name, role, created, revoked."""
     _use_data_dir(data_dir)
-    from services.db.migrate import upgrade
     from services.db.session import session_scope
     from services.stations import list_tokens
 
-    upgrade()
+    _upgrade()
     with session_scope() as session:
         tokens = list_tokens(session)
     for t in tokens:  # tab-separated: name, role, created, live|revoked
@@ -117,12 +140,11 @@ def token_list(data_dir: DataDir = None) -> None:
 def token_revoke(name: str, data_dir: DataDir = None) -> None:
     """Revoke NAME's token: refused from now on (its jobs stay)."""
     _use_data_dir(data_dir)
-    from services.db.migrate import upgrade
     from services.db.session import session_scope
     from services.errors import StrataError
     from services.stations import revoke_token
 
-    upgrade()
+    _upgrade()
     try:
         with session_scope() as session:
             revoke_token(session, name)
@@ -163,12 +185,9 @@ def serve(
     """Run everything on this machine: API, coordinator, one worker per GPU, and Redis if none is configured."""
     import httpx
 
-    from services.db.migrate import upgrade
     from workers.launcher import ProcSpec, Supervisor, free_port, lease_releaser, redis_spec, worker_specs
 
-    problem = _port_problem(host, port)
-    if problem:  # before anything starts: else the API child fails alone and /readyz may answer from the other program
-        raise _fail(f"cannot serve on {host}:{port}: {problem} (another program holds it? pass --port)", 2)
+    _check_port(host, port)  # before anything starts: else the API child fails alone, /readyz asks the other program
     data = _use_data_dir(data_dir).resolve()
     os.environ["STRATA_DATA_DIR"] = str(data)
     settings = get_settings()
@@ -183,7 +202,7 @@ def serve(
         _wait_redis(settings.redis_url or "", 15)
         console.print(f"started a private Redis on 127.0.0.1:{rport} (data in {data / 'redis'}, AOF on)")
     sup.on_exit = lease_releaser(settings)  # a dead worker's work is re-dispatched at once, not when its beat ends
-    upgrade()
+    _upgrade(stop=sup)
     token_path = ensure_local_token()
     specs.append(ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
                                   "--host", host, "--port", str(port), "--log-level", "warning"],
@@ -213,6 +232,13 @@ def serve(
         sup.run_forever()
     finally:
         console.print("stopped")
+
+
+def _check_port(host: str, port: int) -> None:
+    """Exit 2 where the API could not listen on ``host:port``."""
+    problem = _port_problem(host, port)
+    if problem:
+        raise _fail(f"cannot serve on {host}:{port}: {problem} (another program holds it? pass --port)", 2)
 
 
 def _port_problem(host: str, port: int) -> str | None:

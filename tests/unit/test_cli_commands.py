@@ -370,3 +370,18 @@ def test_serve_refuses_a_data_dir_it_cannot_write(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert f"data dir {tmp_path / 'a-file' / 'data'} cannot be used: Not a directory" in done.stdout + done.stderr
+
+
+def test_a_database_that_cannot_be_reached_is_one_line_with_its_password_hidden(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "300",
+           "STRATA_DATABASE_URL": "postgresql+psycopg://strata:s3cret@127.0.0.1:1/strata"}
+    done = subprocess.run([sys.executable, "-m", "cli.main", "db", "upgrade", "--data-dir", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2
+    assert "the database postgresql+psycopg://strata:***@127.0.0.1:1/strata cannot be used: connection" in out
+    assert "s3cret" not in out and "Traceback" not in out
