@@ -1,5 +1,6 @@
 """DNGs of sensor layouts Strata refuses or renders specially, written with the project's DNG tags (tifffile):
-X-Trans-like (6x6 CFA), CMYG 2x2, monochrome, and a plain linear DNG. Each is a real file LibRaw opens."""
+X-Trans-like (6x6 CFA), CMYG 2x2, monochrome, and a plain linear DNG, each a real file LibRaw opens; and images
+smaller than LibRaw reads (it refuses them as "Unsupported file format")."""
 
 from __future__ import annotations
 
@@ -111,6 +112,13 @@ def linear_dng(h: int = 48, w: int = 72) -> bytes:
         return path.read_bytes()
 
 
+def narrow_dng() -> bytes:
+    """A Bayer DNG 21 pixels wide: one below the smallest raw image LibRaw reads (it reads 22 x 22)."""
+    return _tiff(_mosaic(48, 21), PHOTOMETRIC_CFA, _tags([
+        (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True), (TAG_CFA_PATTERN, "B", 4, (0, 1, 1, 2), True),
+        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]))
+
+
 # name -> (writer, a phrase the 422's reason must hold)
 REFUSED: dict[str, tuple[Callable[[], bytes], str]] = {
     "x-trans": (xtrans_dng, "X-Trans 6x6 CFA is not supported"),
@@ -120,4 +128,6 @@ REFUSED: dict[str, tuple[Callable[[], bytes], str]] = {
     "monochrome": (monochrome_dng, "monochrome DNG"),
     "monochrome linear": (monochrome_linear_dng, "monochrome linear DNG"),
     "floating point": (float_linear_dng, "floating-point DNG"),
+    "too narrow": (narrow_dng, "a 21 x 48 pixel raw image (LibRaw reads at least 22 x 22)"),
+    "tiny linear": (lambda: linear_dng(5, 7), "a 7 x 5 pixel raw image"),
 }

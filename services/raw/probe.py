@@ -47,6 +47,8 @@ RENDERED = "Strata renders 2x2 RGB Bayer and 3-channel linear DNGs"
 # TIFF/EP CFAPlaneColor codes.
 _PLANE_COLOURS = {0: "red", 1: "green", 2: "blue", 3: "cyan", 4: "magenta", 5: "yellow", 6: "white"}
 _BAYER = ("RGGB", "BGGR", "GRBG", "GBRG")
+# LibRaw (the decoder) refuses raw images narrower or shorter than this ("Unsupported file format").
+MIN_SIDE = 22
 
 
 @dataclass
@@ -72,7 +74,8 @@ def probe_raw(source: Path | BinaryIO) -> RawProbe:
     TIFF structure are fetched, by ranged reads, never the whole upload).
     Raises ``BadRawFile`` ("not a RAW file: ..." or "truncated: ...") for bad input, and ``UnsupportedSensor``
     for a DNG whose sensor layout Strata does not render (X-Trans or other non-Bayer CFAs, monochrome, linear
-    DNGs of other than 3 samples, floating point): the reason names the layout. Nothing else.
+    DNGs of other than 3 samples, floating point) or whose raw image is smaller than LibRaw reads (``MIN_SIDE``):
+    the reason names the layout or the size. Nothing else.
     """
     if not isinstance(source, Path | str):
         return _probe_stream(source)
@@ -248,6 +251,8 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
     if raw_ifds:
         main = _main_ifd(raw_ifds)
         width, height = int(main.imagewidth), int(main.imagelength)
+        if is_dng and min(width, height) < MIN_SIDE:
+            raise _unsupported(f"a {width} x {height} pixel raw image (LibRaw reads at least {MIN_SIDE} x {MIN_SIDE})")
     elif is_cr2 and len(ifds) > 3:
         width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
     return RawProbe(make=make, model=model, width=width, height=height, format=fmt, layout=layout)
