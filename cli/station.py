@@ -99,7 +99,8 @@ def shot_fields(shot: Shot, *, camera: str | None, recipes: list[str], priority:
 def post_shot(client: httpx.Client, endpoint: str, shot: Shot, data: dict[str, Any], progress: Progress,
               overall: TaskID | None = None) -> dict[str, Any]:
     """Upload ``shot`` to ``endpoint`` (``/v1/jobs`` or a batch's ``/shots``) with a bar of its own that also
-    advances ``overall``; the job. A try that fails takes its bytes back off the overall bar."""
+    advances ``overall``; the job. A try that will be retried (:class:`Unreachable`) takes its bytes back off the
+    overall bar; a refused shot's bytes stay on it (they were sent, and the bar's speed stays positive)."""
     total = sum(p.stat().st_size for p in shot.files)
     task = progress.add_task(f"upload {shot.name}"[:40], total=total)
     tasks = [task] if overall is None else [task, overall]
@@ -117,7 +118,7 @@ def post_shot(client: httpx.Client, endpoint: str, shot: Shot, data: dict[str, A
         return dict(resp.json())
     if resp is not None:
         error = _error(resp)
-    if overall is not None:
+    if overall is not None and isinstance(error, Unreachable):
         progress.advance(overall, -sum(r.sent for r in readers))
     progress.remove_task(task)
     raise error

@@ -112,11 +112,17 @@ def linear_dng(h: int = 48, w: int = 72) -> bytes:
         return path.read_bytes()
 
 
+def bayer_dng(h: int = 48, w: int = 72, pattern: str = "RGGB") -> bytes:
+    """A Bayer DNG of the given size and 2x2 pattern (random content)."""
+    return _tiff(_mosaic(h, w), PHOTOMETRIC_CFA, _tags([
+        (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
+        (TAG_CFA_PATTERN, "B", 4, tuple("RGB".index(c) for c in pattern), True),
+        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]))
+
+
 def narrow_dng() -> bytes:
     """A Bayer DNG 21 pixels wide: one below the smallest raw image LibRaw reads (it reads 22 x 22)."""
-    return _tiff(_mosaic(48, 21), PHOTOMETRIC_CFA, _tags([
-        (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True), (TAG_CFA_PATTERN, "B", 4, (0, 1, 1, 2), True),
-        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]))
+    return bayer_dng(48, 21)
 
 
 # name -> (writer, a phrase the 422's reason must hold)

@@ -15,13 +15,22 @@ from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Frame, Job, Output, Station, as_utc, utcnow
 from services.db.session import execute_update
-from services.errors import BadInput, BadRawFile, ChecksumMismatch, Conflict, Gone, NotFound, UnsupportedSensor
+from services.errors import (
+    BadInput,
+    BadRawFile,
+    ChecksumMismatch,
+    Conflict,
+    FramesMismatch,
+    Gone,
+    NotFound,
+    UnsupportedSensor,
+)
 from services.export.naming import sanitise, validate_template
 from services.export.recipes import resolve_recipes
 from services.jobs import retention
 from services.jobs.cameras import resolve_camera
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, in_batch_lane, parse_enum
-from services.raw.probe import probe_raw
+from services.raw.probe import RawProbe, probe_raw
 from services.stations import ensure_visible, owner_filter
 from services.storage import Storage
 from services.storage.intermediates import remove_intermediates
@@ -104,19 +113,36 @@ def discard_on_error(storage: Storage, job_id: str) -> Iterator[None]:
 
 def probe_uploads(storage: Storage, uploads: Sequence[Upload]) -> list[ReceivedFile]:
     """Check that every upload is a RAW file (structure only, never LibRaw); ``BadRawFile`` naming the file."""
-    files = []
+    files, probes = [], []
     for u in uploads:
         try:
             with storage.open(u.storage_key) as f:  # ranged reads of the TIFF structure on object storage
                 probe = probe_raw(f)
         except (BadRawFile, UnsupportedSensor) as exc:
             raise type(exc)(f"{u.name}: {exc.reason}") from exc
+        probes.append(probe)
         files.append(ReceivedFile(u.name, u.storage_key, u.sha256, u.bytes, f"{probe.make} {probe.model}".strip(),
                                   u.original_name, make=probe.make, camera_model=probe.model, layout=probe.layout))
     if len(files) > 1 and any(f.layout == "linear" for f in files):
         raise UnsupportedSensor("a stack of linear DNGs is not supported: a linear DNG renders as a single frame "
                                 "(one file per job)")
+    check_stack_frames([f.name for f in files], probes)
     return files
+
+
+def check_stack_frames(names: Sequence[str], probes: Sequence[RawProbe]) -> None:
+    """A stack's frames whose files state their size and CFA pattern (DNGs) must agree with frame 0's:
+    :class:`FramesMismatch` naming both, at upload, instead of a job that fails at decode. What a probe could not
+    read (0 x 0, no pattern: other RAW formats) is left to the decoder's same check."""
+    for i in range(1, len(probes)):
+        name, p, first = names[i], probes[i], probes[0]
+        size, size0 = (p.width, p.height), (first.width, first.height)
+        if 0 not in size + size0 and size != size0:
+            raise FramesMismatch(f"{name}: frame {i} is {p.width} x {p.height} pixels but frame 0 ({names[0]}) is "
+                                 f"{first.width} x {first.height}: a stack's frames must have one size")
+        if p.cfa and first.cfa and p.cfa != first.cfa:
+            raise FramesMismatch(f"{name}: frame {i} has the CFA pattern {p.cfa} but frame 0 ({names[0]}) has "
+                                 f"{first.cfa}: a stack's frames must have one pattern")
 
 
 def source_camera(files: Sequence[ReceivedFile]) -> dict[str, str]:

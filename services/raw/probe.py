@@ -56,7 +56,8 @@ class RawProbe:
     """What the probe learnt about an upload; width/height are 0 when the format is not parsed.
 
     ``layout``: the raw image's layout where the probe could read it ("bayer": a 2x2 RGB CFA, "linear": a
-    3-sample LinearRaw DNG), "" when it could not (non-TIFF formats, vendor TIFF-RAWs: LibRaw decides).
+    3-sample LinearRaw DNG), "" when it could not (non-TIFF formats, vendor TIFF-RAWs: LibRaw decides);
+    ``cfa``: a Bayer DNG's pattern as its raw IFD states it (e.g. "RGGB"), "" otherwise.
     """
 
     make: str
@@ -65,6 +66,7 @@ class RawProbe:
     height: int
     format: str
     layout: str = ""
+    cfa: str = ""
 
 
 def probe_raw(source: Path | BinaryIO) -> RawProbe:
@@ -153,9 +155,10 @@ def _unsupported(what: str) -> UnsupportedSensor:
     return UnsupportedSensor(f"{what} is not supported; {RENDERED}")
 
 
-def _cfa_layout(page: tifffile.TiffPage) -> str:
-    """"bayer" for a 2x2 RGB Bayer CFA IFD; :class:`UnsupportedSensor` naming any other CFA (X-Trans 6x6, other
-    repeat sizes, CMYG or other plane colours, 2x2 patterns that are not Bayer)."""
+def _bayer_pattern(page: tifffile.TiffPage) -> str:
+    """A 2x2 RGB Bayer CFA IFD's pattern ("RGGB", ...; "" where CFAPattern is missing); :class:`UnsupportedSensor`
+    naming any other CFA (X-Trans 6x6, other repeat sizes, CMYG or other plane colours, 2x2 patterns that are
+    not Bayer)."""
     tags = page.tags
     dim = tuple(int(v) for v in (tags.valueof(TAG_CFA_REPEAT_PATTERN_DIM) or (2, 2)))
     if dim == (6, 6):
@@ -169,13 +172,13 @@ def _cfa_layout(page: tifffile.TiffPage) -> str:
         raise _unsupported(f"a 2x2 {names} CFA ({colours})")
     pattern = tags.valueof(TAG_CFA_PATTERN_EP)
     if pattern is None:
-        return "bayer"
+        return ""
     if len(pattern) != 4 or any(int(v) >= len(planes) for v in pattern):
         raise _unsupported(f"a CFA pattern {list(pattern)} that does not fit its 2x2 repeat")
     name = "".join("RGB"[planes[int(v)]] for v in pattern)
     if name not in _BAYER:
         raise _unsupported(f"the 2x2 CFA pattern {name} (not a Bayer pattern)")
-    return "bayer"
+    return name
 
 
 def _layout(page: tifffile.TiffPage) -> str:
@@ -191,7 +194,8 @@ def _layout(page: tifffile.TiffPage) -> str:
                            else f"a linear DNG with {samples} samples per pixel")
     if samples != 1:
         raise _unsupported(f"a CFA image with {samples} samples per pixel")
-    return _cfa_layout(page)
+    _bayer_pattern(page)
+    return "bayer"
 
 
 def _dng_layout(ifds: list[tifffile.TiffPage], raw_ifds: list[tifffile.TiffPage]) -> str:
@@ -255,4 +259,5 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
             raise _unsupported(f"a {width} x {height} pixel raw image (LibRaw reads at least {MIN_SIDE} x {MIN_SIDE})")
     elif is_cr2 and len(ifds) > 3:
         width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
-    return RawProbe(make=make, model=model, width=width, height=height, format=fmt, layout=layout)
+    cfa = _bayer_pattern(_main_ifd(raw_ifds)) if layout == "bayer" else ""
+    return RawProbe(make=make, model=model, width=width, height=height, format=fmt, layout=layout, cfa=cfa)

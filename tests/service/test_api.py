@@ -16,7 +16,7 @@ from services.config import get_settings
 from services.db.session import session_scope
 from services.raw.probe import RENDERED
 from services.stations import create_station_token
-from tests.raw_layouts import REFUSED, linear_dng
+from tests.raw_layouts import REFUSED, bayer_dng, linear_dng
 
 
 @pytest.fixture
@@ -248,6 +248,23 @@ def test_sensor_layouts_strata_cannot_render_are_refused_at_upload(client: TestC
     assert body["type"] == "unsupported_sensor"
     assert body["detail"].startswith("odd.dng: ") and phrase in body["detail"] and RENDERED in body["detail"]
     assert _storage_files() == [] and _job_count(client, auth) == 0
+
+
+@pytest.mark.parametrize(("second", "phrase"), [
+    ((48, 70, "RGGB"), "b.dng: frame 1 is 70 x 48 pixels but frame 0 (a.dng) is 72 x 48: a stack's frames must "
+                       "have one size"),
+    ((48, 72, "GBRG"), "b.dng: frame 1 has the CFA pattern GBRG but frame 0 (a.dng) has RGGB"),
+])
+def test_a_stack_whose_frames_differ_is_refused_at_upload(client: TestClient, auth: dict[str, str],
+                                                          second: tuple[int, int, str], phrase: str) -> None:
+    frames = [("frames", ("a.dng", bayer_dng())), ("frames", ("b.dng", bayer_dng(*second)))]
+    r = client.post("/v1/jobs", headers=auth, files=frames, data={"camera": "IQ2_XS"})
+    assert r.status_code == 422 and r.json()["type"] == "frames_mismatch", r.text
+    assert phrase in r.json()["detail"]
+    assert _storage_files() == [] and _job_count(client, auth) == 0
+    ok = client.post("/v1/jobs", headers=auth, data={"camera": "IQ2_XS"},
+                     files=[("frames", ("a.dng", bayer_dng())), ("frames", ("b.dng", bayer_dng()))])
+    assert ok.status_code == 202, ok.text
 
 
 def test_linear_dngs_are_single_frames_only(client: TestClient, auth: dict[str, str]) -> None:

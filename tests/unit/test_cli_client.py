@@ -60,3 +60,33 @@ def test_a_corrupt_download_leaves_nothing(tmp_path: Path) -> None:
     output["sha256"] = hashlib.sha256(body).hexdigest()
     assert download_outputs(client, job, tmp_path, Console(file=io.StringIO())) == [tmp_path / "a.tif"]
     assert (tmp_path / "a.tif").read_bytes() == body and not (tmp_path / "a.tif.part").exists()
+
+
+def test_a_refused_shot_keeps_its_sent_bytes_on_the_overall_bar(tmp_path: Path) -> None:
+    """The overall upload bar counts a refused shot's bytes as sent (it went back to 0 before, showing a negative
+    speed); a try that will be retried (no answer) takes its bytes back off, so the retry does not count twice."""
+    from rich.progress import Progress
+
+    from cli.client import Unreachable
+    from cli.discovery import Shot
+    from cli.station import post_shot
+
+    shot = Shot((tmp_path / "a.dng",))
+    shot.files[0].write_bytes(b"x" * 1000)
+
+    def upload(answer: httpx.Response | None) -> float:
+        def handler(request: httpx.Request) -> httpx.Response:
+            request.read()
+            if answer is None:
+                raise httpx.ConnectError("connection refused", request=request)
+            return answer
+
+        with Progress(console=Console(file=io.StringIO())) as progress:
+            overall = progress.add_task("upload", total=1000)
+            with pytest.raises(SubmitError) as info:
+                post_shot(_client(httpx.MockTransport(handler)), "/v1/jobs", shot, {}, progress, overall)
+            assert isinstance(info.value, Unreachable) == (answer is None)
+            return progress.tasks[0].completed
+
+    assert upload(httpx.Response(422, json={"type": "not_a_raw_file", "detail": "a.dng: not a RAW file"})) == 1000
+    assert upload(None) == 0

@@ -15,7 +15,7 @@ from services.errors import BadRawFile, UnsupportedSensor
 from services.raw.colour import CameraProfile
 from services.raw.dng import PHOTOMETRIC_CFA, write_dng
 from services.raw.probe import RENDERED, probe_raw
-from tests.raw_layouts import REFUSED, linear_dng
+from tests.raw_layouts import REFUSED, bayer_dng, linear_dng
 
 
 @pytest.fixture
@@ -144,6 +144,7 @@ def test_refuses_layouts_strata_does_not_render(case: str) -> None:
 
 
 def test_linear_and_bayer_dngs_say_their_layout(dng: Path) -> None:
-    assert probe_raw(io.BytesIO(linear_dng())).layout == "linear"
-    assert probe_raw(dng).layout == "bayer"
+    assert (probe_raw(io.BytesIO(linear_dng())).layout, probe_raw(io.BytesIO(linear_dng())).cfa) == ("linear", "")
+    assert (probe_raw(dng).layout, probe_raw(dng).cfa) == ("bayer", "RGGB")
+    assert probe_raw(io.BytesIO(bayer_dng(pattern="GBRG"))).cfa == "GBRG"
 
