@@ -39,10 +39,10 @@ def _tags(cfa: list[TagTuple]) -> list[TagTuple]:
     return [t for t in base if t[0] not in _CFA_CODES] + cfa
 
 
-def _tiff(data: np.ndarray, photometric: int, tags: list[TagTuple]) -> bytes:
+def _tiff(data: np.ndarray, photometric: int, tags: list[TagTuple], compression: str | None = None) -> bytes:
     buf = io.BytesIO()
     tifffile.imwrite(buf, data, photometric=photometric, planarconfig="contig", subfiletype=0, software=False,
-                     metadata=None, extratags=tags)
+                     metadata=None, extratags=tags, compression=compression)
     return buf.getvalue()
 
 
@@ -112,12 +112,13 @@ def linear_dng(h: int = 48, w: int = 72) -> bytes:
         return path.read_bytes()
 
 
-def bayer_dng(h: int = 48, w: int = 72, pattern: str = "RGGB") -> bytes:
-    """A Bayer DNG of the given size and 2x2 pattern (random content)."""
+def bayer_dng(h: int = 48, w: int = 72, pattern: str = "RGGB", compression: str | None = None) -> bytes:
+    """A Bayer DNG of the given size and 2x2 pattern (random content); ``compression`` as tifffile names it
+    ("zlib", "lzw", "zstd": codes the DNG specification does not allow for integer raw data)."""
     return _tiff(_mosaic(h, w), PHOTOMETRIC_CFA, _tags([
         (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
         (TAG_CFA_PATTERN, "B", 4, tuple("RGB".index(c) for c in pattern), True),
-        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]))
+        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]), compression)
 
 
 def narrow_dng() -> bytes:

@@ -267,6 +267,14 @@ def test_a_stack_whose_frames_differ_is_refused_at_upload(client: TestClient, au
     assert ok.status_code == 202, ok.text
 
 
+def test_raw_data_compressed_outside_the_dng_specification_is_refused_at_upload(client: TestClient,
+                                                                               auth: dict[str, str]) -> None:
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("z.dng", bayer_dng(compression="zlib")))])
+    assert r.status_code == 422 and r.json()["type"] == "unsupported_sensor", r.text
+    assert r.json()["detail"].startswith("z.dng: DNG raw data compressed with adobe deflate (8) is not supported")
+    assert _storage_files() == [] and _job_count(client, auth) == 0
+
+
 def test_linear_dngs_are_single_frames_only(client: TestClient, auth: dict[str, str]) -> None:
     data = linear_dng()
     r = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", data)), ("frames", ("b.dng", data))])
