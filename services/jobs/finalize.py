@@ -163,7 +163,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
         session.commit()
     t1 = time.perf_counter()
     final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0,
-                  premade=found.preview)
+                  premade=found.preview, orientation=capture.orientation)
     t2 = time.perf_counter()
     remove_intermediates(storage, job_id)
     drop_if_removed(session, storage, job_id)  # DELETE .../files came while the final preview was written

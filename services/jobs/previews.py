@@ -59,6 +59,11 @@ def _srgb_colour(meta: RawMeta, render: RenderParams, mosaic: Callable[[], np.nd
     return colour.gains, colour.out_from_wb_cam
 
 
+def shot_orientation(meta: RawMeta) -> int:
+    """The shot's EXIF Orientation as the file recorded it (1 where it did not)."""
+    return meta.capture.orientation if meta.capture is not None else 1
+
+
 def begin_fast_preview(storage: Storage, job: Job, meta: RawMeta, render: RenderParams, bins: MosaicBinner,
                        batch_nice: int = 0) -> None:
     """At ingest, once frame 0 is decoded and binned (on the way, :class:`MosaicBinner`) and the shot's colour
@@ -69,7 +74,7 @@ def begin_fast_preview(storage: Storage, job: Job, meta: RawMeta, render: Render
     def encode() -> bytes:
         gains, matrix = _srgb_colour(meta, render, lambda: storage.load_array(raw_key(job_id, 0)))
         return encode_jpeg(binned_preview(bins, cfa=meta.cfa, black=render.black, white=render.white,
-                                          gains=gains, srgb_from_wb_cam=matrix))
+                                          gains=gains, srgb_from_wb_cam=matrix), orientation=shot_orientation(meta))
 
     future: Future[bytes] = Future()
 
@@ -113,7 +118,7 @@ def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta,
         else:
             rgb = mosaic_preview(mosaic, cfa=meta.cfa, black=render.black, white=render.white, gains=gains,
                                  srgb_from_wb_cam=matrix)
-        return write_preview(storage, job_id, rgb)
+        return write_preview(storage, job_id, rgb, shot_orientation(meta))
 
     try:
         etag = (store_preview(storage, job_id, pending.result(timeout=PENDING_TIMEOUT_S)) if pending is not None
@@ -129,17 +134,19 @@ def fast_preview(session: Session, storage: Storage, job_id: str, meta: RawMeta,
 
 def final_preview(session: Session, storage: Storage, job_id: str,
                   srgb_bands: Sequence[tuple[int, np.ndarray]] | None, nice: int = 0,
-                  premade: Sequence[tuple[int, np.ndarray]] = ()) -> None:
+                  premade: Sequence[tuple[int, np.ndarray]] = (), orientation: int = 1) -> None:
     """At finalize: the preview becomes a downscale of the final render's sRGB strips (``srgb_bands``; a job
     whose recipes render no sRGB keeps its fast preview, which is sRGB); computed ``nice`` lower (batch lane), or
-    from the block sums the GPU workers made beside the strips (``premade``)."""
+    from the block sums the GPU workers made beside the strips (``premade``); tagged with the shot's EXIF
+    ``orientation``."""
     t0 = time.perf_counter()
     BYTES_WRITTEN.inc(sum(session.scalars(select(Output.bytes).where(Output.job_id == job_id))))
     if srgb_bands is None:
         return
     bands = srgb_bands
     try:
-        etag = at_low_priority(lambda: write_preview(storage, job_id, strips_preview(bands, premade=premade)), nice)
+        etag = at_low_priority(lambda: write_preview(storage, job_id, strips_preview(bands, premade=premade),
+                                                     orientation), nice)
     except Exception:  # noqa: BLE001 - as above
         log.exception("job %s: final preview failed", job_id)
         return

@@ -166,6 +166,39 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     assert max(big) <= 1600 and abs(big[0] / big[1] - image.size[0] / image.size[1]) < 0.02
 
 
+def test_a_portrait_shots_previews_carry_its_orientation(client: TestClient, synth_dir: Path) -> None:
+    """A shot the camera recorded as turned (EXIF Orientation 6, rotate 90 CW) gets fast and final previews that say
+    so, as its proofs and TIFFs do, so the dashboard shows it upright; a plain shot's previews carry no EXIF."""
+    import tifffile
+
+    data = bytearray((synth_dir / "iq3s" / "frame_00.dng").read_bytes())
+    with tifffile.TiffFile(io.BytesIO(bytes(data))) as tif:
+        at = tif.pages.first.tags[274].valueoffset
+    data[at : at + 2] = (6).to_bytes(2, "little" if data[:2] == b"II" else "big")
+    a = _token("station-a")
+    r = client.post("/v1/jobs", headers=a, files=[("frames", ("portrait.dng", bytes(data)))])
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    from services.config import get_settings
+    from services.jobs import flow
+    from services.jobs.previews import preview_ingested
+    from services.storage import get_storage
+
+    with session_scope() as session:
+        flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers=1)
+    with session_scope() as session:
+        preview_ingested(session, get_storage(), job_id)
+    fast = Image.open(io.BytesIO(client.get(f"/v1/jobs/{job_id}/preview", headers=a).content))
+    assert fast.getexif().get(274) == 6
+    _run(job_id)
+    final = client.get(f"/v1/jobs/{job_id}/preview", headers=a)
+    assert client.get(f"/v1/jobs/{job_id}", headers=a).json()["preview_kind"] == "final"
+    assert Image.open(io.BytesIO(final.content)).getexif().get(274) == 6
+    plain = _submit(client, a, synth_dir, "plain.dng")
+    _run(plain["id"])
+    assert 274 not in Image.open(io.BytesIO(client.get(f"/v1/jobs/{plain['id']}/preview", headers=a).content)).getexif()
+
+
 def test_preview_of_a_job_failed_at_decode_is_404(client: TestClient, synth_dir: Path) -> None:
     """The upload passes the probe, then its stored bytes are cut (a disk fault): ingest fails at decode."""
     from services.config import get_settings
