@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import httpx
 from rich.console import Console
@@ -202,30 +204,63 @@ def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, cons
     return job
 
 
-def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, console: Console) -> list[Path]:
+_FILENAME_STAR = re.compile(r"filename\*=UTF-8''([^;\s]+)", re.IGNORECASE)
+
+
+def local_name(content_disposition: str | None, name: str) -> str:
+    """The name to save an output under: the service's ``filename*`` (the shot's own spelling, e.g. ``写真.tif``
+    where the output is ``frame_00.tif``) when it is a plain file name with ``name``'s extension, else ``name``."""
+    found = _FILENAME_STAR.search(content_disposition or "")
+    if not found:
+        return name
+    offered = unquote(found.group(1))
+    plain = (offered == PurePosixPath(offered).name and "\\" not in offered and not offered.startswith(".")
+             and all(c.isprintable() for c in offered))
+    return offered if plain and PurePosixPath(offered).suffix == PurePosixPath(name).suffix else name
+
+
+def unique_path(dest: Path, taken: set[str] | None) -> Path:
+    """``dest``, or ``<stem>_2<ext>``, ``_3``, ... when an earlier download of the same run took it (compared
+    case-insensitively, as macOS and Windows disks do); records the path taken. ``taken`` None: ``dest``."""
+    if taken is None:
+        return dest
+    candidate, n = dest, 1
+    while str(candidate).casefold() in taken:
+        n += 1
+        candidate = dest.with_name(f"{dest.stem}_{n}{dest.suffix}")
+    taken.add(str(candidate).casefold())
+    return candidate
+
+
+def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, console: Console,
+                     taken: set[str] | None = None) -> list[Path]:
     """Download a done job's outputs into ``out_dir`` with a progress bar: each into a .part file, hashed while
-    streaming, renamed only once it matches the job's sha256."""
+    streaming, renamed only once it matches the job's sha256. Each is saved under the shot's own spelling where
+    the service offers it (:func:`local_name`); ``taken``: the paths saved earlier in the same run (``strata
+    submit``), never overwritten by another shot's output (:func:`unique_path`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = []
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=console) as downloading:
         for o in job["outputs"]:
-            dest = out_dir / o["name"]
-            part = dest.with_name(dest.name + ".part")
             bar = downloading.add_task(f"download {o['name']}", total=o["bytes"])
             digest = hashlib.sha256()
+            part: Path | None = None
             try:
                 with client.stream("GET", o["url"]) as r:
                     if r.status_code != 200:
                         r.read()
                         raise _error(r)
+                    dest = unique_path(out_dir / local_name(r.headers.get("content-disposition"), o["name"]), taken)
+                    part = dest.with_name(dest.name + ".part")
                     with open(part, "wb") as f:
                         for chunk in r.iter_bytes(1 << 20):
                             f.write(chunk)
                             digest.update(chunk)
                             downloading.advance(bar, len(chunk))
             except httpx.HTTPError as exc:
-                part.unlink(missing_ok=True)
+                if part is not None:
+                    part.unlink(missing_ok=True)
                 raise SubmitError(f"download of {o['name']} failed: {exc}") from exc
             if digest.hexdigest() != o["sha256"]:
                 part.unlink(missing_ok=True)

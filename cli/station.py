@@ -185,12 +185,15 @@ def wait_for_shots(client: httpx.Client, results: list[ShotResult], timeout: flo
 
 
 def download_results(client: httpx.Client, results: list[ShotResult], out: Path, console: Console) -> None:
-    """Save each done job's outputs into ``out / shot.rel_dir``; a failed download is that shot's error."""
+    """Save each done job's outputs into ``out / shot.rel_dir``; a failed download is that shot's error. Two shots
+    whose outputs would have one path (``shot.dng`` and ``shot.iiq`` in one folder) both keep theirs: the later
+    one's gets ``_2``."""
+    taken: set[str] = set()
     for r in results:
         if r.job is None or r.job["status"] != "done":
             continue
         try:
-            r.paths = download_outputs(client, r.job, out / r.shot.rel_dir, console)
+            r.paths = download_outputs(client, r.job, out / r.shot.rel_dir, console, taken)
         except SubmitError as exc:
             r.error = str(exc)
             console.print(f"[red]{r.shot.name}: {exc}[/red]")

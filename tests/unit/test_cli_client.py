@@ -90,3 +90,39 @@ def test_a_refused_shot_keeps_its_sent_bytes_on_the_overall_bar(tmp_path: Path) 
 
     assert upload(httpx.Response(422, json={"type": "not_a_raw_file", "detail": "a.dng: not a RAW file"})) == 1000
     assert upload(None) == 0
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("attachment; filename=\"frame_00.tif\"; filename*=UTF-8''%E5%86%99%E7%9C%9F.tif", "写真.tif"),
+    ('attachment; filename="frame_00.tif"', "frame_00.tif"),  # plain ASCII names send no filename*
+    (None, "frame_00.tif"),
+    ("attachment; filename*=UTF-8''..%2Fevil.tif", "frame_00.tif"),  # a separator: never a path
+    ("attachment; filename*=UTF-8''.hidden.tif", "frame_00.tif"),
+    ("attachment; filename*=UTF-8''%E5%86%99.jpg", "frame_00.tif"),  # not the output's extension
+])
+def test_the_local_name_is_the_services_spelling_when_it_is_a_plain_file_name(header: str | None,
+                                                                              expected: str) -> None:
+    from cli.client import local_name
+
+    assert local_name(header, "frame_00.tif") == expected
+
+
+def test_shots_whose_outputs_share_a_name_both_keep_theirs(tmp_path: Path) -> None:
+    """Two shots with names that fold to the same output (写真.dng and 日本語.dng both became frame_00.tif; shot.dng
+    and shot.iiq both shot.tif) are saved side by side in one run, the later with _2, not one over the other."""
+    bodies = {"j1": b"II*\x00first", "j2": b"II*\x00second"}
+
+    def job(job_id: str) -> dict[str, Any]:
+        body = bodies[job_id]
+        return {**JOB, "id": job_id, "status": "done", "outputs": [
+            {"name": "shot.tif", "url": f"/v1/jobs/{job_id}/outputs/shot.tif", "bytes": len(body),
+             "sha256": hashlib.sha256(body).hexdigest()}]}
+
+    client = _client(httpx.MockTransport(lambda r: httpx.Response(200, content=bodies[r.url.path.split("/")[3]])))
+    taken: set[str] = set()
+    first = download_outputs(client, job("j1"), tmp_path, Console(file=io.StringIO()), taken)
+    second = download_outputs(client, job("j2"), tmp_path, Console(file=io.StringIO()), taken)
+    assert [p.name for p in first + second] == ["shot.tif", "shot_2.tif"]
+    assert first[0].read_bytes() == bodies["j1"] and second[0].read_bytes() == bodies["j2"]
+    again = download_outputs(client, job("j1"), tmp_path, Console(file=io.StringIO()))  # a new run: same path
+    assert again == first
