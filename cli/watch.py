@@ -189,10 +189,15 @@ class Watcher:
                 entry["status"] = job["status"]
                 self.state.save()
 
+    def _taken_by_others(self, rel: str) -> set[str]:
+        """The paths other files' outputs were saved under (``shot.IIQ``'s ``shot.tif`` is kept when ``shot.dng``
+        arrives later: that one's becomes ``shot_2.tif``); ``rel``'s own are rewritten when it is sent again."""
+        return {p.casefold() for other, e in self.state.files.items() if other != rel for p in e.get("saved") or []}
+
     def _save_outputs(self, rel: str, entry: dict[str, Any], job: dict[str, Any]) -> None:
         dest = (self.root / rel).parent if self.out is None else self.out / Path(rel).parent
         try:
-            paths = download_outputs(self.client, job, dest, self.console)
+            paths = download_outputs(self.client, job, dest, self.console, self._taken_by_others(rel))
         except Unreachable:
             raise
         except SubmitError as exc:

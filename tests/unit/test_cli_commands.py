@@ -266,6 +266,27 @@ def test_watch_sends_a_file_once_and_a_restart_resends_nothing(api: FakeApi, tmp
     assert restarted.pending() == ["b.dng"]
 
 
+def test_watch_keeps_both_outputs_of_two_files_with_one_stem(api: FakeApi, tmp_path: Path) -> None:
+    """shot.dng and shot.IIQ in one folder both render to a.tif here: the second is saved as a_2.tif, not over the
+    first's; a changed file sent again rewrites its own output."""
+    _serve_jobs(api, {"j1": "done", "j2": "done", "j3": "done"})
+    first = _raw(tmp_path / "a.dng")
+    clock = [1000.0]
+    w = _watcher(api, tmp_path, clock)
+    assert _settle(w, clock) == 1
+    w.collect()
+    _raw(tmp_path / "a.IIQ", b"II*\x00second")
+    assert _settle(w, clock) == 1
+    w.collect()
+    files = json.loads((tmp_path / STATE_NAME).read_text())["files"]
+    assert files["a.dng"]["saved"] == [str(tmp_path / "a.tif")]
+    assert files["a.IIQ"]["saved"] == [str(tmp_path / "a_2.tif")]
+    first.write_bytes(b"II*\x00changed")
+    assert _settle(w, clock) == 1
+    w.collect()
+    assert json.loads((tmp_path / STATE_NAME).read_text())["files"]["a.dng"]["saved"] == [str(tmp_path / "a.tif")]
+
+
 def test_watch_resends_a_changed_file_and_skips_partial_copies(api: FakeApi, tmp_path: Path) -> None:
     _serve_jobs(api, {"j1": "done", "j2": "done"})
     a = _raw(tmp_path / "a.dng")
