@@ -232,12 +232,24 @@ def unique_path(dest: Path, taken: set[str] | None) -> Path:
     return candidate
 
 
+def same_file(path: Path, size: int, sha256: str) -> bool:
+    """``path`` exists with this size and sha256 (an output an earlier run saved already)."""
+    if not path.is_file() or path.stat().st_size != size:
+        return False
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest() == sha256
+
+
 def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, console: Console,
-                     taken: set[str] | None = None) -> list[Path]:
+                     taken: set[str] | None = None, keep_same: bool = False) -> list[Path]:
     """Download a done job's outputs into ``out_dir`` with a progress bar: each into a .part file, hashed while
     streaming, renamed only once it matches the job's sha256. Each is saved under the shot's own spelling where
     the service offers it (:func:`local_name`); ``taken``: the paths saved earlier in the same run (``strata
-    submit``), never overwritten by another shot's output (:func:`unique_path`)."""
+    submit``), never overwritten by another shot's output (:func:`unique_path`); ``keep_same``: a file already
+    there with the output's sha256 is kept, not fetched again (``strata batch download`` run twice)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = []
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -252,6 +264,10 @@ def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, c
                         r.read()
                         raise _error(r)
                     dest = unique_path(out_dir / local_name(r.headers.get("content-disposition"), o["name"]), taken)
+                    if keep_same and same_file(dest, o["bytes"], o["sha256"]):
+                        downloading.update(bar, completed=o["bytes"])
+                        saved.append(dest)
+                        continue
                     part = dest.with_name(dest.name + ".part")
                     with open(part, "wb") as f:
                         for chunk in r.iter_bytes(1 << 20):

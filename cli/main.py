@@ -27,7 +27,7 @@ app = typer.Typer(help="Strata: asynchronous RAW render service. Exit codes: 0 o
 token_app = typer.Typer(help="Station and admin tokens.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 jobs_app = typer.Typer(help="This station's jobs: list, show, cancel, download, remove-files.", no_args_is_help=True)
-batch_app = typer.Typer(help="Overnight batches: create, status, report, list, cancel.", no_args_is_help=True)
+batch_app = typer.Typer(help="Overnight batches: create, status, report, download, list, cancel.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
@@ -830,6 +830,41 @@ def batch_report(
     else:
         out.write_bytes(data)
         console.print(f"report written to {out}")
+
+
+@batch_app.command("download")
+def batch_download(
+    batch_id: str,
+    out: Annotated[Path, typer.Option("--out", help="Where to save outputs (default: the current folder).")]
+    = Path("."),
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch to end first.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds --wait waits for the batch to end.")] = 86400,
+    api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
+) -> None:
+    """Download the outputs of a batch's rendered shots into --out, verified against their sha256 (a file
+    already there with the same bytes is kept: run it again to fetch what finished since). Prints the saved paths;
+    exit 1 when a shot failed, was cancelled or is not done yet (each is named on stderr)."""
+    from rich.markup import escape
+
+    from cli.client import SubmitError, call, connect
+    from cli.station import download_batch, wait_for_batch
+
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            if wait:
+                wait_for_batch(client, batch_id, timeout, console)
+            report = call(client, "GET", f"/v1/batches/{batch_id}/report")
+            saved, problems = download_batch(client, report.get("shots", []), out, console)
+    except SubmitError as exc:
+        raise _exit_for(exc) from exc
+    for p in saved:
+        print(p)
+    for line in problems:
+        console.print(f"[yellow]{escape(line)}[/yellow]")
+    console.print(f"batch {batch_id}: {len(saved)} file(s) saved in {out}; {len(problems)} shot(s) not saved")
+    if problems:
+        raise typer.Exit(1)
 
 
 @batch_app.command("cancel")

@@ -208,3 +208,56 @@ def exit_code(results: list[ShotResult]) -> int:
 
 __all__ = ["ShotResult", "check_recipes", "download_results", "exit_code", "offered_recipes", "post_shot",
            "shot_fields", "upload_shots", "wait_for_shots"]
+
+
+BATCH_ENDED = ("done", "failed", "cancelled")
+
+
+def wait_for_batch(client: httpx.Client, batch_id: str, timeout: float, console: Console,
+                   poll_s: float = 5.0) -> dict[str, Any]:
+    """Poll the batch with a bar (shots ended of its total) until it ends; an API that stops answering is waited
+    for until ``timeout``; :class:`SubmitError` if the batch has not ended by then."""
+    deadline = time.monotonic() + timeout
+    with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                  console=console) as waiting:
+        bar = waiting.add_task(f"batch {batch_id[:8]}", total=None)
+        while True:
+            try:
+                batch = call(client, "GET", f"/v1/batches/{batch_id}")
+            except Unreachable as exc:
+                if time.monotonic() > deadline:
+                    raise
+                waiting.update(bar, description=f"batch {batch_id[:8]}: waiting for the API ({exc})"[:70])
+                time.sleep(min(poll_s, 2.0))
+                continue
+            counts = batch.get("counts") or {}
+            ended = sum(counts.get(k, 0) for k in ("done", "failed", "cancelled", "not_run"))
+            waiting.update(bar, total=batch.get("total") or None, completed=ended,
+                           description=f"batch {batch_id[:8]}: {batch['status']}, eta {batch.get('eta') or '-'}"[:70])
+            if batch["status"] in BATCH_ENDED:
+                return batch
+            if time.monotonic() > deadline:
+                raise SubmitError(f"batch {batch_id} still {batch['status']} after {timeout:.0f} s")
+            time.sleep(poll_s)
+
+
+def download_batch(client: httpx.Client, shots: list[dict[str, Any]], out: Path, console: Console
+                   ) -> tuple[list[Path], list[str]]:
+    """Save every rendered shot's outputs of a batch report into ``out``, in the report's order: verified against
+    their sha256, a file already there with the same bytes kept (a second run fetches only what is new), two
+    shots' outputs of one name both kept (``_2``). Returns the paths and one line per shot not saved (not done
+    yet, failed, cancelled, or a download that failed); an unreachable API raises."""
+    taken: set[str] = set()
+    saved: list[Path] = []
+    problems: list[str] = []
+    for shot in shots:
+        if shot["status"] != "done":
+            problems.append(f"{shot['name']}: {shot['status']}" + (f": {shot['error']}" if shot.get("error") else ""))
+            continue
+        try:
+            saved += download_outputs(client, {"outputs": shot["outputs"]}, out, console, taken, keep_same=True)
+        except Unreachable:
+            raise
+        except SubmitError as exc:
+            problems.append(f"{shot['name']}: {exc}")
+    return saved, problems

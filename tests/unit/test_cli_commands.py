@@ -223,6 +223,32 @@ def test_batch_status_list_report_cancel(api: FakeApi, tmp_path: Path) -> None:
     assert missing.exit_code == 1 and "404" in missing.output
 
 
+def test_batch_download_saves_the_rendered_shots_and_names_the_rest(api: FakeApi, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """--wait polls until the batch ends; each done shot's outputs are saved (two of one name both kept), a failed
+    shot is named and makes the exit 1; a second run keeps the files already there and fetches nothing new."""
+    monkeypatch.setattr("cli.station.time.sleep", lambda s: None)
+    states = iter(["running", "done"])
+    api.route("GET", "/v1/batches/b1", lambda s: (200, {"id": "b1", "status": next(states, "done"), "total": 3,
+                                                        "counts": {"done": 2, "failed": 1}}))
+    shots = [{"job": j, "name": "a.dng", "status": "done", "error": None,
+              "outputs": [{**OUTPUT, "url": f"/v1/jobs/{j}/outputs/a.tif"}]} for j in ("j1", "j2")]
+    shots.append({"job": "j3", "name": "c.dng", "status": "failed", "outputs": [], "error": "decode failed: boom"})
+    api.route("GET", "/v1/batches/b1/report", (200, {"batch": {"id": "b1"}, "shots": shots}))
+    for j in ("j1", "j2"):
+        api.route("GET", f"/v1/jobs/{j}/outputs/a.tif", (200, TIFF))
+    got = runner.invoke(app, ["batch", "download", "b1", "--wait", "--out", str(tmp_path), *_auth(api)])
+    assert got.exit_code == 1, got.output
+    assert got.stdout.split() == [str(tmp_path / "a.tif"), str(tmp_path / "a_2.tif")]
+    assert "c.dng: failed: decode failed: boom" in got.stderr
+    assert (tmp_path / "a.tif").read_bytes() == TIFF == (tmp_path / "a_2.tif").read_bytes()
+    assert len(api.calls("GET", "/v1/batches/b1")) == 2  # running, then done
+    before = (tmp_path / "a.tif").stat().st_mtime_ns
+    again = runner.invoke(app, ["batch", "download", "b1", "--out", str(tmp_path), *_auth(api)])
+    assert again.exit_code == 1 and (tmp_path / "a.tif").stat().st_mtime_ns == before  # kept, not rewritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tif", "a_2.tif"]
+
+
 def test_jobs_remove_files(api: FakeApi) -> None:
     api.route("DELETE", "/v1/jobs/j1/files", (200, {**job("j1", "done"), "files_removed_at": "2026-12-04T13:00:00Z"}))
     refusal = {"type": "conflict", "title": "Conflict", "detail": "job j2 is running: cancel it before removing it"}
