@@ -18,7 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tifffile
 
 from services.batches.webhook import verify
 from tests.conftest import backend_url, configure, reset_database, restore_environment
@@ -243,3 +245,8 @@ def test_strata_batch_commands_against_the_real_service(service: Service, tmp_pa
     report = strata("batch", "report", batch_id, "--format", "csv", "--out", str(tmp_path / "report.csv"))
     assert report.returncode == 0, report.stderr
     assert len((tmp_path / "report.csv").read_text().strip().splitlines()) == 3
+    got = strata("batch", "download", batch_id, "--wait", "--out", str(tmp_path / "out"))
+    assert got.returncode == 0, got.stderr
+    saved = [Path(p) for p in got.stdout.split()]
+    assert sorted(p.name for p in saved) == ["cli_00.tif", "cli_01.tif"]
+    assert all(tifffile.imread(p).dtype == np.uint16 for p in saved)
