@@ -204,6 +204,7 @@ def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, cons
     return job
 
 
+MAX_LOCAL_NAME = 200  # bytes: with a "_2" and ".part" still under the 255 of common file systems
 _FILENAME_STAR = re.compile(r"filename\*=UTF-8''([^;\s]+)", re.IGNORECASE)
 
 
@@ -215,7 +216,7 @@ def local_name(content_disposition: str | None, name: str) -> str:
         return name
     offered = unquote(found.group(1))
     plain = (offered == PurePosixPath(offered).name and "\\" not in offered and not offered.startswith(".")
-             and all(c.isprintable() for c in offered))
+             and all(c.isprintable() for c in offered) and len(offered.encode()) <= MAX_LOCAL_NAME)
     return offered if plain and PurePosixPath(offered).suffix == PurePosixPath(name).suffix else name
 
 
@@ -250,7 +251,10 @@ def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, c
     the service offers it (:func:`local_name`); ``taken``: the paths saved earlier in the same run (``strata
     submit``), never overwritten by another shot's output (:func:`unique_path`); ``keep_same``: a file already
     there with the output's sha256 is kept, not fetched again (``strata batch download`` run twice)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SubmitError(f"cannot save outputs in {out_dir}: {exc.strerror or exc}") from exc
     saved = []
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=console) as downloading:
@@ -278,9 +282,16 @@ def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, c
                 if part is not None:
                     part.unlink(missing_ok=True)
                 raise SubmitError(f"download of {o['name']} failed: {exc}") from exc
+            except OSError as exc:  # the disk is full, a folder became read-only ...
+                if part is not None:
+                    part.unlink(missing_ok=True)
+                raise SubmitError(f"cannot save {o['name']} in {out_dir}: {exc.strerror or exc}") from exc
             if digest.hexdigest() != o["sha256"]:
                 part.unlink(missing_ok=True)
                 raise SubmitError(f"downloaded {dest} does not match its sha256")
-            part.replace(dest)
+            try:
+                part.replace(dest)
+            except OSError as exc:
+                raise SubmitError(f"cannot save {dest}: {exc.strerror or exc}") from exc
             saved.append(dest)
     return saved

@@ -38,6 +38,20 @@ console = Console(stderr=True)
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Data directory (default ./var or STRATA_DATA_DIR).")]
 
 
+def _writable_out(out: Path | None) -> None:
+    """``--out`` is (or can be made) a folder this user can write, checked before anything is sent: exit 2 with
+    the reason, not a traceback once the renders are done."""
+    if out is None:
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".strata-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise _fail(f"--out {out} cannot be used: {exc.strerror or exc}", 2) from None
+
+
 def _use_data_dir(data_dir: Path | None, create: bool = True) -> Path:
     """Point the settings (and every child process) at ``data_dir``."""
     if data_dir is not None:
@@ -466,6 +480,8 @@ def submit(
     from cli.station import ShotResult, check_recipes, download_results, exit_code, upload_shots, wait_for_shots
 
     results = [ShotResult(s) for s in _shots_or_exit(inputs, stack, stacks_by_name)]
+    if wait:
+        _writable_out(out)
     url, tok = _api_token(api, token, data_dir)
     fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
               "priority": priority.value if priority else None}
@@ -528,6 +544,7 @@ def watch(
     from cli.client import SubmitError, connect
     from cli.watch import Watcher, watch_forever, watch_once
 
+    _writable_out(out)
     stopping = threading.Event()
     # --once ends at once on SIGTERM; the hot folder finishes the step under way (a download, its state) first.
     signal.signal(signal.SIGTERM, _interrupt if once else lambda signum, frame: stopping.set())
@@ -683,6 +700,7 @@ def jobs_download(
     """Wait for a job (progress bar) and download its outputs, verified against their sha256."""
     from cli.client import SubmitError, call, connect, download_outputs, wait_for_job
 
+    _writable_out(out)
     url, tok = _api_token(api, token, data_dir)
     try:
         with connect(url, tok) as client:
@@ -849,6 +867,7 @@ def batch_download(
     from cli.client import SubmitError, call, connect
     from cli.station import download_batch, wait_for_batch
 
+    _writable_out(out)
     url, tok = _api_token(api, token, data_dir)
     try:
         with connect(url, tok) as client:

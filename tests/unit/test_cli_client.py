@@ -99,6 +99,7 @@ def test_a_refused_shot_keeps_its_sent_bytes_on_the_overall_bar(tmp_path: Path) 
     ("attachment; filename*=UTF-8''..%2Fevil.tif", "frame_00.tif"),  # a separator: never a path
     ("attachment; filename*=UTF-8''.hidden.tif", "frame_00.tif"),
     ("attachment; filename*=UTF-8''%E5%86%99.jpg", "frame_00.tif"),  # not the output's extension
+    ("attachment; filename*=UTF-8''" + "%E5%86%99" * 80 + ".tif", "frame_00.tif"),  # 244 bytes: too long a name
 ])
 def test_the_local_name_is_the_services_spelling_when_it_is_a_plain_file_name(header: str | None,
                                                                               expected: str) -> None:
@@ -126,3 +127,13 @@ def test_shots_whose_outputs_share_a_name_both_keep_theirs(tmp_path: Path) -> No
     assert first[0].read_bytes() == bodies["j1"] and second[0].read_bytes() == bodies["j2"]
     again = download_outputs(client, job("j1"), tmp_path, Console(file=io.StringIO()))  # a new run: same path
     assert again == first
+
+
+def test_an_output_that_cannot_be_saved_is_a_submit_error_not_a_traceback(tmp_path: Path) -> None:
+    body = b"II*\x00tiff"
+    job = {**JOB, "status": "done", "outputs": [{"name": "a.tif", "url": "/v1/jobs/j1/outputs/a.tif",
+                                                 "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}]}
+    client = _client(httpx.MockTransport(lambda r: httpx.Response(200, content=body)))
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(SubmitError, match="cannot save outputs in"):
+        download_outputs(client, job, tmp_path / "file" / "out", Console(file=io.StringIO()))

@@ -249,6 +249,19 @@ def test_batch_download_saves_the_rendered_shots_and_names_the_rest(api: FakeApi
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tif", "a_2.tif"]
 
 
+def test_an_out_folder_that_cannot_be_written_is_a_usage_error_before_anything_is_sent(api: FakeApi,
+                                                                                        tmp_path: Path) -> None:
+    _serve_jobs(api, {"j1": "done"})
+    _raw(tmp_path / "in" / "a.dng")
+    blocked = _raw(tmp_path / "a-file") / "out"  # a folder under a file cannot be made
+    for args in (["submit", str(tmp_path / "in")], ["jobs", "download", "j1"], ["batch", "download", "b1"],
+                 ["watch", str(tmp_path / "in"), "--once"]):
+        got = runner.invoke(app, [*args, "--out", str(blocked), *_auth(api)])
+        said = " ".join(got.output.split())
+        assert got.exit_code == 2 and f"--out {blocked} cannot be used: Not a directory" in said, (args, said)
+    assert api.calls("POST", "/v1/jobs") == []
+
+
 def test_jobs_remove_files(api: FakeApi) -> None:
     api.route("DELETE", "/v1/jobs/j1/files", (200, {**job("j1", "done"), "files_removed_at": "2026-12-04T13:00:00Z"}))
     refusal = {"type": "conflict", "title": "Conflict", "detail": "job j2 is running: cancel it before removing it"}
