@@ -8,7 +8,7 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -203,6 +203,7 @@ def serve(
 
     _check_port(host, port)  # before anything starts: else the API child fails alone, /readyz asks the other program
     data = _use_data_dir(data_dir).resolve()
+    lock = _lock_data_dir(data, port)  # held while this serve runs: a second one would share its Redis files
     os.environ["STRATA_DATA_DIR"] = str(data)
     settings = get_settings()
     specs: list[ProcSpec] = []
@@ -245,7 +246,31 @@ def serve(
     try:
         sup.run_forever()
     finally:
+        lock.close()
         console.print("stopped")
+
+
+def _lock_data_dir(data: Path, port: int) -> IO[str]:
+    """Take ``DATA/serve.lock`` (an exclusive ``flock``, released when this process ends however it ends) and write
+    this serve's pid and port in it; exit 2 naming the other serve where one holds it already: two would start two
+    private Redis servers on the same AOF files and two sets of workers on one database."""
+    import fcntl
+
+    f = open(data / "serve.lock", "a+")  # noqa: SIM115 - held open for the life of this serve
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().split()
+        f.close()
+        who = f"pid {holder[0]}, API port {holder[1]}" if len(holder) >= 2 else "another process"
+        raise _fail(f"another strata serve ({who}) is using the data dir {data}; stop it first or pass another "
+                    "--data-dir", 2) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()} {port}\n")
+    f.flush()
+    return f
 
 
 def _check_port(host: str, port: int) -> None:

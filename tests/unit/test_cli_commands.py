@@ -415,6 +415,33 @@ def test_serve_refuses_a_port_another_program_holds_before_starting_anything(tmp
     assert not (tmp_path / "data").exists()  # nothing started, nothing written
 
 
+def test_a_second_serve_on_one_data_dir_is_refused_before_it_starts_anything(tmp_path: Path) -> None:
+    """The data dir's lock is held by a running serve (here: a process holding it the same way): a second serve
+    exits 2 naming it, before it starts a Redis on the first one's files; the lock goes with its holder."""
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    data.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242 8000\\n'); f.flush(); print('held', "
+                               "flush=True); time.sleep(60)", str(data / "serve.lock")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        done = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--port", str(_closed_port()),
+                               "--data-dir", str(data)], env={**os.environ, "COLUMNS": "200"}, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join((done.stdout + done.stderr).split())
+    assert f"another strata serve (pid 4242, API port 8000) is using the data dir {data}" in said
+    assert not (data / "redis").exists() and not (data / "logs").exists()  # nothing started
+
+
 def test_serve_refuses_a_data_dir_it_cannot_write(tmp_path: Path) -> None:
     import os
     import socket
