@@ -206,8 +206,6 @@ def exit_code(results: list[ShotResult]) -> int:
     return 0 if ok else 1
 
 
-__all__ = ["ShotResult", "check_recipes", "download_results", "exit_code", "offered_recipes", "post_shot",
-           "shot_fields", "upload_shots", "wait_for_shots"]
 
 
 BATCH_ENDED = ("done", "failed", "cancelled")
@@ -261,3 +259,7 @@ def download_batch(client: httpx.Client, shots: list[dict[str, Any]], out: Path,
         except SubmitError as exc:
             problems.append(f"{shot['name']}: {exc}")
     return saved, problems
+
+
+__all__ = ["ShotResult", "check_recipes", "download_batch", "download_results", "exit_code", "offered_recipes",
+           "post_shot", "shot_fields", "upload_shots", "wait_for_batch", "wait_for_shots"]

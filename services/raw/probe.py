@@ -47,8 +47,8 @@ RENDERED = "Strata renders 2x2 RGB Bayer and 3-channel linear DNGs"
 # TIFF/EP CFAPlaneColor codes.
 _PLANE_COLOURS = {0: "red", 1: "green", 2: "blue", 3: "cyan", 4: "magenta", 5: "yellow", 6: "white"}
 _BAYER = ("RGGB", "BGGR", "GRBG", "GBRG")
-# Compression codes the DNG specification allows for integer raw data (deflate, 8, is for floating point only;
-# LibRaw reads an integer deflate, LZW or zstd raw IFD as corrupt or unsupported).
+# Compression codes of integer DNG raw data left to LibRaw: none, lossless JPEG, lossy JPEG, JPEG XL. It read an
+# integer deflate (8), LZW (5) or zstd (50000) raw IFD as corrupt or unsupported (measured), so those are refused.
 DNG_COMPRESSIONS = (1, 7, 34892, 52546)
 # LibRaw (the decoder) refuses raw images narrower or shorter than this ("Unsupported file format").
 MIN_SIDE = 22
@@ -193,9 +193,9 @@ def _layout(page: tifffile.TiffPage) -> str:
     if int(page.compression) not in DNG_COMPRESSIONS:
         code = int(page.compression)
         name = page.compression.name.lower().replace("_", " ") if hasattr(page.compression, "name") else "?"
-        raise UnsupportedSensor(f"DNG raw data compressed with {name} ({code}) is not supported: the DNG "
-                                f"specification's integer raw data is uncompressed (1), lossless JPEG (7), lossy "
-                                f"JPEG (34892) or JPEG XL (52546)")
+        raise UnsupportedSensor(f"DNG raw data compressed with {name} ({code}) is not supported: the decoder "
+                                f"(LibRaw) does not read it; DNG converters write integer raw data uncompressed (1) "
+                                f"or as lossless JPEG (7)")
     if photometric == PHOTOMETRIC_LINEAR_RAW:
         if samples == 3:
             return "linear"

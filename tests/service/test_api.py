@@ -267,7 +267,7 @@ def test_a_stack_whose_frames_differ_is_refused_at_upload(client: TestClient, au
     assert ok.status_code == 202, ok.text
 
 
-def test_raw_data_compressed_outside_the_dng_specification_is_refused_at_upload(client: TestClient,
+def test_raw_data_compressed_as_libraw_does_not_read_is_refused_at_upload(client: TestClient,
                                                                                auth: dict[str, str]) -> None:
     r = client.post("/v1/jobs", headers=auth, files=[("frames", ("z.dng", bayer_dng(compression="zlib")))])
     assert r.status_code == 422 and r.json()["type"] == "unsupported_sensor", r.text
