@@ -107,6 +107,11 @@ class Settings(BaseSettings):
         "so an interactive strip does not wait for a batch strip to leave the device (services/pipeline/gate.py). "
         "Off (0): on an H100 it gained 0.1 s on an interactive shot during a batch, inside the spread, for a higher "
         "GPU memory peak (docs/PERFORMANCE.md); an interactive strip takes the next free slot first.")
+    gpu_urgent_yield_s: float = Field(
+        default=0.0, ge=0, le=10, description="While an interactive shot's shard is on a GPU worker's device, its "
+        "batch shards pause at their next yield point (between a self-ensemble's model passes, before their bins and "
+        "tiles) for up to this many seconds each time, so the interactive strip has the device to itself "
+        "(services/pipeline/gate.py); 0 = never.")
     gpu_overlap_threads: int | None = Field(
         default=None, ge=0, le=8, description="Threads a GPU worker runs beyond its STRATA_GPU_WORKER_THREADS device "
         "slots: a strip stores its results (tile streams, bins) after giving its slot back, so the next strip's model "

@@ -57,30 +57,36 @@ fi
 timeout 120 python3 scripts/gpu/verify_outputs.py "$DATA" 2>&1 | tail -8  # GPU- and CPU-compressed TIFFs: same pixels
 grep -h -i -E "fast preview in|GPU tile|Traceback|Error" "$DATA"/logs/*.log 2>/dev/null | sed -E 's/^[0-9-]+ [0-9:,]+ //' \
   | sed -E 's/job [0-9a-f]+/job J/; s/[0-9]\.[0-9]+s/N.NNs/' | sort | uniq -c | sort -rn | head -8
-grep -h "fast preview in" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
-echo "finalize (outputs written and recorded / final preview / intermediates removed, s):"
-grep -h "outputs written and recorded in" "$DATA"/logs/*.log \
-  | sed -E 's/.*recorded in ([0-9.]+)s; final preview ([0-9.]+)s, intermediates removed ([0-9.]+)s.*/\1\/\2\/\3/' \
-  | tr '\n' ' '; echo
-tar czf "$OUT/logs.tgz" -C "$DATA" logs 2>/dev/null  # one file: a call brings back only a few
-echo "TIFF writes (encode+write / durable close / rest of the hash, s):"
-grep -h "MB encoded and written in" "$DATA"/logs/*.log | grep "\.tif" \
-  | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo
-echo "TIFF layouts of GPU tiles (s):"
-grep -h ": laid out (" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | sed -E 's/in |s$//g' | tr '\n' ' '; echo
-echo "finalize: record and commit (s):"
-grep -h "the record and commit" "$DATA"/logs/*.log | grep -o "commit [0-9.]*s" | sed -E 's/commit |s$//g' | tr '\n' ' '; echo
-echo "batch TIFF writes that yielded to interactive shots (count, seconds in all):"
-grep -h "yielded to interactive" "$DATA"/logs/*.log | grep -o "; [0-9.]*s of it" | grep -v "; 0.00s" \
-  | grep -o "[0-9.]*" | awk '{n++; s+=$1} END {printf "%d %.2f\n", n, s}'
-echo "proofs derived (resize, sharpen, 8-bit; s):"
-grep -h ": derived (long edge" "$DATA"/logs/*.log | grep -o "in [0-9.]*s" | sed -E 's/in |s$//g' | tr '\n' ' '; echo
-echo "strips (render+download / of which bins+tiles on the device / bins+tiles stored / waiting for a device slot, s):"
-grep -h "rendered and downloaded in" "$DATA"/logs/*.log \
-  | sed -E 's/.*downloaded in ([0-9.]+)s .*device slot ([0-9.]+)s, .*device ([0-9.]+)s\), .*stored in ([0-9.]+)s.*/\1\/\3\/\4\/\2/' \
-  | tr '\n' ' '; echo
-grep -h "ingested:" "$DATA"/logs/*.log | grep -o "decoded in [0-9.]*s, planned in [0-9.]*s" | sed -E 's/decoded in |planned in //g' \
-  | tr '\n' ' '; echo
+summary() {  # summary DATA SUFFIX: the stage figures from one service's logs, its logs as OUT/logsSUFFIX.tgz
+  grep -h "fast preview in" "$1"/logs/*.log | grep -o "in [0-9.]*s" | tr '\n' ' '; echo
+  echo "finalize (outputs written and recorded / final preview / intermediates removed, s):"
+  grep -h "outputs written and recorded in" "$1"/logs/*.log \
+    | sed -E 's/.*recorded in ([0-9.]+)s; final preview ([0-9.]+)s, intermediates removed ([0-9.]+)s.*/\1\/\2\/\3/' \
+    | tr '\n' ' '; echo
+  tar czf "$OUT/logs$2.tgz" -C "$1" logs 2>/dev/null  # one file: a call brings back only a few
+  echo "TIFF writes (encode+write / durable close / rest of the hash, s):"
+  grep -h "MB encoded and written in" "$1"/logs/*.log | grep "\.tif" \
+    | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo
+  echo "TIFF layouts of GPU tiles (s):"
+  grep -h ": laid out (" "$1"/logs/*.log | grep -o "in [0-9.]*s" | sed -E 's/in |s$//g' | tr '\n' ' '; echo
+  echo "finalize: record and commit (s):"
+  grep -h "the record and commit" "$1"/logs/*.log | grep -o "commit [0-9.]*s" | sed -E 's/commit |s$//g' | tr '\n' ' '; echo
+  echo "batch TIFF writes that yielded to interactive shots (count, seconds in all):"
+  grep -h "yielded to interactive" "$1"/logs/*.log | grep -o "; [0-9.]*s of it" | grep -v "; 0.00s" \
+    | grep -o "[0-9.]*" | awk '{n++; s+=$1} END {printf "%d %.2f\n", n, s}'
+  echo "proofs derived (resize, sharpen, 8-bit; s):"
+  grep -h ": derived (long edge" "$1"/logs/*.log | grep -o "in [0-9.]*s" | sed -E 's/in |s$//g' | tr '\n' ' '; echo
+  echo "strips (render+download / of which bins+tiles on the device / bins+tiles stored / waiting for a device slot / paused for interactive shards, s):"
+  for lane in interactive batch; do
+    echo -n "$lane: "
+    grep -h "rendered and downloaded in" "$1"/logs/*.log | if [ $lane = interactive ]; then grep "(interactive)"; else grep -v "(interactive)"; fi \
+    | sed -E 's/.*downloaded in ([0-9.]+)s .*device slot ([0-9.]+)s, .*device ([0-9.]+)s, paused for interactive shards ([0-9.]+)s\), .*stored in ([0-9.]+)s.*/\1\/\3\/\5\/\2\/\4/' \
+    | tr '\n' ' '; echo
+  done
+  grep -h "ingested:" "$1"/logs/*.log | grep -o "decoded in [0-9.]*s, planned in [0-9.]*s" | sed -E 's/decoded in |planned in //g' \
+    | tr '\n' ' '; echo
+}
+summary "$DATA" ""
 stop
 if [ "${TILES_AB:-0}" = 1 ]; then
   DATA3=$(mktemp -d "${DATA_ROOT:-/tmp}/strata-svc-XXXX")
@@ -98,6 +104,7 @@ for i in "${!SETS[@]}"; do
   python3 -m cli.main bench service --data-dir "$DATA4" --scale 1.0 --scenarios single,batch --repeats "${SINGLE_REPEATS:-4}" \
     --batch-size "$BATCH" --recipe "${BATCH_RECIPE:-tiff16}" --recipe jpeg-proof --interactive-during-batch --interactive-shots "${INTERACTIVE:-5}" $AHEAD_FLAG \
     --json "$OUT/batch-ab$([ "$i" = 0 ] || echo "-$i").json" 2>&1
+  summary "$DATA4" "-ab$([ "$i" = 0 ] || echo "-$i")"
   stop
 done
 if [ "${CHECK_TILES:-0}" = 1 ] && [ "$BOTH" = 1 ] && [ "$TILES" != off ]; then

@@ -21,7 +21,7 @@ import torch
 from services.errors import IntermediateLost
 from services.pipeline import resident, tiles
 from services.pipeline.binning import bin_rows_in, binned, binned_on, preview_sums, proof_from_bins
-from services.pipeline.gate import device_slot
+from services.pipeline.gate import device_slot, paused_seconds, urgent, yield_to_urgent
 from services.pipeline.preview import preview_factor
 from services.pipeline.render import OnDevice, RenderParams, render_strip_spaces
 from services.pipeline.stack import (
@@ -213,6 +213,7 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
     def on_device(space: int, rows: torch.Tensor) -> list[tuple[int, int]] | None:  # the writer's work, on device
         if rows.shape[0] != shape[0]:  # (an out-of-memory split: the host path in _pre_encode)
             return None
+        yield_to_urgent()  # a batch strip lets an interactive one have the device before its bins and tiles
         t = time.perf_counter()
         for key, k, transfer in ahead.bins:
             if key == keys[space]:
@@ -221,6 +222,7 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
             factor = preview_factor(height, width)
             made.preview = (preview_sums_key(keys[space], factor), preview_sums(rows, shard.y0, factor, device))
         if space in tile_spaces:
+            t += yield_to_urgent()  # (the pause is not the tiles' time)
             streams = _device_tiles(keys[space], rows, shard.y0, height, device, ahead.level)
             if streams is not None:
                 made.tiles[keys[space]] = streams
@@ -237,16 +239,21 @@ def _write_rows(storage: Storage, shard: StripShard | StackStripShard, width: in
             for i, key in enumerate(keys)]
         waits = [prefault(out[a:b]) for i, out in enumerate(outs) for a, b in lean.get(i, [(0, shape[0])])]
         asked = time.perf_counter()
+        paused_seconds()  # (reset: the log line counts this strip's pauses)
         with device_slot():  # released before the results are stored: the next strip renders meanwhile
             waited = time.perf_counter() - asked  # for a device slot (the other strips on this worker's device)
             split_on_oom(render, shard.y0, shard.y1, outs, lambda: [wait() for wait in waits],
                          on_device if tile_spaces or ahead.bins else None)
         t1 = time.perf_counter()
         _pre_encode(storage, ahead, dict(zip(keys, outs, strict=True)), shard.y0, height, device, made)
-    log.info("strip %s: rendered and downloaded in %.2fs (of which waiting for a device slot %.2fs, bins and tiles on "
-             "the device %.2fs), bins and tiles stored in %.2fs%s", shard.out, t1 - t0, waited, made.seconds,
-             time.perf_counter() - t1,
-             f"; lean: {len(made.lean)} of {len(keys)} spaces' rows not downloaded" if made.lean else "")
+    _log_strip(shard.out, len(keys), made, t1 - t0, waited, time.perf_counter() - t1)
+
+
+def _log_strip(out: str, spaces: int, made: _Made, rendered: float, waited: float, stored: float) -> None:
+    log.info("strip %s%s: rendered and downloaded in %.2fs (of which waiting for a device slot %.2fs, bins and tiles "
+             "on the device %.2fs, paused for interactive shards %.2fs), bins and tiles stored in %.2fs%s", out,
+             " (interactive)" if urgent.get() else "", rendered, waited, made.seconds, paused_seconds(), stored,
+             f"; lean: {len(made.lean)} of {spaces} spaces' rows not downloaded" if made.lean else "")
 
 
 def _bins_on_device(made: _Made, ahead: PreEncode, bins: torch.Tensor, key: str, k: int) -> None:

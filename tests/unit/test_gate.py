@@ -114,3 +114,82 @@ def test_a_reserved_slot_lets_an_urgent_shard_in_while_batch_strips_fill_the_oth
     assert sorted(entered) == ["batch0", "batch1", "urgent"] and g.free == 1
     with pytest.raises(ValueError, match="negative"):
         gate.DeviceGate(1, reserve=-1)
+
+
+def test_a_batch_holder_pauses_while_an_urgent_holder_is_on_the_device() -> None:
+    g = gate.DeviceGate(2, yield_s=5.0)
+    events: list[str] = []
+    urgent_in, urgent_done = threading.Event(), threading.Event()
+
+    def urgent_shard() -> None:
+        with g.hold(True):
+            urgent_in.set()
+            time.sleep(0.1)
+            events.append("urgent done")
+            urgent_done.set()
+
+    with g.hold():  # a batch strip on the device
+        assert g.pause_for_urgent() == 0.0  # no urgent holder: no pause
+        t = threading.Thread(target=urgent_shard)
+        t.start()
+        urgent_in.wait(5)
+        waited = g.pause_for_urgent()
+        events.append("batch resumed")
+    t.join(5)
+    assert events == ["urgent done", "batch resumed"] and waited > 0.05
+
+
+def test_the_pause_is_bounded_off_by_default_and_not_for_an_urgent_waiter() -> None:
+    g = gate.DeviceGate(1, yield_s=0.05)
+    release = threading.Event()
+
+    def urgent_holder() -> None:
+        with g.hold(True):
+            release.wait(5)
+
+    t = threading.Thread(target=urgent_holder)
+    t.start()
+    _until(lambda: g._urgent_held == 1)
+    start = time.monotonic()
+    assert 0.04 < g.pause_for_urgent() < 2 and time.monotonic() - start < 2  # bounded by yield_s
+    release.set()
+    t.join(5)
+    assert gate.DeviceGate(1).pause_for_urgent() == 0.0  # yield_s 0: never pauses
+    # an urgent shard only *waiting* for a slot does not pause the holders: they must free one for it
+    g2 = gate.DeviceGate(1, yield_s=5.0)
+    with g2.hold():
+        waiter = threading.Thread(target=lambda: g2.hold(True).__enter__())
+        waiter.daemon = True
+        waiter.start()
+        _until(lambda: g2._urgent_waiting == 1)
+        assert g2.pause_for_urgent() == 0.0
+
+
+def test_yield_to_urgent_counts_a_batch_shards_pauses_and_skips_urgent_shards() -> None:
+    gate.configure(None)
+    assert gate.yield_to_urgent() == 0.0  # no gate (a CPU worker)
+    gate.configure(2, 0, 5.0)
+    try:
+        release = threading.Event()
+
+        def urgent_holder() -> None:
+            token = gate.urgent.set(True)
+            try:
+                with gate.device_slot():
+                    release.wait(5)
+            finally:
+                gate.urgent.reset(token)
+
+        t = threading.Thread(target=urgent_holder)
+        t.start()
+        _until(lambda: gate._gate is not None and gate._gate._urgent_held == 1)
+        token = gate.urgent.set(True)
+        assert gate.yield_to_urgent() == 0.0  # an urgent shard never pauses for another
+        gate.urgent.reset(token)
+        gate.paused_seconds()
+        threading.Timer(0.1, release.set).start()
+        assert gate.yield_to_urgent() > 0.05
+        t.join(5)
+        assert gate.paused_seconds() > 0.05 and gate.paused_seconds() == 0.0
+    finally:
+        gate.configure(None)

@@ -246,3 +246,18 @@ def test_folded_network_is_the_same_function() -> None:
         torch.testing.assert_close(wide(packed, noise), whole, rtol=1e-12, atol=1e-12)
     assert folded_for(net.float(), torch.device("cpu"), torch.float16) is None  # the CPU runs the plain module
     assert folded_for(net.float(), torch.device("cuda"), torch.float32) is None  # so does the exact fallback
+
+
+def test_a_batch_shard_may_pause_between_an_ensembles_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a self-ensemble's model passes the render calls the device gate's yield point (a batch shard pauses
+    there while an interactive one holds the device, services/pipeline/gate.py); the result is the same."""
+    from services.pipeline.models import base
+
+    enh = _shipped_best()
+    x = _mosaic(40, 34, seed=3)
+    calls: list[int] = []
+    monkeypatch.setattr(base, "yield_to_urgent", lambda: calls.append(1) or 0.0)
+    once = enh.enhance(x, "RGGB", SHOT, READ)
+    assert calls == []
+    pair = enh.enhance(x, "RGGB", SHOT, READ, orientations=2)
+    assert len(calls) == 1 and pair.shape == once.shape

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from services.pipeline.gate import yield_to_urgent
 from services.pipeline.models.manifest import Manifest
 from services.pipeline.ops._checks import as_vector, check_image, small
 from services.pipeline.ops.cfa import cfa_channels, orient, oriented_cfa, unorient
@@ -71,6 +72,7 @@ class Enhancer(ABC):
             h, w = x.shape[-2:]
             acc = self._enhance(x, cfa.upper(), shot_c, read_c)
             for k in ENSEMBLE_ORDER[1:orientations]:  # in a fixed order: the same sums for a strip as for the frame
+                yield_to_urgent()  # a batch shard lets an interactive one have the device between passes
                 turned = orient(x, k).contiguous()
                 acc += unorient(self._enhance(turned, oriented_cfa(cfa, k, h, w), shot_c, read_c), k)
             return acc / orientations
