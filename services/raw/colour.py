@@ -538,10 +538,20 @@ def cfa_planes(mosaic: np.ndarray, meta: FrameColour) -> dict[str, list[np.ndarr
     return planes
 
 
+def _sample_cells(mosaic: np.ndarray, step: int) -> np.ndarray:
+    """One 2 x 2 cell of every ``step`` x ``step`` block (``step`` even), put together as a smaller mosaic with the
+    same CFA phase (a plain ``[::step, ::step]`` would keep one CFA site only); a linear image, every ``step``-th
+    pixel."""
+    h, w = (mosaic.shape[0] // step) * step, (mosaic.shape[1] // step) * step
+    if mosaic.ndim == 3 or h == 0 or w == 0:
+        return np.ascontiguousarray(mosaic[::step, ::step] if mosaic.ndim == 3 else mosaic)
+    cells = mosaic[:h, :w].reshape(h // step, step, w // step, step)[:, :2, :, :2]
+    return np.ascontiguousarray(cells).reshape(h // step * 2, w // step * 2)
+
+
 def grey_world_neutral(meta: FrameColour, mosaic: np.ndarray) -> tuple[float, float, float]:
     """A camera neutral (R, G, B; G = 1) from the scene's mean colour, for files without an as-shot white."""
-    sample = mosaic[: (mosaic.shape[0] // 16) * 16 : 8, : (mosaic.shape[1] // 16) * 16 : 8]
-    planes = cfa_planes(np.ascontiguousarray(sample), meta)
+    planes = cfa_planes(_sample_cells(mosaic, 8), meta)
     means = {c: float(np.mean([p.mean() for p in ps])) for c, ps in planes.items()}
     g = max(means["G"], 1e-6)
     return (max(means["R"], 1e-6) / g, 1.0, max(means["B"], 1e-6) / g)

@@ -284,7 +284,7 @@ def _write_raw_ifd(path: Path, data: np.ndarray, photometric: int, tags: list[Ta
         tmp.unlink(missing_ok=True)
 
 
-def _find_tag(pages: Sequence[tifffile.TiffPage], code: int) -> tifffile.TiffTag | None:
+def find_tag(pages: Sequence[tifffile.TiffPage], code: int) -> tifffile.TiffTag | None:
     """``code`` from the first page that has it (raw IFD first, then IFD0)."""
     for page in pages:
         tag = page.tags.get(code)
@@ -293,7 +293,7 @@ def _find_tag(pages: Sequence[tifffile.TiffPage], code: int) -> tifffile.TiffTag
     return None
 
 
-def _tag_floats(tag: tifffile.TiffTag | None) -> list[float] | None:
+def tag_floats(tag: tifffile.TiffTag | None) -> list[float] | None:
     """Numeric tag values as floats; tifffile gives (S)RATIONALs as flat (num, den, ...) pairs."""
     if tag is None:
         return None
@@ -333,42 +333,42 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
         raw = next((p for p in candidates if int(p.photometric) in (PHOTOMETRIC_CFA, PHOTOMETRIC_LINEAR_RAW)
                     and int(p.subfiletype) == 0), ifd0)
         pages = [raw, ifd0]
-        white = _tag_floats(_find_tag([raw], TAG_WHITE_LEVEL))
-        repeat = _tag_floats(_find_tag([raw], TAG_BLACK_LEVEL_REPEAT_DIM)) or [1.0, 1.0]
-        active = _tag_floats(_find_tag([raw], TAG_ACTIVE_AREA)) or [0.0, 0.0]
+        white = tag_floats(find_tag([raw], TAG_WHITE_LEVEL))
+        repeat = tag_floats(find_tag([raw], TAG_BLACK_LEVEL_REPEAT_DIM)) or [1.0, 1.0]
+        active = tag_floats(find_tag([raw], TAG_ACTIVE_AREA)) or [0.0, 0.0]
         return {
-            "make": _tag_text(_find_tag(pages, TAG_MAKE)),
-            "model": _tag_text(_find_tag(pages, TAG_MODEL)),
-            "color_matrix": _tag_floats(_find_tag(pages, TAG_COLOR_MATRIX_1)),
-            "as_shot_neutral": _tag_floats(_find_tag(pages, TAG_AS_SHOT_NEUTRAL)),
-            "noise_profile": _tag_floats(_find_tag(pages, TAG_NOISE_PROFILE)),
-            "black_level": _tag_floats(_find_tag([raw], TAG_BLACK_LEVEL)) or [0.0],
+            "make": _tag_text(find_tag(pages, TAG_MAKE)),
+            "model": _tag_text(find_tag(pages, TAG_MODEL)),
+            "color_matrix": tag_floats(find_tag(pages, TAG_COLOR_MATRIX_1)),
+            "as_shot_neutral": tag_floats(find_tag(pages, TAG_AS_SHOT_NEUTRAL)),
+            "noise_profile": tag_floats(find_tag(pages, TAG_NOISE_PROFILE)),
+            "black_level": tag_floats(find_tag([raw], TAG_BLACK_LEVEL)) or [0.0],
             "black_level_repeat": (int(repeat[0]), int(repeat[-1])),
             "white_level": None if not white else white[0],
             "active_area_origin": (int(active[0]), int(active[1])),
-            "color_matrix_2": _tag_floats(_find_tag(pages, TAG_COLOR_MATRIX_2)),
-            "forward_matrix_1": _tag_floats(_find_tag(pages, TAG_FORWARD_MATRIX_1)),
-            "forward_matrix_2": _tag_floats(_find_tag(pages, TAG_FORWARD_MATRIX_2)),
-            "camera_calibration_1": _tag_floats(_find_tag(pages, TAG_CAMERA_CALIBRATION_1)),
-            "camera_calibration_2": _tag_floats(_find_tag(pages, TAG_CAMERA_CALIBRATION_2)),
-            "analog_balance": _tag_floats(_find_tag(pages, TAG_ANALOG_BALANCE)),
-            "as_shot_white_xy": _tag_floats(_find_tag(pages, TAG_AS_SHOT_WHITE_XY)),
+            "color_matrix_2": tag_floats(find_tag(pages, TAG_COLOR_MATRIX_2)),
+            "forward_matrix_1": tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_1)),
+            "forward_matrix_2": tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_2)),
+            "camera_calibration_1": tag_floats(find_tag(pages, TAG_CAMERA_CALIBRATION_1)),
+            "camera_calibration_2": tag_floats(find_tag(pages, TAG_CAMERA_CALIBRATION_2)),
+            "analog_balance": tag_floats(find_tag(pages, TAG_ANALOG_BALANCE)),
+            "as_shot_white_xy": tag_floats(find_tag(pages, TAG_AS_SHOT_WHITE_XY)),
             "calibration_illuminants": (
-                int((_tag_floats(_find_tag(pages, TAG_CALIBRATION_ILLUMINANT_1)) or [0])[0]),
-                int((_tag_floats(_find_tag(pages, TAG_CALIBRATION_ILLUMINANT_2)) or [0])[0]),
+                int((tag_floats(find_tag(pages, TAG_CALIBRATION_ILLUMINANT_1)) or [0])[0]),
+                int((tag_floats(find_tag(pages, TAG_CALIBRATION_ILLUMINANT_2)) or [0])[0]),
             ),
-            "baseline_exposure": (_tag_floats(_find_tag(pages, TAG_BASELINE_EXPOSURE)) or [0.0])[0],
+            "baseline_exposure": (tag_floats(find_tag(pages, TAG_BASELINE_EXPOSURE)) or [0.0])[0],
         }
 
 
 def _exif_value(pages: Sequence[tifffile.TiffPage], code: int, name: str) -> Any:
     """A capture tag's value from the pages' own tags (TIFF/EP) or their EXIF IFD (tifffile parses it into a
     dict keyed by tag name); None when absent. Rationals come back as floats."""
-    tag = _find_tag(pages, code)
+    tag = find_tag(pages, code)
     if tag is not None:
         if isinstance(tag.value, (str, bytes)):
             return _tag_text(tag)
-        floats = _tag_floats(tag)
+        floats = tag_floats(tag)
         return floats[0] if floats else None
     for page in pages:
         exif = page.tags.get(34665)

@@ -9,9 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+import numpy as np
 import tifffile
 
 from services.errors import BadRawFile, UnsupportedSensor
+from services.raw.dng import (
+    TAG_BLACK_LEVEL,
+    TAG_COLOR_MATRIX_1,
+    TAG_COLOR_MATRIX_2,
+    TAG_WHITE_LEVEL,
+    find_tag,
+    tag_floats,
+)
 
 PHOTOMETRIC_CFA = 32803
 PHOTOMETRIC_LINEAR_RAW = 34892
@@ -216,6 +225,26 @@ def _dng_layout(ifds: list[tifffile.TiffPage], raw_ifds: list[tifffile.TiffPage]
     raise BadRawFile("not a RAW file: a DNG without a CFA or linear-raw image")
 
 
+def _check_dng_metadata(raw: tifffile.TiffPage, ifd0: tifffile.TiffPage) -> None:
+    """:class:`BadRawFile` for a DNG whose levels or colour matrices no render can use (the decode refuses them
+    too, after the upload was accepted): a BlackLevel not below the WhiteLevel, a singular ColorMatrix."""
+    pages = [raw, ifd0]
+    try:
+        blacks = tag_floats(find_tag(pages, TAG_BLACK_LEVEL)) or []
+        whites = tag_floats(find_tag(pages, TAG_WHITE_LEVEL)) or []
+        matrices = {code: tag_floats(find_tag(pages, code)) for code in (TAG_COLOR_MATRIX_1, TAG_COLOR_MATRIX_2)}
+    except ValueError as exc:
+        raise BadRawFile(f"implausible RAW metadata: {exc}") from exc
+    if blacks and whites and max(blacks) >= min(whites):
+        raise BadRawFile(f"implausible RAW metadata: BlackLevel {max(blacks):g} is not below WhiteLevel "
+                         f"{min(whites):g}: no signal range is left")
+    for code, values in matrices.items():
+        if values is not None and len(values) == 9 and np.linalg.matrix_rank(np.reshape(values, (3, 3))) < 3:
+            name = "ColorMatrix1" if code == TAG_COLOR_MATRIX_1 else "ColorMatrix2"
+            raise BadRawFile(f"implausible RAW metadata: {name} {[round(v, 4) for v in values]} is singular: no "
+                             f"colour can be computed from it")
+
+
 def _main_ifd(raw_ifds: list[tifffile.TiffPage]) -> tifffile.TiffPage:
     return max(raw_ifds, key=lambda p: (int(p.subfiletype) == 0, p.imagewidth * p.imagelength))
 
@@ -266,6 +295,8 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
         width, height = int(main.imagewidth), int(main.imagelength)
         if is_dng and min(width, height) < MIN_SIDE:
             raise _unsupported(f"a {width} x {height} pixel raw image (LibRaw reads at least {MIN_SIDE} x {MIN_SIDE})")
+        if is_dng:
+            _check_dng_metadata(main, ifds[0])
     elif is_cr2 and len(ifds) > 3:
         width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
     cfa = _bayer_pattern(_main_ifd(raw_ifds)) if layout == "bayer" else ""

@@ -162,3 +162,26 @@ def test_dng_pipeline_matches_libraw_rendering(tmp_path: Path) -> None:
         patch = libraw[4:-4, k * 24 + 4 : (k + 1) * 24 - 4].reshape(-1, 3).mean(axis=0)
         np.testing.assert_allclose(patch, truth, atol=2e-3)
     assert rc.cct == pytest.approx(6504, abs=2)
+
+
+@pytest.mark.parametrize("cfa", ["RGGB", "BGGR", "GRBG", "GBRG"])
+def test_grey_world_reads_every_cfa_site(cfa: str) -> None:
+    """A file without an as-shot white gets the scene's mean colour as its neutral: a flat grey scene seen through
+    a camera whose channels answer 0.5 / 1 / 0.8 gives that neutral in every CFA phase, odd sizes included (the
+    sample once kept one CFA site only: a neutral of 1, 1, 1 and the camera's own green cast)."""
+    from services.raw.colour import CameraProfile, grey_world_neutral
+
+    rng = np.random.default_rng(0)
+    height, width = 203, 150
+    response = {"R": 0.5, "G": 1.0, "B": 0.8}
+    black, white = 256.0, 16383.0
+    mosaic = np.empty((height, width), np.float64)
+    for (dy, dx), letter in zip([(0, 0), (0, 1), (1, 0), (1, 1)], cfa, strict=True):
+        mosaic[dy::2, dx::2] = black + 0.3 * response[letter] * (white - black)
+    mosaic = (mosaic + rng.normal(0, 20, mosaic.shape)).round().astype(np.uint16)
+    meta = RawMeta(width=width, height=height, cfa=cfa, black_levels=(black,) * 4, white_level=white,
+                   profile=CameraProfile(np.eye(3)), as_shot_neutral=None, make="", model="", noise_profile=None)
+    neutral = grey_world_neutral(meta, mosaic)
+    assert neutral[1] == 1.0 and abs(neutral[0] - 0.5) < 0.01 and abs(neutral[2] - 0.8) < 0.01, neutral
+    tiny = mosaic[:6, :7]  # smaller than one sampling block: the whole mosaic
+    assert abs(grey_world_neutral(meta, tiny)[0] - 0.5) < 0.05

@@ -159,3 +159,20 @@ def test_linear_and_bayer_dngs_say_their_layout(dng: Path) -> None:
     assert (probe_raw(dng).layout, probe_raw(dng).cfa) == ("bayer", "RGGB")
     assert probe_raw(io.BytesIO(bayer_dng(pattern="GBRG"))).cfa == "GBRG"
 
+
+
+@pytest.mark.parametrize(("tag", "value", "says"), [
+    (50717, 1024, "BlackLevel 1024 is not below WhiteLevel 1024"),
+    (50717, 1000, "BlackLevel 1024 is not below WhiteLevel 1000"),
+    (50714, 65535, "BlackLevel 65535 is not below WhiteLevel 65535"),
+    (50721, (0, 1) * 9, "ColorMatrix1 .* is singular"),
+    (50721, (1, 1, 2, 1, 3, 1) * 3, "ColorMatrix1 .* is singular"),  # three equal rows
+])
+def test_refuses_levels_and_matrices_no_render_can_use(dng: Path, tag: int, value: object, says: str) -> None:
+    """A DNG whose BlackLevel is not below its WhiteLevel, or whose ColorMatrix is singular, is refused at upload
+    (the decode failed on it after a 202); the reason names the tags."""
+    with tifffile.TiffFile(dng, mode="r+b") as tif:
+        page = next(p for p in tif.pages if tag in p.tags)
+        page.tags[tag].overwrite(value)
+    with pytest.raises(BadRawFile, match=f"implausible RAW metadata: {says}"):
+        probe_raw(dng)
