@@ -24,7 +24,10 @@ PROFILES: dict[str, CameraProfile] = {
 def resolve_camera(requested: str | None, models: list[str], n_frames: int) -> CameraProfile:
     """The profile for a shot: the requested one, else detected from the model name, else from the frame count.
 
-    Files from other backs are accepted: one frame renders as a single frame (strips), several as a stack.
+    Files from other backs are accepted: one frame renders as a single frame (strips), several as a stack. So does
+    a shot whose detected back does not fit its frame count (one frame of an IQ2_XS back renders as a single frame,
+    several of an IQ3_S back as a stack): the model name says which back, the count what was shot. Only a requested
+    camera that does not fit the count is refused.
     """
     if requested:
         profile = PROFILES.get(requested.strip().upper())
@@ -33,8 +36,10 @@ def resolve_camera(requested: str | None, models: list[str], n_frames: int) -> C
     else:
         detected = {name for name in PROFILES for model in models if name.replace("_", "").lower()
                     in model.replace("_", "").replace(" ", "").lower()}
-        if len(detected) == 1:
-            profile = PROFILES[detected.pop()]
+        fitting = {name for name in detected
+                   if PROFILES[name].min_frames <= n_frames <= PROFILES[name].max_frames}
+        if len(fitting) == 1:
+            profile = PROFILES[fitting.pop()]
         else:
             profile = PROFILES["IQ3_S" if n_frames == 1 else "IQ2_XS"]
     if not profile.min_frames <= n_frames <= profile.max_frames:

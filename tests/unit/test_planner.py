@@ -56,6 +56,11 @@ def test_camera_resolution() -> None:
     assert resolve_camera(None, ["Phase One IQ2_XS"] * 4, 4).name == "IQ2_XS"
     assert resolve_camera(None, ["Canon EOS R5"], 1).name == "IQ3_S"  # other backs: by frame count
     assert resolve_camera(None, ["Canon EOS R5"] * 3, 3).name == "IQ2_XS"
+    # a detected back whose frame count does not fit: by the count (one IQ2_XS frame is a single frame)
+    assert resolve_camera(None, ["Phase One IQ2_XS"], 1).name == "IQ3_S"
+    assert resolve_camera(None, ["Phase One IQ3_S"] * 4, 4).name == "IQ2_XS"
+    with pytest.raises(BadInput, match="takes 2-16 frame"):
+        resolve_camera("IQ2_XS", ["Phase One IQ2_XS"], 1)  # asked for: refused
     assert resolve_camera("iq2_xs", [""] * 2, 2).name == "IQ2_XS"
     with pytest.raises(UnknownCamera):
         resolve_camera("IQ4", [""], 1)
