@@ -245,6 +245,19 @@ def _check_dng_metadata(raw: tifffile.TiffPage, ifd0: tifffile.TiffPage) -> None
                              f"colour can be computed from it")
 
 
+def _check_uncompressed_size(raw: tifffile.TiffPage) -> None:
+    """``truncated`` for an uncompressed raw IFD whose strips or tiles hold fewer bytes than its stated size needs
+    (LibRaw would read past them, or refuse the size as too big for memory, after the upload was accepted)."""
+    if int(raw.compression) != 1:
+        return
+    bits = int(raw.bitspersample) * int(raw.samplesperpixel)
+    need = int(raw.imagewidth) * int(raw.imagelength) * bits // 8
+    held = sum(int(n) for n in raw.databytecounts)
+    if held < need:
+        raise BadRawFile(f"truncated: the {raw.imagewidth} x {raw.imagelength} raw image ({bits} bits a pixel, "
+                         f"uncompressed) needs {need} bytes but its data holds {held}")
+
+
 def _main_ifd(raw_ifds: list[tifffile.TiffPage]) -> tifffile.TiffPage:
     return max(raw_ifds, key=lambda p: (int(p.subfiletype) == 0, p.imagewidth * p.imagelength))
 
@@ -297,6 +310,7 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
             raise _unsupported(f"a {width} x {height} pixel raw image (LibRaw reads at least {MIN_SIDE} x {MIN_SIDE})")
         if is_dng:
             _check_dng_metadata(main, ifds[0])
+            _check_uncompressed_size(main)
     elif is_cr2 and len(ifds) > 3:
         width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
     cfa = _bayer_pattern(_main_ifd(raw_ifds)) if layout == "bayer" else ""

@@ -176,3 +176,18 @@ def test_refuses_levels_and_matrices_no_render_can_use(dng: Path, tag: int, valu
         page.tags[tag].overwrite(value)
     with pytest.raises(BadRawFile, match=f"implausible RAW metadata: {says}"):
         probe_raw(dng)
+
+
+@pytest.mark.parametrize(("width", "height"), [(60000, 60000), (100000, 40), (60, 41)])
+def test_refuses_uncompressed_raw_data_shorter_than_its_stated_size(dng: Path, width: int, height: int) -> None:
+    """An uncompressed raw IFD whose stated size needs more bytes than its strips hold is truncated (LibRaw refused
+    60000 x 60000 as too big for memory, or read past the data, after a 202)."""
+    with tifffile.TiffFile(dng, mode="r+b") as tif:
+        page = next(p for p in tif.pages if int(p.photometric) == PHOTOMETRIC_CFA)
+        page.tags[256].overwrite(width)
+        page.tags[257].overwrite(height)
+        if 278 in page.tags:
+            page.tags[278].overwrite(height)
+    with pytest.raises(BadRawFile, match=rf"truncated: the {width} x {height} raw image \(16 bits a pixel, "
+                                         rf"uncompressed\) needs {width * height * 2} bytes but its data holds 4800"):
+        probe_raw(dng)
