@@ -19,7 +19,9 @@ from services.stations import TOKEN_PREFIX, authenticate
 # Query parameters that look like credentials: refused on every route (URLs end up in logs and histories).
 TOKEN_PARAMS = {"token", "access_token", "api_key", "apikey", "auth", "authorization", "bearer"}
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# Closed when the route function returns, before the response is sent: a streamed download (a 387 MB TIFF to a
+# slow client) holds no database connection (25 at once exhausted the pool: every other request 500 after 30 s).
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 @lru_cache(maxsize=4)

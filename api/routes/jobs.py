@@ -107,6 +107,9 @@ async def receive_shot(request: Request, response: Response, shot: Shot, submit:
     if length and length.isdigit() and int(length) > settings.max_upload_bytes * settings.max_frames + (1 << 20):
         raise UploadTooLarge(f"request of {int(length)} bytes exceeds the upload limit")
     job_id = new_id()
+    # The token lookup's transaction ends before the body streams (an upload can take minutes): its connection
+    # goes back to the pool, so concurrent uploads do not exhaust it (40 at once got 500s, "QueuePool limit").
+    await run_in_threadpool(shot.session.commit)
     with service.discard_on_error(storage, job_id):
         form = await receive_multipart(request.headers.get("content-type", ""), request.stream(), storage, job_id,
                                        max_bytes=settings.max_upload_bytes, max_files=settings.max_frames,

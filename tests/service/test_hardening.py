@@ -203,3 +203,26 @@ def test_failed_auth_backs_off_per_address(client: TestClient, auth: dict[str, s
     assert r.pttl("strata:auth-block:testclient") > 0
     r.delete("strata:auth-block:testclient")
     assert client.get("/v1/jobs", headers=auth).status_code == 200
+
+
+def test_an_upload_holds_no_database_connection_while_its_body_streams(client: TestClient, auth: dict[str, str],
+                                                                      synth_dir: Path) -> None:
+    """The token lookup's connection goes back to the pool before the body is read: uploads take as long as the
+    network makes them, and 40 at once once exhausted the pool (500 "QueuePool limit ... reached")."""
+    from services.db.session import get_engine
+
+    frame = _frame(synth_dir)
+    boundary = "strata-slow-upload"
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="frames"; filename="a.dng"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n").encode()
+    seen: list[int] = []
+
+    def body() -> Iterator[bytes]:
+        yield head + frame[: len(frame) // 2]
+        seen.append(get_engine().pool.checkedout())  # type: ignore[attr-defined]  # the upload is mid-body here
+        yield frame[len(frame) // 2 :] + f"\r\n--{boundary}--\r\n".encode()
+
+    r = client.post("/v1/jobs", headers={**auth, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+                    content=body())
+    assert r.status_code == 202, r.text
+    assert seen == [0]
