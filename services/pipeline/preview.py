@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from services.raw.colour import clip_highlights_raw
+
 LONG_EDGE = 1600
 _PREVIEW_CHUNK = 16  # output rows per task of strips_preview
 _BAND_BYTES = 1 << 21  # mosaic bytes per band of bin_mosaic: about a core's L2 cache
@@ -211,6 +213,7 @@ def binned_preview(binner: MosaicBinner, *, cfa: str, black: Sequence[float], wh
                 cam[c] += values[..., i] * np.float32(k)
         cam -= offset[:, None, None]
         np.clip(cam, 0.0, 1.0, out=cam)
+        clip_highlights_raw(cam, gains)  # blown highlights white, as in the render
         level = np.empty((n, w), dtype=np.float32)
         for c in range(3):
             np.multiply(cam[0], to_srgb[0, c], out=level)
@@ -246,6 +249,7 @@ def linear_preview(image: np.ndarray, *, black: Sequence[float], white: float, g
             acc += image[a::block, b::block][:h, :w]
     levels = np.asarray(black[:3], dtype=np.float32)
     cam = np.clip((acc.astype(np.float32) / np.float32(block * block) - levels) / (np.float32(white) - levels), 0, 1)
+    clip_highlights_raw(cam, gains, axis=-1)
     return srgb_encode(colour_rgb(cam, gains, srgb_from_wb_cam))
 
 

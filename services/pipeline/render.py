@@ -24,6 +24,7 @@ from services.pipeline.models.base import ENSEMBLE_SIZES
 from services.pipeline.ops import (
     apply_matrix,
     cfa_channels,
+    clip_highlights,
     denoise_lee,
     encode_transfer,
     normalize_levels,
@@ -198,6 +199,7 @@ def encode_spaces(rgb: torch.Tensor, params: RenderParams, rows: RowsOut | None 
     (:attr:`RenderParams.spaces` order): matrix, transfer function, codes. The primary one is computed exactly
     as a single-space render computes it. ``rows``: only those rows leave the device, into those arrays."""
     out = []
+    rgb = clip_highlights(rgb, params.gains)  # blown highlights white in every space
     for i, (rgb_cam, transfer) in enumerate(((params.rgb_cam, params.transfer),
                                              *((s.rgb_cam, s.transfer) for s in params.extra_spaces))):
         lin = apply_matrix(rgb, rgb_cam)  # (1, 3, H, W) linear output RGB

@@ -400,6 +400,28 @@ class CameraProfile:
         return np.linalg.inv(pcs_to_camera)
 
 
+# Highlights: where a pixel's most saturated channel passes this share of its raw white level, its white-balanced
+# channels above the smallest gain blend into it, fully at the white level (``ops.colour.clip_highlights``, the
+# previews' ``clip_highlights_raw``): blown highlights render white, not in the colour of the gains.
+HIGHLIGHT_KNEE = 0.9
+
+
+def clip_highlights_raw(cam: np.ndarray, gains: Sequence[float], axis: int = 0) -> np.ndarray:
+    """:data:`HIGHLIGHT_KNEE`'s rule on raw-normalised camera RGB (before the gains; channels on ``axis``), in
+    place: each channel ``c`` above ``min(gains) / gains[c]`` (where its white-balanced value passes the smallest
+    gain) blends into that bound as the pixel's largest channel goes from the knee to 1."""
+    ceiling = min(float(g) for g in gains)
+    weight = np.clip((cam.max(axis=axis) - HIGHLIGHT_KNEE) / (1.0 - HIGHLIGHT_KNEE), 0.0, 1.0).astype(cam.dtype)
+    for c, gain in enumerate(gains):
+        plane = np.take(cam, c, axis=axis)
+        over = np.maximum(plane - np.float32(ceiling / float(gain)), 0.0)
+        over *= weight
+        index = [slice(None)] * cam.ndim
+        index[axis] = c
+        cam[tuple(index)] -= over
+    return cam
+
+
 @dataclass(frozen=True)
 class ColourTransform:
     """What the renderer applies: ``gains`` (R, G, B; G = 1) on the mosaic, then ``out_from_wb_cam``, then

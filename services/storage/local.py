@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -91,11 +92,22 @@ class LocalStorage(Storage):
             path.unlink(missing_ok=True)
 
     def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """Every file under ``prefix`` with its size. A file or folder removed while the listing runs (another
+        process deleting the job's files: DELETE .../files beside a finalize) is skipped, not an error."""
         base = self._path(prefix) if prefix else self.root
-        files = [base] if base.is_file() else base.rglob("*") if base.is_dir() else []
-        for path in files:
-            if path.is_file() and not path.name.startswith(".part-"):
-                yield path.relative_to(self.root).as_posix(), path.stat().st_size
+        if base.is_file():
+            paths: Iterator[Path] = iter([base])
+        else:  # os.walk ignores folders that vanish under it
+            paths = (Path(top) / name for top, _, names in os.walk(base) for name in names)
+        for path in paths:
+            if path.name.startswith(".part-"):
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield path.relative_to(self.root).as_posix(), st.st_size
 
     def sweep_partials(self, prefix: str, older_than_s: float = 0.0) -> int:
         base = self._path(prefix)

@@ -60,3 +60,31 @@ def test_normalize_levels_per_site() -> None:
     np.testing.assert_allclose(out.numpy(), [[0.0, 100 / 900, 0.9], [0.0, 1.0, 1.0]], atol=1e-7)
     with pytest.raises(ValueError, match=r"got \(2, 3, 1\)"):
         normalize_levels(raw[..., None], (0, 0, 0, 0), 10)
+
+
+def test_clip_highlights_whitens_blown_pixels_and_leaves_the_rest() -> None:
+    """A pixel at the raw white level in every channel sits at the gains after white balance (a magenta cast
+    through the matrix): it becomes the smallest gain in every channel. Pixels short of the knee are untouched,
+    bright colours below the white level too; the raw-domain form the previews use agrees."""
+    from services.pipeline.ops import clip_highlights
+    from services.raw.colour import HIGHLIGHT_KNEE, clip_highlights_raw
+
+    gains = (1.9, 1.0, 1.4)
+    raw = torch.tensor([[1.0, 1.0, 1.0],  # blown
+                        [0.5, 0.8, 0.6],  # below the knee: untouched
+                        [0.6, 1.0, 0.5],  # green blown alone: red 1.14 and blue 0.7 after the gains
+                        [0.95, 0.5, 0.3],  # a bright red short of the white level, past the knee
+                        [0.7, 0.3, 0.2]]).T.reshape(1, 3, 5, 1)
+    wb = raw * torch.tensor(gains).view(1, 3, 1, 1)
+    out = clip_highlights(wb, gains)
+    assert torch.allclose(out[0, :, 0, 0], torch.ones(3))
+    assert torch.equal(out[..., 1:2, :], wb[..., 1:2, :]) and torch.equal(out[..., 4:5, :], wb[..., 4:5, :])
+    assert torch.allclose(out[0, :, 2, 0], torch.tensor([1.0, 1.0, 0.7]))  # red pulled to the green's white
+    weight = (0.95 - HIGHLIGHT_KNEE) / (1 - HIGHLIGHT_KNEE)
+    assert torch.allclose(out[0, 0, 3, 0], torch.tensor(1.805 - weight * 0.805)) and out[0, 1, 3, 0] == wb[0, 1, 3, 0]
+    in_raw = clip_highlights_raw(raw[0].numpy().copy(), gains, axis=0) * np.asarray(gains)[:, None, None]
+    np.testing.assert_allclose(in_raw, out[0].numpy(), rtol=1e-6, atol=1e-6)
+    last = clip_highlights_raw(raw[0].numpy().transpose(1, 2, 0).copy(), gains, axis=-1) * np.asarray(gains)
+    np.testing.assert_allclose(last.transpose(2, 0, 1), out[0].numpy(), rtol=1e-6, atol=1e-6)
+    low = (0.8, 1.0, 1.5)  # a gain below 1: the brightest neutral every channel records is 0.8
+    assert torch.allclose(clip_highlights(torch.tensor(low).view(1, 3, 1, 1), low), torch.full((1, 3, 1, 1), 0.8))

@@ -4,6 +4,7 @@ from services.pipeline.ops.align import estimate_shift
 from services.pipeline.ops.cfa import CFA_PATTERNS, cfa_channels, cfa_masks
 from services.pipeline.ops.colour import (
     apply_matrix,
+    clip_highlights,
     decode_transfer,
     encode_transfer,
     srgb_decode,
@@ -28,6 +29,7 @@ __all__ = [
     "apply_matrix",
     "camera_to_srgb_matrix",
     "cfa_channels",
+    "clip_highlights",
     "cfa_masks",
     "decode_transfer",
     "demosaic_bilinear",

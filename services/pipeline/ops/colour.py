@@ -17,7 +17,7 @@ from torch import Tensor
 
 from services.pipeline.ops._checks import as_vector, check_image
 from services.pipeline.ops.cfa import cfa_channels, site_map
-from services.raw.colour import ADOBE_RGB_GAMMA, PROPHOTO_GAMMA, PROPHOTO_LINEAR_LIMIT, TRANSFERS
+from services.raw.colour import ADOBE_RGB_GAMMA, HIGHLIGHT_KNEE, PROPHOTO_GAMMA, PROPHOTO_LINEAR_LIMIT, TRANSFERS
 
 
 def white_balance(mosaic: Tensor, gains: Tensor | Sequence[float], cfa: str) -> Tensor:
@@ -34,6 +34,22 @@ def white_balance_rgb(rgb: Tensor, gains: Tensor | Sequence[float]) -> Tensor:
     return rgb * as_vector(gains, rgb, 3, "gains").view(1, 3, 1, 1)  # (B, 3, H, W)
 
 
+
+
+def clip_highlights(rgb: Tensor, gains: Tensor | Sequence[float]) -> Tensor:
+    """Blown highlights white, not magenta: (B, 3, H, W) white-balanced camera RGB whose raw values reached the
+    white level in every channel sit at the gains, e.g. (1.5, 1, 1.4): a magenta cast once through the matrix.
+
+    Channel ``c`` saturates at ``gains[c]``; a pixel's saturation is its largest ``rgb[c] / gains[c]``. From
+    :data:`HIGHLIGHT_KNEE` to 1 each channel above ``min(gains)`` (the brightest neutral every channel can
+    record) blends into that value, as LibRaw's default highlight mode clips; darker pixels, and bright colours
+    short of the white level, are left alone. Per pixel, so strips and fused groups stay exact."""
+    check_image(rgb, 3, "rgb")
+    g = as_vector(gains, rgb, 3, "gains").view(1, 3, 1, 1)
+    ceiling = float(min(float(v) for v in (gains.tolist() if isinstance(gains, Tensor) else gains)))
+    level = (rgb / g).amax(dim=1, keepdim=True)  # (B, 1, H, W): 1 = some channel at its raw white level
+    weight = ((level - HIGHLIGHT_KNEE) / (1.0 - HIGHLIGHT_KNEE)).clamp(0.0, 1.0)
+    return rgb - weight * (rgb - rgb.clamp(max=ceiling))
 
 
 def _check_float(x: object, name: str) -> None:
