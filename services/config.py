@@ -108,10 +108,11 @@ class Settings(BaseSettings):
         "Off (0): on an H100 it gained 0.1 s on an interactive shot during a batch, inside the spread, for a higher "
         "GPU memory peak (docs/PERFORMANCE.md); an interactive strip takes the next free slot first.")
     gpu_urgent_yield_s: float = Field(
-        default=0.0, ge=0, le=10, description="While an interactive shot's shard is on a GPU worker's device, its "
+        default=2.0, ge=0, le=10, description="While an interactive shot's shard is on a GPU worker's device, its "
         "batch shards pause at their next yield point (between a self-ensemble's model passes, before their bins and "
         "tiles) for up to this many seconds each time, so the interactive strip has the device to itself "
-        "(services/pipeline/gate.py); 0 = never.")
+        "(services/pipeline/gate.py); 0 = never. On one H200 an interactive shot during a 100-shot batch took 1.52 s "
+        "instead of 2.03 (idle 1.0), the batch's rate unchanged (docs/PERFORMANCE.md).")
     gpu_overlap_threads: int | None = Field(
         default=None, ge=0, le=8, description="Threads a GPU worker runs beyond its STRATA_GPU_WORKER_THREADS device "
         "slots: a strip stores its results (tile streams, bins) after giving its slot back, so the next strip's model "
