@@ -416,7 +416,7 @@ def clip_highlights_raw(cam: np.ndarray, gains: Sequence[float], axis: int = 0) 
         plane = np.take(cam, c, axis=axis)
         over = np.maximum(plane - np.float32(ceiling / float(gain)), 0.0)
         over *= weight
-        index = [slice(None)] * cam.ndim
+        index: list[slice | int] = [slice(None)] * cam.ndim
         index[axis] = c
         cam[tuple(index)] -= over
     return cam
