@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Annotated
 from urllib.parse import quote
 
@@ -19,7 +20,7 @@ from api.uploads import ReceivedForm, receive_multipart
 from services import idempotency
 from services.config import get_settings
 from services.db.models import Job, Station, new_id
-from services.errors import RangeNotSatisfiable, UploadTooLarge
+from services.errors import Gone, RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
 from services.metrics import BYTES_UPLOADED
 from services.storage import get_storage
@@ -247,7 +248,10 @@ def download_output(
         url = storage.presigned_url(out.storage_key, get_settings().s3_presign_s, filename=out.name)
         if url is not None:
             return RedirectResponse(url, status_code=307, headers={"ETag": f'"{out.sha256}"'})
-    size = storage.size(out.storage_key)
+    try:
+        size = storage.size(out.storage_key)
+    except FileNotFoundError as exc:  # removed since the job was read (a DELETE of its files, retention)
+        raise Gone(f"output {name!r} of job {job.id} was removed") from exc
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{out.sha256}"',
                "Content-Disposition": content_disposition(service.download_name(job, out), out.name)}
     if request.method == "HEAD":
@@ -256,7 +260,19 @@ def download_output(
     if range_header:
         start, end = _parse_range(range_header, size)
         headers.update({"Content-Range": f"bytes {start}-{end - 1}/{size}", "Content-Length": str(end - start)})
-        return StreamingResponse(storage.iter_chunks(out.storage_key, start, end), status_code=206,
-                                 media_type=out.media_type, headers=headers)
+        return StreamingResponse(_opened(storage.iter_chunks(out.storage_key, start, end), job.id, name),
+                                 status_code=206, media_type=out.media_type, headers=headers)
     headers["Content-Length"] = str(size)
-    return StreamingResponse(storage.iter_chunks(out.storage_key), media_type=out.media_type, headers=headers)
+    return StreamingResponse(_opened(storage.iter_chunks(out.storage_key), job.id, name), media_type=out.media_type,
+                             headers=headers)
+
+
+def _opened(chunks: Iterator[bytes], job_id: str, name: str) -> Iterator[bytes]:
+    """``chunks`` started before the response is: the file (or the object's stream) is open, so an output removed
+    while it is sent still arrives whole (a local file's data stay until it is closed), and one removed just before
+    is a 410, not a response cut off after its headers."""
+    try:
+        first = next(chunks, None)
+    except FileNotFoundError as exc:
+        raise Gone(f"output {name!r} of job {job_id} was removed") from exc
+    return chain([first], chunks) if first is not None else iter(())

@@ -122,7 +122,7 @@ class LocalStorage(Storage):
     def iter_chunks(self, key: str, start: int = 0, end: int | None = None, chunk: int = 1 << 20) -> Iterator[bytes]:
         with self.open(key) as f:
             f.seek(start)
-            remaining = (end if end is not None else self.size(key)) - start
+            remaining = (end if end is not None else os.fstat(f.fileno()).st_size) - start  # the open file's size
             while remaining > 0:
                 data = f.read(min(chunk, remaining))
                 if not data:

@@ -99,7 +99,7 @@ def test_a_download_streams_without_a_database_connection(client: TestClient, sy
 
     def counting(self: LocalStorage, *args: object, **kwargs: object) -> Iterator[bytes]:
         for i, chunk in enumerate(chunks(self, *args, **kwargs)):  # type: ignore[arg-type]
-            if i == 0:
+            if i == 1:  # (the first is read by the route, which opens the file before it returns)
                 seen.append(get_engine().pool.checkedout())  # type: ignore[attr-defined]
             yield chunk
 
@@ -107,3 +107,34 @@ def test_a_download_streams_without_a_database_connection(client: TestClient, sy
     got = client.get(f"/v1/jobs/{job['id']}/outputs/{name}", headers=auth)
     assert got.status_code == 200 and len(got.content) == 3 << 20
     assert seen == [0]
+
+
+def test_an_output_removed_during_its_download(client: TestClient, synth_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output removed (DELETE .../files, retention) after the job was read: 410, not a 500 from the size lookup;
+    removed once its download has begun: it still arrives whole (the file was opened before the response), not a
+    response cut off after its headers (seen with a DELETE racing the download)."""
+    import api.routes.jobs as routes
+
+    with session_scope() as session:
+        auth = {"Authorization": f"Bearer {create_station_token(session, 'station-d')}"}
+    frame = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    job = client.post("/v1/jobs", headers=auth, files=[("frames", ("shot.dng", frame))],
+                      data={"priority": "batch"}).json()
+    data = bytes(range(256)) * (12 << 10)  # 3 MiB: three chunks
+    name = _finish_with_output(job["id"], data)
+    path = get_storage().local_path(output_key(job["id"], name))
+    url = f"/v1/jobs/{job['id']}/outputs/{name}"
+    real = routes._opened
+
+    def opened_then_removed(chunks: Iterator[bytes], job_id: str, out: str) -> Iterator[bytes]:
+        started = real(chunks, job_id, out)
+        path.unlink()  # removed once the route holds the file open
+        return started
+
+    monkeypatch.setattr(routes, "_opened", opened_then_removed)
+    got = client.get(url, headers=auth)
+    assert got.status_code == 200 and got.content == data
+    monkeypatch.undo()
+    gone = client.get(url, headers=auth)  # the record still lists it, the file is gone
+    assert gone.status_code == 410 and "was removed" in gone.json()["detail"]
