@@ -101,12 +101,15 @@ class Settings(BaseSettings):
         "on its own CUDA stream (one model copy): one shard's downloads overlap another's model pass (a batch on one "
         "H200: 1.58 frames/s with 2, 1.17-1.19 with 1). Each plans strips for its share of the GPU's memory. CPU "
         "workers compute one shard at a time.")
-    gpu_urgent_slots: int = Field(
-        default=0, ge=0, le=2, description="Device slots of a GPU worker kept for interactive shots' shards beyond "
+    gpu_urgent_slots: int | None = Field(
+        default=None, ge=0, le=2, description="Device slots of a GPU worker kept for interactive shots' shards beyond "
         "STRATA_GPU_WORKER_THREADS (and a worker thread each): batch strips hold at most STRATA_GPU_WORKER_THREADS, "
         "so an interactive strip does not wait for a batch strip to leave the device (services/pipeline/gate.py). "
-        "Off (0): on an H100 it gained 0.1 s on an interactive shot during a batch, inside the spread, for a higher "
-        "GPU memory peak (docs/PERFORMANCE.md); an interactive strip takes the next free slot first.")
+        "With the batch's pauses (STRATA_GPU_URGENT_YIELD_S), two A/Bs on one H100 in both orders: an interactive "
+        "shot during a 100-shot batch 1.85 / 1.84 s against 2.08 / 2.16 s with 0, the batch no slower "
+        "(docs/PERFORMANCE.md); 0: an interactive strip takes the next free slot first. Default: 1 on a host with "
+        "one GPU worker (measured there), 0 with several (like STRATA_GPU_OVERLAP_THREADS: the extra thread would "
+        "take batch shards from the shared queue that an idle GPU could run; not measured yet).")
     gpu_urgent_yield_s: float = Field(
         default=2.0, ge=0, le=10, description="While an interactive shot's shard is on a GPU worker's device, its "
         "batch shards pause at their next yield point (between a self-ensemble's model passes, before their bins and "

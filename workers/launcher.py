@@ -86,18 +86,20 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
         slots = [(f"gpu{g}" + (f"-{k + 1}" if k else ""), g) for g in ids for k in range(per_gpu)] or [
             (f"cpu{i}", "cpu") for i in range(max(settings.cpu_workers, 1))]
         cpu_threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // len(slots))
-        overlap = settings.gpu_overlap_threads
+        overlap, urgent = settings.gpu_overlap_threads, settings.gpu_urgent_slots
         if overlap is None:  # measured on one GPU; with several, extra threads would hoard the shared queue's shards
             overlap = 2 if len(slots) == 1 else 0
+        if urgent is None:  # the same
+            urgent = 1 if len(slots) == 1 else 0
         for label, gpu in slots:
             name = f"{label}@{host}"
-            env = {"STRATA_WORKER_KIND": "gpu", "STRATA_WORKER_GPU": gpu,
+            env = {"STRATA_WORKER_KIND": "gpu", "STRATA_WORKER_GPU": gpu, "STRATA_GPU_URGENT_SLOTS": str(urgent),
                    "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
             # device slots (STRATA_GPU_WORKER_THREADS) + threads storing results meanwhile + a thread per slot kept for
             # interactive shards (STRATA_GPU_URGENT_SLOTS; services/pipeline/gate.py)
-            threads = max(1, settings.gpu_worker_threads) + overlap + settings.gpu_urgent_slots if gpu != "cpu" else 1
+            threads = max(1, settings.gpu_worker_threads) + overlap + urgent if gpu != "cpu" else 1
             specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)],
                                                 "threads" if threads > 1 else "solo", threads, settings),
                                   env, worker=True))

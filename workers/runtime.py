@@ -116,7 +116,7 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     device = pick_device(gpu) if kind == "gpu" else "cpu"
     _configure_torch(kind, device)
     if kind == "gpu" and device.startswith("cuda"):  # device slots; the worker's other threads store results
-        gate.configure(max(1, settings.gpu_worker_threads), settings.gpu_urgent_slots, settings.gpu_urgent_yield_s)
+        gate.configure(max(1, settings.gpu_worker_threads), settings.gpu_urgent_slots or 0, settings.gpu_urgent_yield_s)
     if kind == "gpu":
         _warm_up(device)
         log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)

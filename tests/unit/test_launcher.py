@@ -153,6 +153,6 @@ def test_a_gpu_workers_threads_are_its_slots_the_overlap_and_the_urgent_reserve(
         spec = worker_specs(Settings(**kw), gpus=["0"], coordinator=False)[0]  # type: ignore[arg-type]
         return int(spec.argv[spec.argv.index("--concurrency") + 1])
 
-    assert threads() == 2 + 2  # two device slots, two threads storing results (one GPU worker)
-    assert threads(gpu_urgent_slots=1) == 2 + 2 + 1
-    assert threads(gpu_worker_threads=1, gpu_overlap_threads=0) == 1
+    assert threads() == 2 + 2 + 1  # two device slots, two threads storing results, one for interactive shards
+    assert threads(gpu_urgent_slots=0) == 2 + 2
+    assert threads(gpu_worker_threads=1, gpu_overlap_threads=0, gpu_urgent_slots=0) == 1

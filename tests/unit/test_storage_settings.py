@@ -74,14 +74,14 @@ def test_gpu_workers_compute_gpu_worker_threads_shards_at_once_cpu_workers_one(t
         return argv[argv.index("--pool") + 1], argv[argv.index("--concurrency") + 1]
 
     gpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1), gpus=["0"], coordinator=False)
-    # The default: two device slots (two shards on the device at once, one model copy) and two more threads that
-    # store their strips' results meanwhile (services/pipeline/gate.py).
-    assert [pool(s) for s in gpu] == [("threads", "4")]
+    # The default: two device slots (two shards on the device at once, one model copy), two more threads that
+    # store their strips' results meanwhile and one kept for interactive shards (services/pipeline/gate.py).
+    assert [pool(s) for s in gpu] == [("threads", "5")]
     one = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1), gpus=["0"],
                        coordinator=False)
-    assert [pool(s) for s in one] == [("threads", "3")]
-    alone = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1, gpu_overlap_threads=0),
-                         gpus=["0"], coordinator=False)
+    assert [pool(s) for s in one] == [("threads", "4")]
+    alone = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1, gpu_overlap_threads=0,
+                                  gpu_urgent_slots=0), gpus=["0"], coordinator=False)
     assert [pool(s) for s in alone] == [("solo", "1")]
     # Several GPU workers on a host: no overlap threads unless asked (they would take shards another GPU could run).
     two = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1), gpus=["0", "1"], coordinator=False)
