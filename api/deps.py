@@ -55,6 +55,11 @@ def current_station(
     except Unauthorized:
         backoff.failed(address)
         raise
+    finally:
+        # The lookup's connection goes back to the pool before the route awaits anything: a request holding one
+        # while it waits for a threadpool thread, whose threads all wait for a connection, deadlocked 60 uploads
+        # at once until the pool's 30 s timeout (500s).
+        session.commit()
     backoff.succeeded(address)
     return station
 

@@ -17,6 +17,7 @@ from celery.signals import after_setup_logger, worker_init, worker_process_init,
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session
 
 from services.batches.admission import Admission, admission_pass, unsent_notifications
 from services.batches.notify import notification
@@ -105,16 +106,21 @@ def _quiet() -> QuietWindow:
     return quiet_window(broker_url(settings), settings.interactive_quiet_s)
 
 
-def send_ingest(job_id: str, priority: str) -> bool:
+def send_ingest(job_id: str, priority: str, session: Session | None = None) -> bool:
     """The outbox's send: enqueue the job's ingest and record it (``jobs.enqueued_at``); False when the broker
-    is down (the job stays in the outbox and the coordinator's outbox pass sends it once the broker is back)."""
+    is down (the job stays in the outbox and the coordinator's outbox pass sends it once the broker is back).
+    ``session``: the caller's, to record it with (an API request must not hold a second pooled connection while
+    its own holds one: 30 uploads at once then exhausted the pool, each waiting for another's connection)."""
     try:
         enqueue_ingest(job_id, priority)
     except BROKER_DOWN as exc:
         log.warning("job %s: ingest not sent (broker unreachable: %s); the outbox sends it later", job_id, exc)
         return False
-    with session_scope() as session:
+    if session is not None:
         mark_enqueued(session, job_id)
+        return True
+    with session_scope() as own:
+        mark_enqueued(own, job_id)
     return True
 
 

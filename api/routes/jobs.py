@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -27,6 +29,7 @@ from services.storage import get_storage
 from services.storage.keys import job_prefix
 from workers.tasks import send_ingest
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict] = {
     code: {"model": ErrorOut} for code in (400, 401, 404, 409, 410, 413, 416, 422, 429)
@@ -122,12 +125,34 @@ async def receive_shot(request: Request, response: Response, shot: Shot, submit:
         return job
     BYTES_UPLOADED.inc(sum(f.bytes for f in job.frames))
     if service.enqueue_now(job):
-        await run_in_threadpool(send_ingest, job.id, job.priority)  # broker down: the outbox sends it later
+        await run_in_threadpool(_send, shot.session, job)
     return job
 
 
+def _send(session: Session, job: Job) -> None:
+    """Send the recorded job's ingest on the request's own session. The job exists from here on: a failure to
+    send or to record the send leaves it in the outbox, which sends it later, and the upload still gets its 202
+    (a 500 made stations upload the shot again, and render it twice)."""
+    try:
+        send_ingest(job.id, job.priority, session)  # broker down: the outbox sends it later
+    except SQLAlchemyError:
+        session.rollback()
+        log.exception("job %s: its ingest was not recorded as sent; the outbox sends it again", job.id)
+
+
 def _record(shot: Shot, key: str | None, job_id: str, form: ReceivedForm, submit: Submit) -> Job:
-    """Submit the job, or return the one an earlier request with the same Idempotency-Key created."""
+    """Submit the job, or return the one an earlier request with the same Idempotency-Key created; the
+    session's connection goes back to the pool before the request awaits anything else."""
+    try:
+        job = _submit_or_replay(shot, key, job_id, form, submit)
+    except BaseException:
+        shot.session.rollback()
+        raise
+    shot.session.commit()
+    return job
+
+
+def _submit_or_replay(shot: Shot, key: str | None, job_id: str, form: ReceivedForm, submit: Submit) -> Job:
     if key is None:
         return submit(job_id, form.files, service.JobRequest.from_form(form.fields))
     claim = idempotency.claim(shot.session, shot.station, key, shot.scope, _fingerprint(form),

@@ -226,3 +226,21 @@ def test_an_upload_holds_no_database_connection_while_its_body_streams(client: T
                     content=body())
     assert r.status_code == 202, r.text
     assert seen == [0]
+
+
+def test_sixty_uploads_at_once_are_all_accepted(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:
+    """More uploads at once than the pool has connections (5 + 10) and the threadpool threads (40): a request
+    once held its connection while it waited for a thread that all waited for a connection (a deadlock until the
+    pool's 30 s timeout: 500s, some for jobs already recorded)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    frame = _frame(synth_dir)
+
+    def upload(i: int) -> int:
+        return client.post("/v1/jobs", headers=auth, files=[("frames", (f"f{i}.dng", frame))]).status_code
+
+    with ThreadPoolExecutor(60) as pool:
+        codes = list(pool.map(upload, range(60)))
+    assert codes == [202] * 60
+    with session_scope() as session:
+        assert session.query(Job).count() == 60
