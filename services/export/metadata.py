@@ -84,6 +84,13 @@ def _rational(value: float) -> TiffImagePlugin.IFDRational:
     return TiffImagePlugin.IFDRational(round(value * 10000), 10000)
 
 
+def _decimal(value: float) -> tuple[int, int]:
+    """``value`` in ten-thousandths, as an unsigned 32-bit RATIONAL holds it; ValueError where it cannot."""
+    if not 0 <= value < 2**32 / 10000:
+        raise ValueError(f"RATIONAL cannot hold {value}")
+    return round(value * 10000), 10000
+
+
 def pillow_exif(meta: OutputMetadata) -> Image.Exif:
     """The EXIF block of a JPEG or PNG: IFD0 (make, model, orientation, resolution, software, names) and the
     EXIF IFD (capture date, exposure, aperture, ISO, focal length, lens)."""
@@ -99,14 +106,15 @@ def pillow_exif(meta: OutputMetadata) -> Image.Exif:
     ifd = exif.get_ifd(EXIF_IFD)
     if c.datetime_original:
         ifd[TAG_DATETIME_ORIGINAL] = _ascii(c.datetime_original)
-    if c.exposure_time is not None:
-        ifd[TAG_EXPOSURE_TIME] = TiffImagePlugin.IFDRational(*exposure_rational(c.exposure_time))
-    if c.f_number is not None:
-        ifd[TAG_F_NUMBER] = _rational(c.f_number)
-    if c.iso is not None:
+    for tag, value, encode in ((TAG_EXPOSURE_TIME, c.exposure_time, exposure_rational),
+                               (TAG_F_NUMBER, c.f_number, _decimal), (TAG_FOCAL_LENGTH, c.focal_length, _decimal)):
+        try:  # a value no RATIONAL holds (not finite, negative, too large) is left out, not the whole output
+            if value is not None:
+                ifd[tag] = TiffImagePlugin.IFDRational(*encode(value))
+        except (ValueError, OverflowError):
+            continue
+    if c.iso is not None and c.iso > 0:
         ifd[TAG_ISO] = min(int(c.iso), 65535)
-    if c.focal_length is not None:
-        ifd[TAG_FOCAL_LENGTH] = _rational(c.focal_length)
     if c.lens:
         ifd[TAG_LENS_MODEL] = _ascii(c.lens)
     return exif

@@ -62,11 +62,15 @@ def _neutral_from_wb(wb: list[float]) -> tuple[float, float, float] | None:
 
 
 def _matrix_from_rgb_cam(rgb_cam: np.ndarray) -> list[list[float]]:
-    """XYZ -> camera matrix (rows normalised to unit sRGB-white response) from LibRaw's camera -> sRGB."""
+    """XYZ -> camera matrix (rows normalised to unit sRGB-white response) from LibRaw's camera -> sRGB; where
+    LibRaw has none (a singular or non-finite one: a DNG whose colour tags it could not use, which the DNG's own
+    ColorMatrix1 then replaces), the camera is taken to see sRGB."""
     from services.raw.colour import SRGB_TO_XYZ_D65
 
-    cam_rgb = np.linalg.inv(np.asarray(rgb_cam, dtype=np.float64)[:, :3])
-    return (cam_rgb @ np.linalg.inv(SRGB_TO_XYZ_D65)).tolist()
+    matrix = np.asarray(rgb_cam, dtype=np.float64)[:, :3]
+    if not np.all(np.isfinite(matrix)) or abs(np.linalg.det(matrix)) < 1e-12:
+        matrix = np.eye(3)
+    return (np.linalg.inv(matrix) @ np.linalg.inv(SRGB_TO_XYZ_D65)).tolist()
 
 
 def _matrix9(values: list[float] | None) -> tuple[tuple[float, float, float], ...] | None:

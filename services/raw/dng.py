@@ -3,6 +3,7 @@ readable by LibRaw/rawpy."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,7 +105,7 @@ def _scene_tags(as_shot_white_xy: tuple[float, float] | None, baseline_exposure:
 
 def exposure_rational(seconds: float) -> tuple[int, int]:
     """An exposure time as the usual 1/N rational when it is one (1/125 s -> (1, 125)), else decimal."""
-    if 0 < seconds < 1 and abs(1 / seconds - round(1 / seconds)) < 1e-6:
+    if 0 < seconds < 1 and abs(1 / seconds - round(1 / seconds)) < 1e-6 and round(1 / seconds) < 2**32:
         return 1, round(1 / seconds)
     return _rational(seconds, signed=False)
 
@@ -115,24 +116,32 @@ def capture_tags(capture: CaptureInfo | None) -> list[TagTuple]:
     if capture is None:
         return []
     tags: list[TagTuple] = [(TAG_ORIENTATION, "H", 1, int(capture.orientation), True)]
-    if capture.exposure_time is not None:
-        tags.append((TAG_EXPOSURE_TIME, "2I", 1, exposure_rational(capture.exposure_time), True))
-    if capture.f_number is not None:
-        tags.append((TAG_F_NUMBER, "2I", 1, _rational(capture.f_number, signed=False), True))
-    if capture.iso is not None:
+    rationals = ((TAG_EXPOSURE_TIME, capture.exposure_time, exposure_rational),
+                 (TAG_F_NUMBER, capture.f_number, _unsigned), (TAG_FOCAL_LENGTH, capture.focal_length, _unsigned))
+    for code, value, encode in rationals:
+        try:  # a value no RATIONAL holds (not finite, negative, too large) is left out, not the whole output
+            if value is not None:
+                tags.append((code, "2I", 1, encode(value), True))
+        except (ValueError, OverflowError):
+            continue
+    if capture.iso is not None and capture.iso > 0:
         tags.append((TAG_ISO, "H", 1, min(int(capture.iso), 65535), True))
     if capture.datetime_original:
         tags.append(_ascii_tag(TAG_DATETIME_ORIGINAL, capture.datetime_original))
-    if capture.focal_length is not None:
-        tags.append((TAG_FOCAL_LENGTH, "2I", 1, _rational(capture.focal_length, signed=False), True))
     if capture.lens:
         tags.append(_ascii_tag(TAG_LENS_MODEL, capture.lens))
-    return tags
+    return sorted(tags, key=lambda t: t[0])
+
+
+def _unsigned(value: float) -> tuple[int, int]:
+    return _rational(value, signed=False)
 
 
 def _rational(value: float, *, signed: bool) -> tuple[int, int]:
     """(numerator, denominator) with the largest power-of-ten denominator whose numerator fits 32 bits."""
     limit = 2**31 - 1 if signed else 2**32 - 1
+    if not math.isfinite(value):
+        raise ValueError(f"RATIONAL cannot hold {value}")
     if not signed and value < 0:
         raise ValueError(f"RATIONAL cannot hold a negative value: {value}")
     for exponent in range(9, -1, -1):
@@ -301,8 +310,9 @@ def tag_floats(tag: tifffile.TiffTag | None) -> list[float] | None:
         values = np.atleast_1d(np.asarray(tag.value, dtype=np.float64)).ravel()
     except (ValueError, TypeError) as exc:  # a corrupt file: the reason names the tag
         raise ValueError(f"malformed DNG tag {tag.name} ({tag.code}): not numeric") from exc
-    if int(tag.dtype) in (5, 10):  # RATIONAL, SRATIONAL
-        values = values[0::2] / values[1::2]
+    if int(tag.dtype) in (5, 10):  # RATIONAL, SRATIONAL; a zero denominator gives inf or NaN (callers check)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = values[0::2] / values[1::2]
     return values.tolist()
 
 
@@ -311,6 +321,40 @@ def _tag_text(tag: tifffile.TiffTag | None) -> str:
         return ""
     value = tag.value.decode("ascii", "replace") if isinstance(tag.value, bytes) else str(tag.value)
     return value.strip("\x00 ").strip()
+
+
+# Optional DNG tags whose values no render can use are left out (their defaults apply: the as-shot white from the
+# image, the noise estimated from it, no calibration), as Adobe's DNG SDK and LibRaw do: a zero denominator or a NaN
+# in one of them once rendered a black TIFF and reported it done. BaselineExposure is a few stops at most in practice.
+MAX_BASELINE_EXPOSURE = 10.0
+
+
+def usable(values: list[float] | None, count: int, *, positive: bool = False, nonnegative: bool = False
+           ) -> list[float] | None:
+    """The first ``count`` of ``values`` when there are that many and all are finite (and > 0 with ``positive``,
+    >= 0 with ``nonnegative``); None otherwise."""
+    if values is None or len(values) < count:
+        return None
+    head = values[:count]
+    if not all(np.isfinite(head)) or (positive and min(head) <= 0) or (nonnegative and min(head) < 0):
+        return None
+    return head
+
+
+def _matrix_or_none(values: list[float] | None) -> list[float] | None:
+    """A 3 x 3 matrix tag (9 values, row-major) that is finite and invertible; None otherwise."""
+    m = usable(values, 9)
+    return m if m is not None and abs(np.linalg.det(np.reshape(m, (3, 3)))) > 1e-12 else None
+
+
+def _white_xy(values: list[float] | None) -> list[float] | None:
+    xy = usable(values, 2, positive=True)
+    return xy if xy is not None and xy[0] + xy[1] < 1 else None
+
+
+def _baseline_exposure(values: list[float] | None) -> float:
+    value = usable(values, 1)
+    return value[0] if value is not None and abs(value[0]) <= MAX_BASELINE_EXPOSURE else 0.0
 
 
 def read_dng_tags(path: Path) -> dict[str, Any] | None:
@@ -322,6 +366,9 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
     ``calibration_illuminants`` ((code1, code2), 0 where absent), ``baseline_exposure`` (float, 0 if absent),
     ``black_level`` (floats), ``black_level_repeat`` ((rows, cols)),
     ``white_level`` (float or None), ``active_area_origin`` ((top, left), the origin of the black pattern).
+    Optional tags holding values no render can use (non-finite, a zero denominator, singular matrices, a white or
+    balance of 0) read as absent (see :data:`MAX_BASELINE_EXPOSURE`); ColorMatrix1 is as stored (the upload's
+    probe refuses a DNG without a usable one).
     """
     with tifffile.TiffFile(path) as tif:
         ifd0 = tif.pages.first
@@ -333,31 +380,33 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
         raw = next((p for p in candidates if int(p.photometric) in (PHOTOMETRIC_CFA, PHOTOMETRIC_LINEAR_RAW)
                     and int(p.subfiletype) == 0), ifd0)
         pages = [raw, ifd0]
-        white = tag_floats(find_tag([raw], TAG_WHITE_LEVEL))
+        white = usable(tag_floats(find_tag([raw], TAG_WHITE_LEVEL)), 1, positive=True)
         repeat = tag_floats(find_tag([raw], TAG_BLACK_LEVEL_REPEAT_DIM)) or [1.0, 1.0]
         active = tag_floats(find_tag([raw], TAG_ACTIVE_AREA)) or [0.0, 0.0]
+        black = tag_floats(find_tag([raw], TAG_BLACK_LEVEL)) or [0.0]
+        noise = tag_floats(find_tag(pages, TAG_NOISE_PROFILE))
         return {
             "make": _tag_text(find_tag(pages, TAG_MAKE)),
             "model": _tag_text(find_tag(pages, TAG_MODEL)),
             "color_matrix": tag_floats(find_tag(pages, TAG_COLOR_MATRIX_1)),
-            "as_shot_neutral": tag_floats(find_tag(pages, TAG_AS_SHOT_NEUTRAL)),
-            "noise_profile": tag_floats(find_tag(pages, TAG_NOISE_PROFILE)),
-            "black_level": tag_floats(find_tag([raw], TAG_BLACK_LEVEL)) or [0.0],
+            "as_shot_neutral": usable(tag_floats(find_tag(pages, TAG_AS_SHOT_NEUTRAL)), 3, positive=True),
+            "noise_profile": noise if usable(noise, 2, nonnegative=True) is not None else None,
+            "black_level": black if all(np.isfinite(black)) else [0.0],
             "black_level_repeat": (int(repeat[0]), int(repeat[-1])),
-            "white_level": None if not white else white[0],
+            "white_level": None if white is None else white[0],
             "active_area_origin": (int(active[0]), int(active[1])),
-            "color_matrix_2": tag_floats(find_tag(pages, TAG_COLOR_MATRIX_2)),
-            "forward_matrix_1": tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_1)),
-            "forward_matrix_2": tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_2)),
-            "camera_calibration_1": tag_floats(find_tag(pages, TAG_CAMERA_CALIBRATION_1)),
-            "camera_calibration_2": tag_floats(find_tag(pages, TAG_CAMERA_CALIBRATION_2)),
-            "analog_balance": tag_floats(find_tag(pages, TAG_ANALOG_BALANCE)),
-            "as_shot_white_xy": tag_floats(find_tag(pages, TAG_AS_SHOT_WHITE_XY)),
+            "color_matrix_2": _matrix_or_none(tag_floats(find_tag(pages, TAG_COLOR_MATRIX_2))),
+            "forward_matrix_1": _matrix_or_none(tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_1))),
+            "forward_matrix_2": _matrix_or_none(tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_2))),
+            "camera_calibration_1": _matrix_or_none(tag_floats(find_tag(pages, TAG_CAMERA_CALIBRATION_1))),
+            "camera_calibration_2": _matrix_or_none(tag_floats(find_tag(pages, TAG_CAMERA_CALIBRATION_2))),
+            "analog_balance": usable(tag_floats(find_tag(pages, TAG_ANALOG_BALANCE)), 3, positive=True),
+            "as_shot_white_xy": _white_xy(tag_floats(find_tag(pages, TAG_AS_SHOT_WHITE_XY))),
             "calibration_illuminants": (
                 int((tag_floats(find_tag(pages, TAG_CALIBRATION_ILLUMINANT_1)) or [0])[0]),
                 int((tag_floats(find_tag(pages, TAG_CALIBRATION_ILLUMINANT_2)) or [0])[0]),
             ),
-            "baseline_exposure": (tag_floats(find_tag(pages, TAG_BASELINE_EXPOSURE)) or [0.0])[0],
+            "baseline_exposure": _baseline_exposure(tag_floats(find_tag(pages, TAG_BASELINE_EXPOSURE))),
         }
 
 
@@ -384,6 +433,9 @@ def _exif_value(pages: Sequence[tifffile.TiffPage], code: int, name: str) -> Any
     return None
 
 
+MAX_CAPTURE_TEXT = 255  # characters kept of a capture tag's text (Make, Model, LensModel, DateTimeOriginal)
+
+
 def read_capture_info(path: Path) -> CaptureInfo | None:
     """The capture tags of a TIFF-structured RAW (DNG, and TIFF-based vendor formats): IFD0 and the raw IFD
     first, then the EXIF IFD; None when ``path`` is no TIFF or cannot be parsed."""
@@ -397,15 +449,17 @@ def read_capture_info(path: Path) -> CaptureInfo | None:
             def get(code: int, name: str) -> Any:
                 return _exif_value(pages, code, name)
 
-            def num(code: int, name: str) -> float | None:
+            def num(code: int, name: str) -> float | None:  # a zero denominator (inf) or NaN reads as absent
                 value = get(code, name)
-                return float(value) if isinstance(value, (int, float)) and value > 0 else None
+                return float(value) if isinstance(value, (int, float)) and 0 < value < 1e9 else None
+
+            def text(code: int, name: str) -> str:  # what an output's EXIF can carry (a JPEG's EXIF is <= 64 KB)
+                return str(get(code, name) or "")[:MAX_CAPTURE_TEXT]
 
             iso, orientation = num(TAG_ISO, "ISOSpeedRatings"), num(TAG_ORIENTATION, "Orientation")
             return CaptureInfo(
-                make=str(get(TAG_MAKE, "Make") or ""), model=str(get(TAG_MODEL, "Model") or ""),
-                lens=str(get(TAG_LENS_MODEL, "LensModel") or ""),
-                datetime_original=str(get(TAG_DATETIME_ORIGINAL, "DateTimeOriginal") or ""),
+                make=text(TAG_MAKE, "Make"), model=text(TAG_MODEL, "Model"), lens=text(TAG_LENS_MODEL, "LensModel"),
+                datetime_original=text(TAG_DATETIME_ORIGINAL, "DateTimeOriginal"),
                 exposure_time=num(TAG_EXPOSURE_TIME, "ExposureTime"), f_number=num(TAG_F_NUMBER, "FNumber"),
                 iso=None if iso is None else int(iso), focal_length=num(TAG_FOCAL_LENGTH, "FocalLength"),
                 orientation=int(orientation) if orientation and 1 <= orientation <= 8 else 1,

@@ -14,6 +14,7 @@ import tifffile
 
 from services.errors import BadRawFile, UnsupportedSensor
 from services.raw.dng import (
+    TAG_ACTIVE_AREA,
     TAG_BLACK_LEVEL,
     TAG_COLOR_MATRIX_1,
     TAG_COLOR_MATRIX_2,
@@ -199,6 +200,8 @@ def _layout(page: tifffile.TiffPage) -> str:
     photometric, samples = int(page.photometric), int(page.samplesperpixel)
     if int(page.sampleformat) == 3:  # SampleFormat IEEE float (one value for every sample)
         raise _unsupported("a floating-point DNG")
+    if int(page.bitspersample) > 16:
+        raise _unsupported(f"a DNG of {int(page.bitspersample)}-bit samples (LibRaw reads up to 16 bits)")
     if int(page.compression) not in DNG_COMPRESSIONS:
         code = int(page.compression)
         name = page.compression.name.lower().replace("_", " ") if hasattr(page.compression, "name") else "?"
@@ -212,7 +215,8 @@ def _layout(page: tifffile.TiffPage) -> str:
                            else f"a linear DNG with {samples} samples per pixel")
     if samples != 1:
         raise _unsupported(f"a CFA image with {samples} samples per pixel")
-    _bayer_pattern(page)
+    if not _bayer_pattern(page):
+        raise _unsupported("a CFA image without its CFAPattern tag (33422), which says the colour of each site,")
     return "bayer"
 
 
@@ -227,7 +231,9 @@ def _dng_layout(ifds: list[tifffile.TiffPage], raw_ifds: list[tifffile.TiffPage]
 
 def _check_dng_metadata(raw: tifffile.TiffPage, ifd0: tifffile.TiffPage) -> None:
     """:class:`BadRawFile` for a DNG whose levels or colour matrices no render can use (the decode refuses them
-    too, after the upload was accepted): a BlackLevel not below the WhiteLevel, a singular ColorMatrix."""
+    too, after the upload was accepted): a BlackLevel not below the WhiteLevel, no ColorMatrix1 (the DNG
+    specification requires it of colour images) or a colour matrix that is not 9 finite values of an invertible
+    matrix. Other optional tags with unusable values are ignored by the decode (:func:`~services.raw.dng.usable`)."""
     pages = [raw, ifd0]
     try:
         blacks = tag_floats(find_tag(pages, TAG_BLACK_LEVEL)) or []
@@ -238,11 +244,41 @@ def _check_dng_metadata(raw: tifffile.TiffPage, ifd0: tifffile.TiffPage) -> None
     if blacks and whites and max(blacks) >= min(whites):
         raise BadRawFile(f"implausible RAW metadata: BlackLevel {max(blacks):g} is not below WhiteLevel "
                          f"{min(whites):g}: no signal range is left")
+    if matrices[TAG_COLOR_MATRIX_1] is None:
+        raise BadRawFile("implausible RAW metadata: no ColorMatrix1 (50721): the DNG specification requires it of "
+                         "colour images, and no colour can be computed without it")
     for code, values in matrices.items():
-        if values is not None and len(values) == 9 and np.linalg.matrix_rank(np.reshape(values, (3, 3))) < 3:
-            name = "ColorMatrix1" if code == TAG_COLOR_MATRIX_1 else "ColorMatrix2"
+        name = "ColorMatrix1" if code == TAG_COLOR_MATRIX_1 else "ColorMatrix2"
+        if values is None:
+            continue
+        if len(values) != 9:
+            raise BadRawFile(f"implausible RAW metadata: {name} holds {len(values)} values; a 3-colour image "
+                             f"needs 9")
+        if not all(np.isfinite(values)):
+            raise BadRawFile(f"implausible RAW metadata: {name} holds values that are not finite (a zero "
+                             f"denominator?)")
+        if np.linalg.matrix_rank(np.reshape(values, (3, 3))) < 3:
             raise BadRawFile(f"implausible RAW metadata: {name} {[round(v, 4) for v in values]} is singular: no "
                              f"colour can be computed from it")
+
+
+def _active_size(raw: tifffile.TiffPage) -> tuple[int, int]:
+    """(width, height) of the raw IFD's ActiveArea (the image the decoder renders), the whole image without one;
+    :class:`BadRawFile` for an ActiveArea that does not lie inside the image."""
+    width, height = int(raw.imagewidth), int(raw.imagelength)
+    try:
+        area = tag_floats(raw.tags.get(TAG_ACTIVE_AREA))
+    except ValueError as exc:
+        raise BadRawFile(f"implausible RAW metadata: {exc}") from exc
+    if area is None:
+        return width, height
+    if len(area) != 4 or not all(np.isfinite(area)):
+        raise BadRawFile(f"implausible RAW metadata: ActiveArea {area} is not 4 numbers (top, left, bottom, right)")
+    top, left, bottom, right = (int(v) for v in area)
+    if not (0 <= top < bottom <= height and 0 <= left < right <= width):
+        raise BadRawFile(f"implausible RAW metadata: ActiveArea (top {top}, left {left}, bottom {bottom}, right "
+                         f"{right}) does not lie inside the {width} x {height} raw image")
+    return right - left, bottom - top
 
 
 def _check_uncompressed_size(raw: tifffile.TiffPage) -> None:
@@ -259,7 +295,10 @@ def _check_uncompressed_size(raw: tifffile.TiffPage) -> None:
 
 
 def _main_ifd(raw_ifds: list[tifffile.TiffPage]) -> tifffile.TiffPage:
-    return max(raw_ifds, key=lambda p: (int(p.subfiletype) == 0, p.imagewidth * p.imagelength))
+    """The raw IFD the decoder renders: the first full-resolution one (NewSubFileType 0) in file order, as LibRaw
+    and :func:`~services.raw.dng.read_dng_tags` take it; the largest where none is marked so."""
+    return next((p for p in raw_ifds if int(p.subfiletype) == 0),
+                max(raw_ifds, key=lambda p: p.imagewidth * p.imagelength))
 
 
 def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
@@ -305,7 +344,7 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
     width = height = 0
     if raw_ifds:
         main = _main_ifd(raw_ifds)
-        width, height = int(main.imagewidth), int(main.imagelength)
+        width, height = _active_size(main) if is_dng else (int(main.imagewidth), int(main.imagelength))
         if is_dng and min(width, height) < MIN_SIDE:
             raise _unsupported(f"a {width} x {height} pixel raw image (LibRaw reads at least {MIN_SIDE} x {MIN_SIDE})")
         if is_dng:

@@ -191,3 +191,87 @@ def test_refuses_uncompressed_raw_data_shorter_than_its_stated_size(dng: Path, w
     with pytest.raises(BadRawFile, match=rf"truncated: the {width} x {height} raw image \(16 bits a pixel, "
                                          rf"uncompressed\) needs {width * height * 2} bytes but its data holds 4800"):
         probe_raw(dng)
+
+
+def _dng_with(tmp_path: Path, new: list[tuple] = (), drop: tuple[int, ...] = (), dtype: type = np.uint16,
+              extra: tuple[tuple, ...] = ()) -> Path:
+    """A 200 x 300 Bayer DNG (tests.raw_layouts' tags) with tags replaced (``new``), removed (``drop``) or added."""
+    from services.raw.dng import dng_tags
+    from tests.raw_layouts import PROFILE
+
+    tags = dng_tags(cfa="RGGB", black_level=256, white_level=16383, profile=PROFILE, as_shot_neutral=(0.5, 1, 0.7),
+                    make="Acme", model="Probe", noise_profile=None)
+    codes = {t[0] for t in new} | set(drop)
+    tags = [t for t in tags if t[0] not in codes] + list(new) + list(extra)
+    mosaic = np.random.default_rng(1).integers(300, 16000, (200, 300)).astype(dtype)
+    path = tmp_path / "edited.dng"
+    tifffile.imwrite(path, mosaic, photometric=PHOTOMETRIC_CFA, subfiletype=0, software=False, metadata=None,
+                     extratags=tags)
+    return path
+
+
+@pytest.mark.parametrize(("new", "drop", "dtype", "says"), [
+    ((), (33422,), np.uint16, "without its CFAPattern tag"),
+    ((), (33421, 33422, 50710), np.uint16, "without its CFAPattern tag"),
+    ((), (50721,), np.uint16, "no ColorMatrix1"),
+    (((50721, "2i", 6, (9, 10, -3, 10, -1, 10, -4, 10, 13, 10, 1, 10), True),), (), np.uint16, "holds 6 values"),
+    (((50721, "2i", 9, (9, 0) + (1, 10) * 8, True),), (), np.uint16, "not finite"),
+    (((50829, "I", 4, (0, 0, 5000, 5000), True),), (), np.uint16, "ActiveArea .* does not lie inside"),
+    (((50829, "I", 4, (100, 100, 10, 10), True),), (), np.uint16, "ActiveArea .* does not lie inside"),
+    (((50829, "I", 4, (0, 0, 10, 10), True),), (), np.uint16, "a 10 x 10 pixel raw image"),
+    ((), (), np.uint32, "32-bit samples"),
+])
+def test_refuses_dngs_the_decode_would_fail_on(tmp_path: Path, new: tuple, drop: tuple, dtype: type,
+                                               says: str) -> None:
+    """Found from outside: each of these was accepted with 202 and its job then failed at decode with LibRaw's or
+    numpy's words (``Singular matrix``, ``unsupported sensor layout``, ``Unsupported file format``)."""
+    with pytest.raises((BadRawFile, UnsupportedSensor), match=says):
+        probe_raw(_dng_with(tmp_path, list(new), drop, dtype))
+
+
+def test_the_probe_reports_the_size_the_decoder_renders(tmp_path: Path) -> None:
+    """The ActiveArea's size (the stack check compared whole raw images: frames that differ only there were
+    accepted, then failed as mismatched)."""
+    probe = probe_raw(_dng_with(tmp_path, [(50829, "I", 4, (2, 4, 198, 296), True)]))
+    assert (probe.width, probe.height) == (292, 196)
+
+
+@pytest.mark.parametrize(("code", "kind", "count", "value", "key", "absent"), [
+    (51041, "d", 2, (float("nan"), float("nan")), "noise_profile", None),
+    (51041, "d", 2, (-1.0, -1.0), "noise_profile", None),
+    (50728, "2I", 3, (1, 2, 1, 0, 7, 10), "as_shot_neutral", None),
+    (50717, "2I", 1, (16383, 0), "white_level", None),
+    (50730, "2i", 1, (1, 0), "baseline_exposure", 0.0),
+    (50730, "2i", 1, (2**31 - 1, 1), "baseline_exposure", 0.0),
+    (50964, "2i", 9, (0, 1) * 9, "forward_matrix_1", None),
+    (50727, "2I", 3, (0, 1) * 3, "analog_balance", None),
+    (50729, "2I", 2, (0, 1, 0, 1), "as_shot_white_xy", None),
+])
+def test_optional_tags_no_render_can_use_read_as_absent(tmp_path: Path, code: int, kind: str, count: int,
+                                                        value: tuple, key: str, absent: object) -> None:
+    """A NaN, a zero denominator, a white of 0, a singular forward matrix: the defaults apply, as in the DNG SDK
+    (these rendered all-black TIFFs reported done, or failed the job with ``math domain error``)."""
+    from services.raw.decode_child import extract
+    from services.raw.dng import read_dng_tags
+
+    path = _dng_with(tmp_path, [(code, kind, count, value, True)])
+    probe_raw(path)  # accepted
+    assert read_dng_tags(path)[key] == absent  # type: ignore[index]
+    meta = extract(path, tmp_path / "m.npy")
+    pixels = np.load(tmp_path / "m.npy")
+    assert pixels.shape == (200, 300) and meta["white_level"] > max(meta["black_levels"])
+
+
+def test_capture_tags_no_output_can_hold_are_left_out(tmp_path: Path) -> None:
+    """An FNumber of 1/0 failed the job after its render ("cannot convert float infinity to integer"), a 70 000
+    character LensModel its JPEG proof ("EXIF data is too long")."""
+    from services.export.metadata import OutputMetadata, pillow_exif
+    from services.raw.dng import capture_tags, read_capture_info
+    from services.raw.meta import CaptureInfo
+
+    path = _dng_with(tmp_path, extra=((33437, "2I", 1, (28, 0), True), (42036, "s", 0, "L" * 70000, True)))
+    info = read_capture_info(path)
+    assert info is not None and info.f_number is None and len(info.lens) == 255
+    odd = CaptureInfo(make="A", model="B", exposure_time=float("inf"), f_number=-2.0, focal_length=1e12, iso=0)
+    assert {t[0] for t in capture_tags(odd)} == {274}  # orientation only
+    pillow_exif(OutputMetadata(odd, "a.dng")).tobytes()
