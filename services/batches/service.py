@@ -22,7 +22,7 @@ from services.config import Settings
 from services.db.models import Batch, Job, Station, as_utc, new_id, utcnow
 from services.db.session import execute_update
 from services.errors import BadInput, Conflict, NotFound
-from services.export.recipes import get_recipe
+from services.export.recipes import resolve_recipes
 from services.jobs import service as jobs
 from services.jobs.states import ACTIVE, JobStatus, Priority, parse_enum
 from services.storage import Storage
@@ -45,12 +45,16 @@ def _validated(request: BatchRequest, settings: Settings) -> Batch:
     """A new batch row from the request, every field checked (``BadInput`` otherwise); not yet added."""
     if not request.name.strip():
         raise BadInput("name: a batch needs a name")
-    recipes = [get_recipe(r).name for r in request.recipes] or [get_recipe(None).name]
+    recipes = [r.name for r in resolve_recipes(request.recipes)]  # at most MAX_RECIPES_PER_JOB, as every shot
     priority = parse_enum(Priority, request.priority or Priority.BATCH, "priority")
     missed = request.on_window_end and parse_enum(WindowMissed, request.on_window_end, "on_window_end")
     window = make_window(request.not_before, request.not_after, studio_zone(settings.timezone))
     url = check_url(request.webhook_url)
     now = utcnow()
+    if window.not_after is not None and window.not_after <= now and \
+            (missed or settings.batch_window_missed) == WindowMissed.SKIP:
+        raise BadInput(f"not_after: the window ended at {window.not_after.isoformat()}, and shots a window missed "
+                       f"are skipped (on_window_end=skip): no shot of this batch could run")
     status = BatchStatus.SCHEDULED if window.not_before and window.not_before > now else BatchStatus.OPEN
     return Batch(id=new_id(), name=request.name.strip()[:200], status=status, recipes=recipes, priority=priority,
                  not_before=window.not_before, not_after=window.not_after, on_window_end=missed or None,

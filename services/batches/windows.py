@@ -29,6 +29,11 @@ def studio_zone(name: str) -> ZoneInfo:
         raise BadInput(f"unknown time zone {name!r} (STRATA_TIMEZONE)") from exc
 
 
+# The times a window may name: later arithmetic (a window moved by days, a job's change cursor) stays in range.
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+
+
 def parse_time(value: str | dt.datetime | None, zone: ZoneInfo, what: str) -> dt.datetime | None:
     """An ISO 8601 time as an aware UTC datetime; a time without offset is read in the studio's zone."""
     if value is None or value == "":
@@ -40,7 +45,13 @@ def parse_time(value: str | dt.datetime | None, zone: ZoneInfo, what: str) -> dt
             raise BadInput(f"{what}: {value!r} is not an ISO 8601 time") from exc
     if value.tzinfo is None:
         value = value.replace(tzinfo=zone)
-    return value.astimezone(dt.UTC)
+    try:
+        utc = value.astimezone(dt.UTC)
+    except OverflowError:  # 0001-01-01T00:30+01:00 and the like
+        utc = None
+    if utc is None or not EARLIEST <= utc <= LATEST:
+        raise BadInput(f"{what}: {value.isoformat()} is outside the years {EARLIEST.year}-{LATEST.year - 1}")
+    return utc
 
 
 def make_window(not_before: str | dt.datetime | None, not_after: str | dt.datetime | None, zone: ZoneInfo

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -327,7 +328,8 @@ def job_changes(session: Session, principal: Station, since: str | None, where: 
             stamp = dt.datetime.fromisoformat(since)
         except ValueError as exc:
             raise BadInput(f"invalid since cursor {since!r}") from exc
-        stmt = stmt.where(Job.updated_at >= as_utc(stamp) - CHANGE_OVERLAP)
+        with contextlib.suppress(OverflowError):  # a cursor at the start of year 1: every job has changed since
+            stmt = stmt.where(Job.updated_at >= as_utc(stamp) - CHANGE_OVERLAP)
     jobs = list(session.scalars(stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)))
     return jobs, now.isoformat()
 

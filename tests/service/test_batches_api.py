@@ -98,6 +98,12 @@ def test_window_in_studio_time_and_scheduled_status(client: TestClient, auth: di
     ({"priority": "urgent"}, "priority"),
     ({"on_window_end": "maybe"}, "on_window_end"),
     ({"name": ""}, "name"),
+    # found from outside: a 500 (OverflowError), and batches created in a state no shot could run in
+    ({"not_before": "9999-12-31T23:30:00-01:00"}, "outside the years"),
+    ({"not_after": "0001-01-01T00:30:00+01:00"}, "outside the years"),
+    ({"recipes": ["tiff16", "tiff8", "jpeg", "png16", "jpeg-proof", "tiff16-fast", "tiff16-max", "tiff16-zstd",
+                  "tiff16-linear"]}, "at most 8 per job"),
+    ({"not_after": "2020-01-01T00:00:00Z", "on_window_end": "skip"}, "no shot of this batch could run"),
 ])
 def test_bad_batches_are_422(client: TestClient, auth: dict[str, str], import_root: Path, body: dict,
                              match: str) -> None:

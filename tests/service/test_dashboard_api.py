@@ -98,6 +98,7 @@ def test_search_and_the_change_feed(client: TestClient, synth_dir: Path) -> None
     later = client.get("/v1/jobs/changes", headers=a, params={"since": first["cursor"]}).json()
     assert one["id"] in [j["id"] for j in later["jobs"] if j["status"] == "cancelled"]
     assert client.get("/v1/jobs/changes?since=yesterday", headers=a).status_code == 422
+    assert client.get("/v1/jobs/changes?since=0001-01-01T00:00:00", headers=a).status_code == 200  # was a 500
 
 
 def test_tokens_over_the_api(client: TestClient) -> None:
