@@ -14,6 +14,7 @@ from api.limits import HeaderLimits
 from api.routes import batches, dashboard, health, jobs, metrics, recipes, tokens, workers
 from api.schemas import ErrorOut
 from services.config import get_settings
+from services.export.recipes import read_at_start as read_recipes_at_start
 from services.logs import configure_logging
 
 
@@ -21,6 +22,7 @@ from services.logs import configure_logging
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
+    read_recipes_at_start()
     if settings.migrate_on_start:
         from services.db.migrate import upgrade
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.config import get_settings
+from services.export import recipes
 from services.pipeline import gate
 from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
 
@@ -115,6 +116,7 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     gpu = settings.worker_gpu if kind == "gpu" else "cpu"
     device = pick_device(gpu) if kind == "gpu" else "cpu"
     _configure_torch(kind, device)
+    recipes.read_at_start()
     if kind == "gpu" and device.startswith("cuda"):  # device slots; the worker's other threads store results
         gate.configure(max(1, settings.gpu_worker_threads), settings.gpu_urgent_slots or 0, settings.gpu_urgent_yield_s)
     if kind == "gpu":

@@ -19,6 +19,7 @@ and every error names the file and the recipe.
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from services.errors import BadInput
 from services.export.naming import BadNaming, validate_template
 
+log = logging.getLogger(__name__)
 DEFAULT_RECIPE = "tiff16"
 MAX_RECIPES_PER_JOB = 8
 
@@ -217,11 +219,16 @@ def load_recipes_file(path: Path) -> dict[str, Recipe]:
 
 
 _CACHE: dict[tuple[str, int, int], dict[str, Recipe]] = {}
+_LAST_GOOD: dict[str, dict[str, Recipe]] = {}  # per file: the recipes as this process last read them whole
+_REPORTED: set[str] = set()  # errors already logged (one line per broken version of the file, not per job)
 
 
-def catalogue(path: Path | None = None) -> dict[str, Recipe]:
+def catalogue(path: Path | None = None, *, strict: bool = False) -> dict[str, Recipe]:
     """Every recipe available now: the built-ins, plus the file at ``path`` (default: ``STRATA_RECIPES_FILE``).
-    The file is re-read when it changes (its size or modification time)."""
+    The file is re-read when it changes (its size or modification time). A file that cannot be read or holds an
+    invalid recipe (an edit half done, a typo) leaves the recipes as this process last read them in use, with an
+    error in the log, so shots already queued do not fail for it; :class:`BadRecipe` where this process never
+    read it whole, and always with ``strict`` (the recipe listing, where whoever edited the file looks)."""
     if path is None:
         from services.config import get_settings
 
@@ -230,13 +237,32 @@ def catalogue(path: Path | None = None) -> dict[str, Recipe]:
         return BUILTIN_RECIPES
     try:
         stat = Path(path).stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+        if key not in _CACHE:
+            recipes = load_recipes_file(Path(path))
+            _CACHE.clear()
+            _CACHE[key] = _LAST_GOOD[str(path)] = recipes
+        return _CACHE[key]
     except OSError as exc:
-        raise BadRecipe(f"{path}: cannot read the recipes file: {exc}") from None
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _CACHE:
-        _CACHE.clear()
-        _CACHE[key] = load_recipes_file(Path(path))
-    return _CACHE[key]
+        error = BadRecipe(f"{path}: cannot read the recipes file: {exc}")
+    except BadRecipe as exc:
+        error = exc
+    good = _LAST_GOOD.get(str(path))
+    if good is None or strict:
+        raise error
+    if str(error) not in _REPORTED:
+        _REPORTED.add(str(error))
+        log.error("%s; the recipes as last read stay in use until the file is fixed", error)
+    return good
+
+
+def read_at_start() -> None:
+    """A process's first read of the recipes file (API and workers, at start): from then on a broken edit of it
+    leaves these recipes in use (:func:`catalogue`); a file unreadable now is logged, not fatal."""
+    try:
+        catalogue()
+    except BadRecipe as exc:
+        log.error("%s", exc)
 
 
 def get_recipe(name: str | None, recipes: Mapping[str, Recipe] | None = None) -> Recipe:

@@ -228,6 +228,9 @@ def test_studio_recipes_file_is_listed_and_usable(client: TestClient, auth: dict
     path.write_text('[recipes.web]\nformat = "gif"\n')
     bad = client.get("/v1/recipes", headers=auth)
     assert bad.status_code == 422 and bad.json()["type"] == "invalid_recipe" and str(path) in bad.json()["detail"]
+    # while the file is broken, shots still go in with the recipes as last read (a night's queue does not fail)
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("b.dng", _frame(synth_dir)))], data={"recipe": "web"})
+    assert r.status_code == 202 and r.json()["recipes"] == ["web"]
 
 
 def test_the_recipe_field_may_repeat(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:

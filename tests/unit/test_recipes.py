@@ -108,6 +108,31 @@ def test_studio_file_errors_name_the_file_and_the_recipe(tmp_path: Path, table: 
         load_recipes_file(path)
 
 
+def test_a_broken_edit_of_the_studio_file_leaves_the_last_good_recipes_in_use(tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Found from outside: a TOML typo while a night's shots waited failed every one of them at ingest, for good.
+    Now the recipes as this process last read them stay in use, with one error in the log; a file never read whole
+    is still refused."""
+    import os
+
+    path = tmp_path / "studio.toml"
+    path.write_text('[recipes.web]\nbase = "jpeg-proof"\nlong_edge = 2048\n')
+    assert catalogue(path)["web"].long_edge == 2048
+    path.write_text('[recipes.web\nbase = "jpeg-proof"\n')  # the edit half done
+    os.utime(path, ns=(1, 1))  # a new modification time however fast the test runs
+    with caplog.at_level("ERROR"):
+        assert catalogue(path)["web"].long_edge == 2048 and catalogue(path)["tiff16"]
+    assert sum("cannot read the recipes file" in r.message for r in caplog.records) == 1
+    path.write_text('[recipes.web]\nbase = "jpeg-proof"\nlong_edge = 1024\n')  # fixed
+    assert catalogue(path)["web"].long_edge == 1024
+    other = tmp_path / "never.toml"
+    other.write_text("[recipes.x\n")
+    with pytest.raises(BadRecipe, match="cannot read"):
+        catalogue(other)
+    path.unlink()  # gone: the last good recipes still serve
+    assert catalogue(path)["web"].long_edge == 1024
+
+
 def test_naming_templates_are_checked_and_names_sanitised() -> None:
     assert validate_template("{stem}_{recipe}") == "{stem}_{recipe}"
     for bad in ("a/b", "a\\b", "..{stem}", "{stem}_{nope}", "{seq:08d}", "{stem!r}", "{", ""):
