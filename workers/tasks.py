@@ -200,6 +200,11 @@ def run_shard(self: Task, shard_id: int, urgent: bool = False) -> None:
         RETRIES.labels(task="run_shard").inc()
         raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 60), max_retries=20) from exc
     except Exception as exc:  # noqa: BLE001 - retried a bounded number of times, then the job fails
+        with session_scope() as session:
+            if flow.shard_abandoned(session, get_storage(), shard_id):  # e.g. cancelled while it computed
+                log.info("shard %s stopped (%s: %s): its job ended or moved on meanwhile", shard_id,
+                         type(exc).__name__, exc)
+                return
         final = self.request.retries >= settings.shard_max_retries
         log.exception("shard %s failed (attempt %d)", shard_id, self.request.retries + 1)
         with session_scope() as session:

@@ -219,6 +219,20 @@ def _ended_meanwhile(session: Session, storage: Storage, job_id: str) -> bool:
     return True
 
 
+def shard_abandoned(session: Session, storage: Storage, shard_id: int) -> bool:
+    """Whether a shard that just failed no longer matters: its job ended meanwhile (cancelled, its files removed,
+    failed) or moved on, so the failure (its intermediates removed under it) is neither retried nor reported."""
+    shard = session.get(Shard, shard_id)
+    if shard is None:
+        return True
+    job = session.get(Job, shard.job_id)
+    if job is not None and job.status in ACTIVE and job.phase == shard.phase:
+        return False
+    if job is not None and job.status not in ACTIVE:
+        remove_intermediates(storage, job.id)  # anything the failed shard wrote before it stopped
+    return True
+
+
 def record_shard_failure(session: Session, shard_id: int, reason: str, *, final: bool,
                          storage: Storage | None = None) -> None:
     """Note a failed attempt; after the last one the shard and its job fail with the reason."""

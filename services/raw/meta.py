@@ -3,6 +3,7 @@ travel through storage and Redis."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -76,10 +77,10 @@ class CaptureInfo:
     def capture_date(self) -> str | None:
         """``YYYY-MM-DD`` of ``datetime_original`` (None when absent or malformed)."""
         date = self.datetime_original[:10].replace(":", "-")
-        parts = date.split("-")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts) or len(parts[0]) != 4 or parts[0] == "0000":
+        try:  # a calendar date (2026-13-45 is not one)
+            return dt.date.fromisoformat(date).isoformat() if len(date) == 10 and date[0:4] != "0000" else None
+        except ValueError:
             return None
-        return date
 
 
 @dataclass(frozen=True)

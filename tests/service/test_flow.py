@@ -193,6 +193,28 @@ def test_pending_shards_no_message_will_deliver_are_sent_again(db: str) -> None:
         assert again.shards == []  # sent once: the touch makes the next pass wait another grace
 
 
+def test_a_shard_that_fails_after_its_job_ended_is_abandoned_not_retried(db: str) -> None:
+    """Found from outside: a job cancelled while its shard computed logged an ERROR with a FileNotFoundError
+    traceback (its intermediates removed under it) and retried the shard."""
+    from services.storage import get_storage
+
+    with session_scope() as session:
+        job = _job(session)
+        shard = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="running")
+        session.add(shard)
+        session.flush()
+        shard_id, job_id = shard.id, job.id
+    with session_scope() as session:
+        assert not flow.shard_abandoned(session, get_storage(), shard_id)  # a real failure: retried, reported
+    for status, phase in (("cancelled", 0), ("running", 1)):
+        with session_scope() as session:
+            session.get(Job, job_id).status, session.get(Job, job_id).phase = status, phase
+        with session_scope() as session:
+            assert flow.shard_abandoned(session, get_storage(), shard_id)
+    with session_scope() as session:
+        assert flow.shard_abandoned(session, get_storage(), shard_id + 1000)  # rows gone: the job started over
+
+
 def test_advance_waits_for_the_whole_phase_and_moves_once(db: str) -> None:
     with session_scope() as session:
         job = _job(session)

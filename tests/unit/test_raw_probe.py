@@ -275,3 +275,16 @@ def test_capture_tags_no_output_can_hold_are_left_out(tmp_path: Path) -> None:
     odd = CaptureInfo(make="A", model="B", exposure_time=float("inf"), f_number=-2.0, focal_length=1e12, iso=0)
     assert {t[0] for t in capture_tags(odd)} == {274}  # orientation only
     pillow_exif(OutputMetadata(odd, "a.dng")).tobytes()
+
+
+@pytest.mark.parametrize(("original", "date"), [
+    ("2026:11:30 10:00:00", "2026-11-30"), ("2024:02:29 23:59:59", "2024-02-29"),
+    ("2026:13:45 10:00:00", None), ("2026:02:29 10:00:00", None), ("0000:00:00 00:00:00", None), ("", None),
+    ("2026:1:5", None), ("    :  :     ", None),
+])
+def test_capture_dates_are_calendar_dates(original: str, date: str | None) -> None:
+    """Found from outside: ``{capture_date}`` in an output's name could read 2026-13-45; a date that is not one
+    falls back to the upload date (services/jobs/finalize.py)."""
+    from services.raw.meta import CaptureInfo
+
+    assert CaptureInfo(datetime_original=original).capture_date == date
