@@ -200,7 +200,8 @@ def job_changes(
     return JobChanges(jobs=[JobOut.of(j) for j in jobs], cursor=cursor)
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="Job status")
+@router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="Job status (HEAD: its headers)")
+@router.head("/{job_id}", include_in_schema=False)
 def get_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
     return JobOut.of(service.get_job(session, station, job_id))
 
@@ -210,7 +211,8 @@ PREVIEW_MAX_AGE_S = 5  # short: a fast preview is replaced by the render's when 
 
 @router.get("/{job_id}/preview", response_class=Response, responses={**ERRORS, 200: {"content": {"image/jpeg": {}}},
                                                                      304: {"description": "Not modified"}},
-            summary="The job's JPEG preview (ETag; If-None-Match answers 304)")
+            summary="The job's JPEG preview (ETag; If-None-Match answers 304; HEAD: its headers)")
+@router.head("/{job_id}/preview", include_in_schema=False)
 def get_preview(job_id: str, session: SessionDep, station: StationDep,
                 if_none_match: Annotated[str | None, Header()] = None) -> Response:
     preview = service.preview_of(session, get_storage(), station, job_id)

@@ -147,6 +147,9 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     assert client.get(f"/v1/jobs/{job['id']}/preview", headers=a).content == fast.content
     assert fast.status_code == 200 and fast.headers["content-type"] == "image/jpeg"
     assert "max-age" in fast.headers["cache-control"]
+    for path in ("", "/preview"):  # HEAD answers the headers (was 405)
+        head = client.head(f"/v1/jobs/{job['id']}{path}", headers=a)
+        assert head.status_code == 200 and head.content == b"" and head.headers["content-length"] != "0"
     image = Image.open(io.BytesIO(fast.content))
     assert image.format == "JPEG" and image.mode == "RGB" and max(image.size) <= 1600
     assert client.get(f"/v1/jobs/{job['id']}", headers=a).json()["preview_kind"] == "fast"
