@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Annotated
 
@@ -18,6 +19,9 @@ from services.stations import TOKEN_PREFIX, authenticate
 
 # Query parameters that look like credentials: refused on every route (URLs end up in logs and histories).
 TOKEN_PARAMS = {"token", "access_token", "api_key", "apikey", "auth", "authorization", "bearer"}
+# A value shaped like a Strata token (its prefix and 43 URL-safe characters; a file name such as strata_0001.dng in a
+# search is not one).
+TOKEN_SHAPE = re.compile(re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_-]{32,}")
 
 # Closed when the route function returns, before the response is sent: a streamed download (a 387 MB TIFF to a
 # slow client) holds no database connection (25 at once exhausted the pool: every other request 500 after 30 s).
@@ -70,6 +74,6 @@ StationDep = Annotated[Station, Depends(current_station)]
 def refuse_token_in_query(request: Request) -> None:
     """A token in a URL is refused with 401 on every route, whether or not it is valid."""
     for key, value in request.query_params.multi_items():
-        if key.lower() in TOKEN_PARAMS or value.startswith(TOKEN_PREFIX):
+        if key.lower() in TOKEN_PARAMS or TOKEN_SHAPE.fullmatch(value):
             raise Unauthorized("tokens are not accepted in the URL query string; send the header "
                                "'Authorization: Bearer <token>' instead (and consider this token exposed)")

@@ -268,7 +268,11 @@ def read_at_start() -> None:
 def get_recipe(name: str | None, recipes: Mapping[str, Recipe] | None = None) -> Recipe:
     """The recipe ``name`` (default ``tiff16``); :class:`UnknownRecipe` naming the choices otherwise."""
     known = catalogue() if recipes is None else recipes
-    recipe = known.get((name or DEFAULT_RECIPE).strip())
+    wanted = (name or DEFAULT_RECIPE).strip()
+    recipe = known.get(wanted)
+    if recipe is None:  # TIFF16 for tiff16, where that names one recipe (cameras and priorities ignore case too)
+        matches = [r for key, r in known.items() if key.lower() == wanted.lower()]
+        recipe = matches[0] if len(matches) == 1 else None
     if recipe is None:
         raise UnknownRecipe(f"unknown recipe {name!r}; expected one of {', '.join(known)}")
     return recipe

@@ -291,7 +291,8 @@ def _filtered(session: Session, principal: Station, where: JobFilter) -> Select[
     if where.status:
         stmt = stmt.where(Job.status == where.status)
     if where.search and where.search.strip():
-        pattern = "%" + where.search.strip().lower().replace("%", r"\%").replace("_", r"\_") + "%"
+        escaped = where.search.strip().lower().replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
+        pattern = "%" + escaped + "%"  # a backslash (a Windows path's) matches itself
         stmt = stmt.where(Job.frames.any(or_(func.lower(Frame.name).like(pattern, escape="\\"),
                                              func.lower(Frame.original_name).like(pattern, escape="\\"))))
     return stmt

@@ -53,6 +53,7 @@ def test_several_recipes_dedupe_keep_order_and_are_bounded() -> None:
         resolve_recipes([f"r{i}" for i in range(9)])
     with pytest.raises(UnknownRecipe, match="unknown recipe 'jpeg8'"):
         resolve_recipes(["tiff16", "jpeg8"])
+    assert [r.name for r in resolve_recipes(["TIFF16", "JPEG-Proof"])] == ["tiff16", "jpeg-proof"]  # any case
 
 
 def test_studio_file_adds_and_overrides(tmp_path: Path) -> None:
