@@ -168,7 +168,9 @@ def _submit_or_replay(shot: Shot, key: str | None, job_id: str, form: ReceivedFo
     return job
 
 
-StatusQ = Annotated[str | None, Query(description="queued|running|done|failed|cancelled")]
+StatusQ = Annotated[list[str] | None, Query(
+    description="queued|running|done|failed|cancelled; several: repeated (status=done&status=failed) or "
+                "comma-separated")]
 StationQ = Annotated[str | None, Query(description="Admins: only this station's jobs (stations: ignored).")]
 SearchQ = Annotated[str | None, Query(max_length=200, description="Case-insensitive part of a frame's file name.")]
 
@@ -184,8 +186,9 @@ def list_jobs(
     station_name: Annotated[str | None, Query(alias="station", description="Admins: one station's jobs.")] = None,
     q: SearchQ = None,
 ) -> JobList:
-    jobs, next_cursor = service.list_jobs(session, station, status=status, limit=limit, cursor=cursor,
-                                          where=service.JobFilter(status, station_name, q))
+    statuses = ",".join(status) if status else None
+    jobs, next_cursor = service.list_jobs(session, station, status=statuses, limit=limit, cursor=cursor,
+                                          where=service.JobFilter(statuses, station_name, q))
     return JobList(jobs=[JobOut.of(j) for j in jobs], next_cursor=next_cursor)
 
 
@@ -196,7 +199,8 @@ def job_changes(
     station_name: Annotated[str | None, Query(alias="station", description="Admins: one station's jobs.")] = None,
     q: SearchQ = None, limit: Annotated[int, Query(ge=1, le=500)] = 200,
 ) -> JobChanges:
-    jobs, cursor = service.job_changes(session, station, since, service.JobFilter(status, station_name, q), limit)
+    where = service.JobFilter(",".join(status) if status else None, station_name, q)
+    jobs, cursor = service.job_changes(session, station, since, where, limit)
     return JobChanges(jobs=[JobOut.of(j) for j in jobs], cursor=cursor)
 
 

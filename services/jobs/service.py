@@ -273,8 +273,8 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
 
 @dataclass(frozen=True)
 class JobFilter:
-    """What a list is limited to: a status, a station (admins only; a station always sees its own), a file
-    name search (case-insensitive substring of any frame's name)."""
+    """What a list is limited to: a status or several (comma-separated), a station (admins only; a station always
+    sees its own), a file name search (case-insensitive substring of any frame's name)."""
 
     status: str | None = None
     station: str | None = None
@@ -282,14 +282,16 @@ class JobFilter:
 
 
 def _filtered(session: Session, principal: Station, where: JobFilter) -> Select[Job]:
-    if where.status is not None and where.status not in STATUSES:
-        raise BadInput(f"unknown status {where.status!r}; expected one of {', '.join(STATUSES)}")
+    wanted = [s.strip() for s in (where.status or "").split(",") if s.strip()]  # "done,failed": either
+    for status in wanted:
+        if status not in STATUSES:
+            raise BadInput(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")
     stmt = select(Job).options(selectinload(Job.frames), selectinload(Job.shards), selectinload(Job.outputs))
     owner = owner_filter(principal, where.station, session)
     if owner is not None:
         stmt = stmt.where(Job.station_id == owner)
-    if where.status:
-        stmt = stmt.where(Job.status == where.status)
+    if wanted:
+        stmt = stmt.where(Job.status.in_(wanted))
     if where.search and where.search.strip():
         escaped = where.search.strip().lower().replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
         pattern = "%" + escaped + "%"  # a backslash (a Windows path's) matches itself

@@ -107,6 +107,10 @@ def test_search_and_the_change_feed(client: TestClient, synth_dir: Path) -> None
         named["id"]]
     assert client.get("/v1/jobs", headers=a, params={"q": "shoot\\\\strata"}).json()["jobs"] == []
     client.post(f"/v1/jobs/{named['id']}/cancel", headers=a)
+    for query in ("status=queued&status=cancelled", "status=queued,cancelled"):  # several statuses (was: the last)
+        assert len(client.get(f"/v1/jobs?{query}", headers=a).json()["jobs"]) == 3
+    assert [j["id"] for j in client.get("/v1/jobs?status=cancelled", headers=a).json()["jobs"]] == [named["id"]]
+    assert client.get("/v1/jobs?status=done,nope", headers=a).status_code == 422
     first = client.get("/v1/jobs/changes", headers=a).json()
     assert len(first["jobs"]) == 3
     client.post(f"/v1/jobs/{one['id']}/cancel", headers=a)
