@@ -498,7 +498,7 @@ def submit(
     api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
     token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
     data_dir: DataDir = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the jobs.")] = 3600,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for the jobs.")] = 3600,
 ) -> None:
     """Upload shots from files and folders (stacks: --stack, --stacks-by-name), wait, download the outputs."""
     from cli.client import SubmitError, connect
@@ -556,7 +556,7 @@ def watch(
                                                       "same for this many seconds.")] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="One pass: send what is complete, wait for those jobs, "
                                                       "save their outputs, exit.")] = False,
-    timeout: Annotated[float, typer.Option(help="--once: seconds to wait for the jobs.")] = 3600,
+    timeout: Annotated[float, typer.Option(min=0, help="--once: seconds to wait for the jobs.")] = 3600,
     api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
     token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
     data_dir: DataDir = None,
@@ -719,7 +719,7 @@ def jobs_remove_files(job_id: str, api: ApiOpt = None, token: TokenOpt = None, d
 def jobs_download(
     job_id: str,
     out: Annotated[Path, typer.Option("--out", help="Where to save outputs.")] = Path("."),
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for a job still running.")] = 3600,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for a job still running.")] = 3600,
     api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
 ) -> None:
     """Wait for a job (progress bar) and download its outputs, verified against their sha256."""
@@ -881,7 +881,7 @@ def batch_download(
     out: Annotated[Path, typer.Option("--out", help="Where to save outputs (default: the current folder).")]
     = Path("."),
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch to end first.")] = False,
-    timeout: Annotated[float, typer.Option(help="Seconds --wait waits for the batch to end.")] = 86400,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds --wait waits for the batch to end.")] = 86400,
     api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
 ) -> None:
     """Download the outputs of a batch's rendered shots into --out, verified against their sha256 (a file

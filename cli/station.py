@@ -178,7 +178,7 @@ def wait_for_shots(client: httpx.Client, results: list[ShotResult], timeout: flo
                 return
             if time.monotonic() > deadline:
                 running = [r.job["id"] for r in sent if r.job and r.job["status"] not in ENDED]
-                raise lost or SubmitError(f"job(s) {', '.join(running)} still running after {timeout:.0f} s")
+                raise lost or SubmitError(f"job(s) {', '.join(running)} still running after {timeout:g} s")
             if lost is not None:
                 console.print(f"[yellow]{lost}; retrying[/yellow]")
             time.sleep(0.5 if lost is None else 2.0)

@@ -103,6 +103,7 @@ class Watcher:
         self.settler = Settler(settle)
         self.clock = clock
         self.failed: list[str] = []
+        self.refused: list[str] = []  # files the API refused (4xx) in this run
 
     def log(self, message: str, style: str = "") -> None:
         stamp = dt.datetime.now().strftime("%H:%M:%S")
@@ -156,6 +157,7 @@ class Watcher:
                                          "saved": [], "sent_at": _now()}
                 self.state.save()
                 self.log(f"{rel}: refused by the API: {exc}", "red")
+                self.refused.append(rel)
                 return 0
         self.state.files[rel] = {**entry, "job": job["id"], "status": job["status"], "error": None, "saved": [],
                                  "sent_at": _now()}
@@ -247,7 +249,8 @@ def _retrying(watcher: Watcher, step: Callable[[], object], retry_for: float) ->
 
 def watch_once(watcher: Watcher, *, timeout: float, retry_for: float) -> int:
     """One pass: look, wait ``settle``, send what stayed the same, then wait (up to ``timeout``) for every pending
-    job and save its outputs. 0, or 1 if a job failed; raises :class:`Unreachable` once ``retry_for`` is spent."""
+    job and save its outputs. 0, or 1 if a job failed or the API refused a file (docs/STATION.md's exit codes);
+    raises :class:`Unreachable` once ``retry_for`` is spent."""
     watcher.ready()
     time.sleep(watcher.settler.settle + 0.05)
     _retrying(watcher, watcher.poll, retry_for)
@@ -257,11 +260,11 @@ def watch_once(watcher: Watcher, *, timeout: float, retry_for: float) -> int:
         if not watcher.pending():
             break
         if time.monotonic() > deadline:
-            watcher.log(f"{len(watcher.pending())} job(s) still running after {timeout:.0f} s; the next run "
+            watcher.log(f"{len(watcher.pending())} job(s) still running after {timeout:g} s; the next run "
                         "collects them", "yellow")
             return 1
         time.sleep(0.5)
-    return 1 if watcher.failed else 0
+    return 1 if watcher.failed or watcher.refused else 0
 
 
 __all__ = ["STATE_NAME", "Settler", "WatchState", "Watcher", "watch_forever", "watch_once"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 from typing import Any
 from urllib.parse import urlparse
@@ -20,6 +21,13 @@ def check_url(url: str | None) -> str | None:
     parsed = urlparse(url.strip())
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise BadInput(f"webhook_url {url!r} is not an http(s) URL")
+    try:
+        address = ipaddress.ip_address(parsed.hostname or "")
+    except ValueError:
+        return url.strip()  # a host name (a studio's LAN addresses stay allowed)
+    if address.is_link_local or address.is_multicast or address.is_unspecified:
+        # 169.254.169.254 is a cloud host's metadata service: a batch must not make the server call it
+        raise BadInput(f"webhook_url {url!r} names a link-local, multicast or unspecified address")
     return url.strip()
 
 

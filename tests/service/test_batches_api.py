@@ -95,6 +95,7 @@ def test_window_in_studio_time_and_scheduled_status(client: TestClient, auth: di
     ({"paths": ["/etc"]}, "outside the import root"),
     ({"paths": ["empty"]}, "zero shots"),
     ({"webhook_url": "ftp://h.example/x"}, "http"),
+    ({"webhook_url": "http://169.254.169.254/latest/meta-data"}, "link-local"),  # a cloud's metadata service
     ({"priority": "urgent"}, "priority"),
     ({"on_window_end": "maybe"}, "on_window_end"),
     ({"name": ""}, "name"),

@@ -67,6 +67,8 @@ def test_static_choices_are_listed_in_help_and_refused_with_exit_2(tmp_path: Pat
     assert bad_camera.exit_code == 2 and "iq3_s" in bad_camera.output.lower()
     empty = runner.invoke(app, ["submit", str(tmp_path / "nothing"), "--token", "t"])
     assert empty.exit_code == 2
+    negative = runner.invoke(app, ["submit", str(f), "--timeout", "-5", "--token", "t"])  # was uploaded, then exit 1
+    assert negative.exit_code == 2
 
 
 def test_no_raw_file_in_the_folders_is_bad_usage(tmp_path: Path) -> None:
@@ -370,6 +372,7 @@ def test_watch_records_a_refused_file_and_does_not_retry_it(api: FakeApi, tmp_pa
     assert len(api.calls("POST", "/v1/jobs")) == 1
     entry = json.loads((tmp_path / STATE_NAME).read_text())["files"]["a.dng"]
     assert entry["status"] == "refused" and "not_a_raw_file" in entry["error"]
+    assert w.refused == ["a.dng"]  # `watch --once` exits 1 for it (it exited 0: a cron job never saw the refusal)
 
 
 def test_watch_once_exits_3_when_the_api_never_answers(tmp_path: Path) -> None:
