@@ -110,6 +110,11 @@ class Settings(BaseSettings):
         "(docs/PERFORMANCE.md); 0: an interactive strip takes the next free slot first. Default: 1 on a host with "
         "one GPU worker (measured there), 0 with several (like STRATA_GPU_OVERLAP_THREADS: the extra thread would "
         "take batch shards from the shared queue that an idle GPU could run; not measured yet).")
+    gpu_express_lane: bool | None = Field(
+        default=None, description="A GPU worker's own consumer thread for interactive shots' shards (queue "
+        "gpu.interactive, workers/express.py) beside its Celery threads, which a batch keeps busy: an interactive "
+        "strip then waits for no batch strip to end before it starts. It stands in for the worker thread of "
+        "STRATA_GPU_URGENT_SLOTS. Default: on for a worker on a GPU, off for CPU workers (one shard at a time).")
     gpu_urgent_yield_s: float = Field(
         default=2.0, ge=0, le=10, description="While an interactive shot's shard is on a GPU worker's device, its "
         "batch shards pause at their next yield point (between a self-ensemble's model passes, before their bins and "

@@ -8,11 +8,14 @@ from services.config import Settings, get_settings
 from workers.queues import (  # noqa: F401 - re-exported: the queue names live beside the app
     COORDINATOR_QUEUE,
     COORDINATOR_QUEUES,
+    GPU_QUEUE,
+    GPU_QUEUES,
     INTERACTIVE_COORDINATOR_QUEUE,
+    INTERACTIVE_GPU_QUEUE,
     coordinator_queue,
+    gpu_queue,
 )
 
-GPU_QUEUE = "gpu"
 # Redis transport: priority 0 is served first. Level 0 is kept for repairs: work the reconciler re-dispatches
 # after its worker died goes ahead of the backlog, so a lost shard finishes within seconds, not after the queue.
 PRIORITIES = {"interactive": 1, "batch": 6}

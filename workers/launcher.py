@@ -65,8 +65,8 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
     STRATA_EXPRESS_COORDINATORS for interactive shots only (``coordinator-express@host``, ...) and
     STRATA_WORKERS_PER_GPU GPU-queue workers per GPU (``gpu0@host``, ``gpu0-2@host``, ...; CPU workers without
     GPUs)."""
-    from workers.queues import COORDINATOR_QUEUES, INTERACTIVE_COORDINATOR_QUEUE
-    from workers.runtime import SHARED_GPU_QUEUE, own_queue
+    from workers.queues import COORDINATOR_QUEUES, GPU_QUEUES, INTERACTIVE_COORDINATOR_QUEUE
+    from workers.runtime import own_queue
 
     host = settings.host_name  # STRATA_NODE_NAME, else the hostname
     specs: list[ProcSpec] = []
@@ -93,14 +93,16 @@ def worker_specs(settings: Settings, *, gpus: list[str] | None = None, coordinat
             urgent = 1 if len(slots) == 1 else 0
         for label, gpu in slots:
             name = f"{label}@{host}"
+            express = settings.gpu_express_lane if settings.gpu_express_lane is not None else gpu != "cpu"
             env = {"STRATA_WORKER_KIND": "gpu", "STRATA_WORKER_GPU": gpu, "STRATA_GPU_URGENT_SLOTS": str(urgent),
-                   "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
+                   "STRATA_GPU_EXPRESS_LANE": str(int(express)), "CUDA_VISIBLE_DEVICES": gpu if gpu != "cpu" else ""}
             if gpu == "cpu":
                 env.update({"STRATA_TORCH_THREADS": str(cpu_threads), "OMP_NUM_THREADS": str(cpu_threads)})
             # device slots (STRATA_GPU_WORKER_THREADS) + threads storing results meanwhile + a thread per slot kept for
-            # interactive shards (STRATA_GPU_URGENT_SLOTS; services/pipeline/gate.py)
-            threads = max(1, settings.gpu_worker_threads) + overlap + urgent if gpu != "cpu" else 1
-            specs.append(ProcSpec(name, _celery(name, [SHARED_GPU_QUEUE, own_queue(name)],
+            # interactive shards (STRATA_GPU_URGENT_SLOTS; services/pipeline/gate.py), unless the express lane's
+            # thread takes those (workers/express.py)
+            threads = max(1, settings.gpu_worker_threads) + overlap + (0 if express else urgent) if gpu != "cpu" else 1
+            specs.append(ProcSpec(name, _celery(name, [*GPU_QUEUES, own_queue(name)],
                                                 "threads" if threads > 1 else "solo", threads, settings),
                                   env, worker=True))
     return specs

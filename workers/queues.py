@@ -13,3 +13,15 @@ COORDINATOR_QUEUES = (INTERACTIVE_COORDINATOR_QUEUE, COORDINATOR_QUEUE)
 def coordinator_queue(priority: str) -> str:
     """The coordinator queue of a job's steps by its priority (docs/OPERATIONS.md, STRATA_EXPRESS_COORDINATORS)."""
     return INTERACTIVE_COORDINATOR_QUEUE if priority == "interactive" else COORDINATOR_QUEUE
+
+
+GPU_QUEUE = "gpu"  # every GPU worker's shared queue (a worker's own queue takes the shards pinned to it)
+# Interactive shots' shards: every GPU worker's pool takes them ahead of the shared queue, and a GPU worker's express
+# lane (STRATA_GPU_EXPRESS_LANE, workers/express.py) takes only them, so one never waits for a batch strip's thread.
+INTERACTIVE_GPU_QUEUE = "gpu.interactive"
+GPU_QUEUES = (INTERACTIVE_GPU_QUEUE, GPU_QUEUE)
+
+
+def gpu_queue(priority: str) -> str:
+    """The shared GPU queue of a job's shards by its priority."""
+    return INTERACTIVE_GPU_QUEUE if priority == "interactive" else GPU_QUEUE

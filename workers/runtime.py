@@ -16,7 +16,6 @@ from services.pipeline import gate
 from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
 
 log = logging.getLogger(__name__)
-SHARED_GPU_QUEUE = "gpu"
 
 
 @dataclass(frozen=True)

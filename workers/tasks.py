@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import redis
@@ -40,13 +40,16 @@ from workers import runtime
 from workers.app import (
     COORDINATOR_QUEUE,
     COORDINATOR_QUEUES,
-    GPU_QUEUE,
+    GPU_QUEUES,
+    INTERACTIVE_GPU_QUEUE,
     PRIORITIES,
     REPAIR_PRIORITY,
     broker_url,
     celery_app,
     coordinator_queue,
+    gpu_queue,
 )
+from workers.express import ExpressLane
 from workers.registry import (
     ADMISSION_LOCK,
     RECONCILE_LOCK,
@@ -62,6 +65,7 @@ from workers.registry import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_express: ExpressLane | None = None  # a GPU worker's consumer of interactive shards (STRATA_GPU_EXPRESS_LANE)
 
 
 def _priority(name: str, repair: bool) -> int:
@@ -73,7 +77,7 @@ def dispatch_shards(tickets: list[ShardTicket], repair: bool = False) -> None:
     ``repair``: ahead of everything queued (the reconciler's re-dispatches)."""
     slots = None
     for t in tickets:
-        queue = runtime.SHARED_GPU_QUEUE
+        queue = gpu_queue(t.priority)
         if t.slot is not None:
             if slots is None:
                 slots = live_workers(redis_client(broker_url(get_settings())), "gpu")
@@ -184,6 +188,17 @@ def ingest(job_id: str) -> None:
 @celery_app.task(name="strata.run_shard", bind=True, max_retries=get_settings().shard_max_retries)
 def run_shard(self: Task, shard_id: int, urgent: bool = False) -> None:
     """Compute one shard; ``urgent`` (an interactive shot's) on the worker's high-priority GPU stream."""
+
+    def retry(exc: Exception, countdown: float, max_retries: int | None) -> None:
+        raise self.retry(exc=exc, countdown=countdown, max_retries=max_retries) from exc
+
+    compute_shard(shard_id, urgent, self.request.retries, retry)
+
+
+def compute_shard(shard_id: int, urgent: bool, attempt: int,
+                  retry: Callable[[Exception, float, int | None], None]) -> None:
+    """The shard task's body, for Celery's pool and the express lane alike: ``attempt`` is the retries so far,
+    ``retry(exc, countdown, max_retries)`` sends the shard again later (and ends this attempt)."""
     settings = get_settings()
     ctx = runtime.context()
     t0 = time.perf_counter()
@@ -198,21 +213,22 @@ def run_shard(self: Task, shard_id: int, urgent: bool = False) -> None:
         return
     except TRANSIENT as exc:
         RETRIES.labels(task="run_shard").inc()
-        raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 60), max_retries=20) from exc
+        retry(exc, min(2 ** (attempt + 1), 60), 20)
+        return
     except Exception as exc:  # noqa: BLE001 - retried a bounded number of times, then the job fails
         with session_scope() as session:
             if flow.shard_abandoned(session, get_storage(), shard_id):  # e.g. cancelled while it computed
                 log.info("shard %s stopped (%s: %s): its job ended or moved on meanwhile", shard_id,
                          type(exc).__name__, exc)
                 return
-        final = self.request.retries >= settings.shard_max_retries
-        log.exception("shard %s failed (attempt %d)", shard_id, self.request.retries + 1)
+        final = attempt >= settings.shard_max_retries
+        log.exception("shard %s failed (attempt %d)", shard_id, attempt + 1)
         with session_scope() as session:
             flow.record_shard_failure(session, shard_id, f"{type(exc).__name__}: {exc}", final=final,
                                       storage=get_storage())
         if not final:
             RETRIES.labels(task="run_shard").inc()
-            raise self.retry(exc=exc, countdown=1) from exc
+            retry(exc, 1, None)
         return
     finally:
         seconds = time.perf_counter() - t0
@@ -220,6 +236,23 @@ def run_shard(self: Task, shard_id: int, urgent: bool = False) -> None:
         GPU_BUSY_SECONDS.labels(gpu=ctx.gpu).inc(seconds)
     if outcome.phase_complete:
         dispatch_advance(outcome.job_id, outcome.priority)
+
+
+def express_shard(task: str, args: list[Any], kwargs: dict[str, Any], retries: int) -> None:
+    """The express lane's handler (workers/express.py): a shard task taken off the interactive GPU queue, run on
+    the lane's thread; a retry goes back to that queue as an ordinary Celery message, ``retries`` counted."""
+    if task != run_shard.name:
+        log.warning("express lane: %s is not a shard task; dropped", task)
+        return
+    shard_id, urgent = int(args[0]), bool(kwargs.get("urgent", args[1] if len(args) > 1 else False))
+
+    def retry(exc: Exception, countdown: float, max_retries: int | None) -> None:
+        if max_retries is not None and retries >= max_retries:
+            raise exc
+        run_shard.apply_async((shard_id,), {"urgent": urgent}, queue=INTERACTIVE_GPU_QUEUE,
+                              priority=_priority("interactive", False), countdown=countdown, retries=retries + 1)
+
+    compute_shard(shard_id, urgent, retries, retry)
 
 
 @celery_app.task(name="strata.advance", **RETRY)
@@ -238,7 +271,7 @@ def reconcile_once() -> Repairs | None:
     def work(client: redis.Redis) -> Repairs:
         settings = get_settings()
         alive = {w.name for w in live_workers(client, "gpu")}
-        depths = queue_depths(client, [*COORDINATOR_QUEUES, GPU_QUEUE])
+        depths = queue_depths(client, [*COORDINATOR_QUEUES, *GPU_QUEUES])
         backlog = sum(depths[q] for q in COORDINATOR_QUEUES)
         stale_after_s = max(settings.visibility_timeout_s, 30)
         ttl = heartbeat_ttl(settings.worker_heartbeat_s)
@@ -255,7 +288,7 @@ def reconcile_once() -> Repairs | None:
         with session_scope() as session:
             repairs = reconcile(session, alive_workers=alive, coordinator_backlog=backlog,
                                 stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
-                                grace_s=ttl, gpu_backlog=depths[GPU_QUEUE])
+                                grace_s=ttl, gpu_backlog=sum(depths[q] for q in GPU_QUEUES))
             unsent = unsent_notifications(session, stale_after_s)
             sweep_recently_ended(session, get_storage(), within_s=60, partials_older_than_s=ttl)
         for job_id, priority in repairs.ingest:
@@ -415,8 +448,15 @@ def _on_ready(sender: object = None, **_: object) -> None:
     log.info("database commits of this worker: %s (STRATA_WORKER_COMMITS)", get_settings().worker_commits)
     runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, admit=admit_once,
                   retention=retention_once)
+    settings = get_settings()
+    if settings.worker_kind == "gpu" and settings.gpu_express_lane:  # the launcher resolves the default
+        global _express
+        _express = ExpressLane(celery_app, INTERACTIVE_GPU_QUEUE, express_shard)
+        _express.start()
 
 
 @worker_shutdown.connect
 def _on_shutdown(**_: object) -> None:
+    if _express is not None:
+        _express.stop()
     runtime.stop()

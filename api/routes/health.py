@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from api.schemas import Health, Readiness
 from services.config import get_settings
 from services.db.session import session_scope
-from workers.app import COORDINATOR_QUEUES, GPU_QUEUE, broker_url
+from workers.app import COORDINATOR_QUEUES, GPU_QUEUES, broker_url
 from workers.registry import live_workers, queue_depths, redis_client
 
 router = APIRouter(tags=["health"])
@@ -35,7 +35,7 @@ def _readiness() -> tuple[bool, Readiness]:
         client.ping()
         for w in live_workers(client):
             workers[w.kind] = workers.get(w.kind, 0) + 1
-        queues = queue_depths(client, [*COORDINATOR_QUEUES, GPU_QUEUE])
+        queues = queue_depths(client, [*COORDINATOR_QUEUES, *GPU_QUEUES])
     except Exception as exc:  # noqa: BLE001
         redis_state = f"error: {type(exc).__name__}"
     ok = db == "ok" and redis_state == "ok" and workers["gpu"] > 0 and workers["coordinator"] > 0

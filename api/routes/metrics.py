@@ -16,7 +16,7 @@ from services import metrics
 from services.config import get_settings
 from services.db.session import session_scope
 from services.jobs import stats
-from workers.app import COORDINATOR_QUEUES, GPU_QUEUE, PRIORITIES, broker_url
+from workers.app import COORDINATOR_QUEUES, GPU_QUEUES, PRIORITIES, broker_url
 from workers.registry import live_workers, queue_depths_by_priority, redis_client
 
 router = APIRouter(tags=["metrics"])
@@ -35,7 +35,7 @@ class ScrapeTimeCollector(Collector):
         queues = GaugeMetricFamily("strata_queue_depth", "Messages waiting (Redis).", labels=["queue", "priority"])
         workers = GaugeMetricFamily("strata_workers", "Live workers (heartbeats).", labels=["kind", "busy"])
         client = redis_client(broker_url(get_settings()))
-        depths = queue_depths_by_priority(client, [*COORDINATOR_QUEUES, GPU_QUEUE], PRIORITIES)
+        depths = queue_depths_by_priority(client, [*COORDINATOR_QUEUES, *GPU_QUEUES], PRIORITIES)
         for queue, by_priority in depths.items():
             for priority, n in by_priority.items():
                 queues.add_metric([queue, priority], n)

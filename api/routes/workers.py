@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from api.deps import StationDep
 from api.schemas import ErrorOut, WorkerOut, WorkersOut
 from services.config import get_settings
-from workers.app import COORDINATOR_QUEUES, GPU_QUEUE, PRIORITIES, broker_url
+from workers.app import COORDINATOR_QUEUES, GPU_QUEUES, PRIORITIES, broker_url
 from workers.registry import WorkerInfo, live_workers, queue_depths_by_priority, redis_client
 
 router = APIRouter(prefix="/v1", tags=["workers"])
@@ -25,7 +25,8 @@ def _out(w: WorkerInfo) -> WorkerOut:
 def _queues() -> dict[str, dict[str, int]]:
     client = redis_client(broker_url(get_settings()))
     workers = live_workers(client, "gpu")
-    return queue_depths_by_priority(client, [*COORDINATOR_QUEUES, GPU_QUEUE, *(w.queue for w in workers)], PRIORITIES)
+    queues = [*COORDINATOR_QUEUES, *GPU_QUEUES, *(w.queue for w in workers)]
+    return queue_depths_by_priority(client, queues, PRIORITIES)
 
 
 @router.get("/workers", response_model=WorkersOut, responses={401: {"model": ErrorOut}},

@@ -153,6 +153,21 @@ def test_a_gpu_workers_threads_are_its_slots_the_overlap_and_the_urgent_reserve(
         spec = worker_specs(Settings(**kw), gpus=["0"], coordinator=False)[0]  # type: ignore[arg-type]
         return int(spec.argv[spec.argv.index("--concurrency") + 1])
 
-    assert threads() == 2 + 2 + 1  # two device slots, two threads storing results, one for interactive shards
-    assert threads(gpu_urgent_slots=0) == 2 + 2
+    # two device slots, two threads storing results; interactive shards' thread is the express lane's
+    assert threads() == 2 + 2
+    assert threads(gpu_express_lane=False) == 2 + 2 + 1  # without the lane, a pool thread for interactive shards
+    assert threads(gpu_urgent_slots=0, gpu_express_lane=False) == 2 + 2
     assert threads(gpu_worker_threads=1, gpu_overlap_threads=0, gpu_urgent_slots=0) == 1
+
+
+def test_gpu_workers_take_interactive_shards_first_and_run_the_express_lane_on_gpus_only() -> None:
+    from services.config import Settings
+    from workers.launcher import worker_specs
+
+    gpu = worker_specs(Settings(), gpus=["0"], coordinator=False)[0]
+    cpu = worker_specs(Settings(), gpus=[], coordinator=False)[0]
+    for spec in (gpu, cpu):
+        assert spec.argv[spec.argv.index("-Q") + 1].split(",")[:2] == ["gpu.interactive", "gpu"]
+    assert gpu.env["STRATA_GPU_EXPRESS_LANE"] == "1" and cpu.env["STRATA_GPU_EXPRESS_LANE"] == "0"
+    forced = worker_specs(Settings(gpu_express_lane=True), gpus=[], coordinator=False)[0]
+    assert forced.env["STRATA_GPU_EXPRESS_LANE"] == "1"

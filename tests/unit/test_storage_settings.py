@@ -75,10 +75,11 @@ def test_gpu_workers_compute_gpu_worker_threads_shards_at_once_cpu_workers_one(t
 
     gpu = worker_specs(Settings(data_dir=tmp_path, node_name="h", coordinators=1), gpus=["0"], coordinator=False)
     # The default: two device slots (two shards on the device at once, one model copy), two more threads that
-    # store their strips' results meanwhile and one kept for interactive shards (services/pipeline/gate.py).
-    assert [pool(s) for s in gpu] == [("threads", "5")]
-    one = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1), gpus=["0"],
-                       coordinator=False)
+    # store their strips' results meanwhile; interactive shards have the express lane's thread besides
+    # (workers/express.py), or one more pool thread without it (services/pipeline/gate.py).
+    assert [pool(s) for s in gpu] == [("threads", "4")]
+    one = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1, gpu_express_lane=False),
+                       gpus=["0"], coordinator=False)
     assert [pool(s) for s in one] == [("threads", "4")]
     alone = worker_specs(Settings(data_dir=tmp_path, node_name="h", gpu_worker_threads=1, gpu_overlap_threads=0,
                                   gpu_urgent_slots=0), gpus=["0"], coordinator=False)
