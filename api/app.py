@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,8 +15,10 @@ from api.limits import HeaderLimits
 from api.routes import batches, dashboard, health, jobs, metrics, recipes, tokens, workers
 from api.schemas import ErrorOut
 from services.config import get_settings
+from services.errors import StorageUnavailable
 from services.export.recipes import read_at_start as read_recipes_at_start
 from services.logs import configure_logging
+from services.storage import get_storage
 
 
 @asynccontextmanager
@@ -23,6 +26,10 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
     read_recipes_at_start()
+    try:  # said once at start; /readyz keeps saying it while it lasts
+        get_storage().check()
+    except StorageUnavailable as exc:
+        logging.getLogger(__name__).error("%s (/readyz reports it until it is fixed)", exc.detail)
     if settings.migrate_on_start:
         from services.db.migrate import upgrade
 

@@ -11,7 +11,7 @@ from python_multipart.exceptions import FormParserError, MultipartParseError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from services.errors import RangeNotSatisfiable, StrataError, TooManyRequests
+from services.errors import RangeNotSatisfiable, StorageUnavailable, StrataError, TooManyRequests
 
 # Errors only a malformed request raises (a body or multipart stream that cannot be parsed, a client gone).
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (FormParserError, MultipartParseError, ClientDisconnect)
@@ -29,8 +29,10 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         if isinstance(exc, RangeNotSatisfiable):
             headers = {"Content-Range": f"bytes */{exc.size}"}
-        if isinstance(exc, TooManyRequests):
+        if isinstance(exc, (TooManyRequests, StorageUnavailable)):
             headers = {"Retry-After": str(exc.retry_after)}
+        if isinstance(exc, StorageUnavailable):
+            log.warning("storage unavailable: %s", exc.detail)
         return _body(exc.type, exc.detail, exc.status_code, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -191,6 +191,7 @@ class Readiness(BaseModel):
     status: str = Field(description="ready | not_ready")
     database: str
     redis: str
+    storage: str = Field(default="ok", description="ok, or error: why the storage backend cannot be used now")
     workers: dict[str, int]
     queues: dict[str, int] = Field(default_factory=dict)
 

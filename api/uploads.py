@@ -16,7 +16,7 @@ from typing import BinaryIO
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
-from services.errors import BadInput, UploadTooLarge
+from services.errors import BadInput, StorageUnavailable, UploadTooLarge
 from services.jobs.service import Upload, safe_name
 from services.storage import Storage
 from services.storage.keys import frame_key
@@ -183,7 +183,7 @@ async def receive_multipart(
             raise BadInput("the upload ended before a frame was complete")
     except BaseException as exc:
         rx.abort(exc)
-        if isinstance(exc, (BadInput, UploadTooLarge)):
+        if isinstance(exc, (BadInput, UploadTooLarge, StorageUnavailable)):
             raise
         if isinstance(exc, Exception) and not isinstance(exc, OSError):
             raise BadInput(f"malformed multipart body: {exc}") from exc

@@ -263,7 +263,7 @@ def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, c
             digest = hashlib.sha256()
             part: Path | None = None
             try:
-                with client.stream("GET", o["url"]) as r:
+                with client.stream("GET", o["url"], follow_redirects=True) as r:  # STRATA_S3_DOWNLOADS=redirect
                     if r.status_code != 200:
                         r.read()
                         raise _error(r)

@@ -13,6 +13,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from cli.storage import storage_app
 from services.config import get_settings
@@ -189,6 +190,25 @@ def ensure_local_token() -> Path:
     return path
 
 
+def _wait_ready(url: str, tries: int = 120) -> tuple[bool, str]:
+    """Poll ``/readyz`` every 0.5 s: (ready, what was not ok at the last answer: database, Redis, storage)."""
+    import httpx
+
+    why = ""
+    for _ in range(tries):
+        try:
+            answer = httpx.get(f"{url}/readyz", timeout=2)
+            if answer.status_code == 200:
+                return True, ""
+            body = answer.json()
+            why = "; ".join(f"{k}: {body[k]}" for k in ("database", "redis", "storage")
+                            if str(body.get(k, "ok")) != "ok")
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    return False, why
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="API bind address.")] = "127.0.0.1",
@@ -197,8 +217,6 @@ def serve(
     workers: Annotated[bool, typer.Option(help="Also start the coordinator and GPU workers.")] = True,
 ) -> None:
     """Run everything on this machine: API, coordinator, one worker per GPU, and Redis if none is configured."""
-    import httpx
-
     from workers.launcher import ProcSpec, Supervisor, free_port, lease_releaser, redis_spec, worker_specs
 
     _check_port(host, port)  # before anything starts: else the API child fails alone, /readyz asks the other program
@@ -233,16 +251,9 @@ def serve(
     remember_local_service(local_url, token_path, data, last=settings.remember_last_service)
     console.print(f"Strata API on {url} (docs at {url}/docs); logs in {data / 'logs'}")
     console.print(f"local station token: {token_path}")
-    ready = False
-    for _ in range(120):
-        try:
-            ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            ready = False
-        if ready:
-            break
-        time.sleep(0.5)
-    console.print("[green]ready[/green]" if ready else "[yellow]not ready yet; see /readyz and the logs[/yellow]")
+    ready, why = _wait_ready(url)
+    console.print("[green]ready[/green]" if ready else
+                  f"[yellow]not ready yet{': ' + escape(why) if why else ''}; see /readyz and the logs[/yellow]")
     try:
         sup.run_forever()
     finally:
@@ -444,7 +455,6 @@ def _root(
 
 def _exit_for(exc: Exception) -> typer.Exit:
     """A clean exit with the error's code (1 failed, 2 usage, 3 unreachable, 4 token refused)."""
-    from rich.markup import escape
 
     return _fail(escape(str(exc)), getattr(exc, "exit_code", 1))
 
@@ -887,7 +897,6 @@ def batch_download(
     """Download the outputs of a batch's rendered shots into --out, verified against their sha256 (a file
     already there with the same bytes is kept: run it again to fetch what finished since). Prints the saved paths;
     exit 1 when a shot failed, was cancelled or is not done yet (each is named on stderr)."""
-    from rich.markup import escape
 
     from cli.client import SubmitError, call, connect
     from cli.station import download_batch, wait_for_batch
@@ -951,7 +960,6 @@ def bench(ctx: typer.Context) -> None:
                                                  for k, (module, text) in BENCH_KINDS.items()))
         raise typer.Exit(0)
     if not ctx.args or ctx.args[0] not in BENCH_KINDS:
-        from rich.markup import escape
 
         raise _fail(escape(usage), 2)
     module = importlib.import_module(BENCH_KINDS[ctx.args[0]][0])

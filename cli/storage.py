@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from services.config import Settings
@@ -29,6 +32,18 @@ def _settings(data_dir: Path | None) -> Settings:
     return get_settings()
 
 
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """The storage unreachable, refusing or without its bucket: one line and exit 1, not a traceback."""
+    from services.errors import StorageUnavailable
+
+    try:
+        yield
+    except StorageUnavailable as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {escape(exc.detail)}")
+        raise typer.Exit(1) from None
+
+
 def _mb(n: int) -> str:
     return f"{n / (1 << 20):,.1f}"
 
@@ -40,7 +55,8 @@ def storage_usage(data_dir: DataDir = None) -> None:
     from services.jobs.retention import usage
     from services.storage import get_storage
 
-    totals = usage(get_storage())
+    with _storage_errors():
+        totals = usage(get_storage())
     table = Table(title=f"storage: {settings.storage_url or settings.resolved_storage_dir}")
     table.add_column("kind")
     table.add_column("bytes", justify="right")
@@ -60,19 +76,22 @@ def storage_prune(
     """Remove uploads and outputs of jobs finished longer ago than the retention, and left-behind intermediates."""
     settings = _settings(data_dir)
     from services.db.session import session_scope
-    from services.jobs.retention import prune, sweep_intermediates
+    from services.jobs.retention import STALE_UPLOAD_S, prune, sweep_intermediates
     from services.storage import get_storage
 
     days = settings.retention_days if older_than is None else older_than
     if days <= 0:
         out.print("retention is 0 days (keep forever): nothing to prune; give --older-than DAYS")
         raise typer.Exit(0)
-    storage = get_storage()
-    with session_scope() as session:
-        swept = [] if dry_run else sweep_intermediates(session, storage)
-        report = prune(session, storage, older_than_days=days, dry_run=dry_run)
+    with _storage_errors():
+        storage = get_storage()
+        with session_scope() as session:
+            swept = [] if dry_run else sweep_intermediates(session, storage)
+            report = prune(session, storage, older_than_days=days, dry_run=dry_run)
+        aborted = 0 if dry_run else storage.abort_stale_uploads(STALE_UPLOAD_S)
     verb = "would remove" if dry_run else "removed"
     for job_id in report.jobs:
         out.print(f"{verb} job {job_id}")
     out.print(f"{verb} {len(report.jobs)} job(s), {_mb(report.bytes)} MiB (finished more than {days:g} days ago); "
-              f"kept {len(report.kept_referenced)} still referenced; intermediates swept from {len(swept)} job(s)")
+              f"kept {len(report.kept_referenced)} still referenced; intermediates swept from {len(swept)} job(s)"
+              + (f"; aborted {aborted} upload(s) left incomplete for a day" if aborted else ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -45,8 +46,11 @@ class Settings(BaseSettings):
                                 "hands what it has written to the disk this often (fdatasync), so its closing "
                                 "fsync waits only for the tail; 0: the closing fsync alone.")
     s3_part_mb: int = Field(default=16, description="Multipart upload part size in MiB.")
-    s3_downloads: str = Field(default="stream", description="Output downloads with S3: stream | redirect (307 to "
-                              "a pre-signed URL).")
+    s3_downloads: Literal["stream", "redirect"] = Field(
+        default="stream", description="Output downloads with S3: stream | redirect (307 to a pre-signed URL).")
+    s3_create_bucket: bool = Field(
+        default=False, description="Create the bucket of STRATA_STORAGE_URL where it does not exist (MinIO in "
+        "docker-compose, tests); off, a missing bucket is an error (a typo is not silently a new, empty bucket).")
     s3_presign_s: int = Field(default=900, description="Lifetime of a pre-signed download URL.")
     node_name: str | None = Field(default=None, description="This host's name in worker names; default hostname.")
 
@@ -262,6 +266,24 @@ class Settings(BaseSettings):
     remember_last_service: bool = Field(
         default=True, description="`strata serve` also names itself in ~/.config/strata (drills and tests: false)."
     )
+
+    @field_validator("storage_url")
+    @classmethod
+    def _storage_url(cls, value: str | None) -> str | None:
+        """s3://bucket[/prefix] or file:///absolute/path (or unset): refused at start, not at the first upload."""
+        if not value:
+            return None
+        if value.startswith("s3://"):
+            bucket = value.removeprefix("s3://").partition("/")[0]
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,254}", bucket):
+                raise ValueError(f"{value!r}: s3://bucket/prefix needs a bucket name (3-255 letters, digits, '.', "
+                                 f"'-', '_')")
+            return value
+        if value.startswith("file://"):
+            if not value.removeprefix("file://").startswith("/"):
+                raise ValueError(f"{value!r}: file:// needs an absolute path (file:///srv/strata)")
+            return value
+        raise ValueError(f"{value!r}: must be s3://bucket/prefix or file:///path")
 
     @field_validator("gpu_deflate", mode="before")
     @classmethod

@@ -73,6 +73,16 @@ class RangeNotSatisfiable(StrataError):
         self.size = size
 
 
+class StorageUnavailable(StrataError):
+    """The storage backend does not answer or refuses (an object store down, a missing bucket, credentials it
+    rejects, a full disk behind it): nobody's fault here, worth a retry later. Workers retry such steps with
+    back-off; the API answers 503 with ``Retry-After``."""
+
+    status_code = 503
+    type = "storage_unavailable"
+    retry_after = 5
+
+
 # RAW files ---------------------------------------------------------------------------------------------------
 
 

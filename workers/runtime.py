@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.config import get_settings
+from services.errors import StorageUnavailable
 from services.export import recipes
 from services.pipeline import gate
 from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
@@ -155,6 +156,8 @@ def _periodic(what: str, fn: Callable[[], object], interval: float) -> None:
             return
         try:
             fn()
+        except StorageUnavailable as exc:  # one line a pass, not a traceback every few seconds
+            log.warning("%s pass skipped: %s", what, exc.detail)
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("%s pass failed", what)
 

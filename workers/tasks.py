@@ -25,7 +25,7 @@ from services.batches.service import record_delivery
 from services.config import get_settings
 from services.db.models import Job
 from services.db.session import mark_worker_process, reset_engine, session_scope
-from services.errors import IntermediateLost, NotFound
+from services.errors import IntermediateLost, NotFound, StorageUnavailable
 from services.jobs import flow
 from services.jobs.previews import preview_ingested
 from services.jobs.quiet import QuietWindow
@@ -141,7 +141,7 @@ def _start_over(exc: IntermediateLost) -> None:
 
 # The database or broker being briefly away is no reason to fail a job: such tasks are retried with back-off
 # (and the coordinator's reconciler re-dispatches anything still lost afterwards).
-TRANSIENT = (OperationalError, InterfaceError, redis.ConnectionError)
+TRANSIENT = (OperationalError, InterfaceError, redis.ConnectionError, StorageUnavailable)
 RETRY = {"autoretry_for": TRANSIENT, "retry_backoff": 2, "retry_backoff_max": 60, "max_retries": 20}
 
 
@@ -213,7 +213,11 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
         return
     except TRANSIENT as exc:
         RETRIES.labels(task="run_shard").inc()
-        retry(exc, min(2 ** (attempt + 1), 60), 20)
+        delay = min(2 ** (attempt + 1), 60)
+        log.warning("shard %s: %s; retrying in %d s", shard_id, exc, delay)
+        with contextlib.suppress(*TRANSIENT), session_scope() as session:  # the database may be what is away
+            flow.note_retry(session, shard_id, delay)
+        retry(exc, delay, 20)
         return
     except Exception as exc:  # noqa: BLE001 - retried a bounded number of times, then the job fails
         with session_scope() as session:
@@ -225,7 +229,7 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
         log.exception("shard %s failed (attempt %d)", shard_id, attempt + 1)
         with session_scope() as session:
             flow.record_shard_failure(session, shard_id, f"{type(exc).__name__}: {exc}", final=final,
-                                      storage=get_storage())
+                                      storage=get_storage(), retry_in_s=1)
         if not final:
             RETRIES.labels(task="run_shard").inc()
             retry(exc, 1, None)
@@ -290,7 +294,10 @@ def reconcile_once() -> Repairs | None:
                                 stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
                                 grace_s=ttl, gpu_backlog=sum(depths[q] for q in GPU_QUEUES))
             unsent = unsent_notifications(session, stale_after_s)
-            sweep_recently_ended(session, get_storage(), within_s=60, partials_older_than_s=ttl)
+            try:  # the repairs go out even while the object store is away
+                sweep_recently_ended(session, get_storage(), within_s=60, partials_older_than_s=ttl)
+            except StorageUnavailable as exc:
+                log.warning("reconcile: sweep skipped: %s", exc.detail)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
             sweep_partials(get_storage(), job_id, older_than_s=ttl)  # a live writer's file is newer
@@ -380,9 +387,9 @@ def retention_once() -> PruneReport | None:
     def work(_: redis.Redis) -> PruneReport:
         with session_scope() as session:
             report = retention_pass(session, get_storage(), get_settings().retention_days)
-        if report.jobs or report.intermediates_swept:
-            log.info("retention: pruned %d job(s), %d bytes; swept intermediates of %d", len(report.jobs),
-                     report.bytes, len(report.intermediates_swept))
+        if report.jobs or report.intermediates_swept or report.uploads_aborted:
+            log.info("retention: pruned %d job(s), %d bytes; swept intermediates of %d; aborted %d stale upload(s)",
+                     len(report.jobs), report.bytes, len(report.intermediates_swept), report.uploads_aborted)
         return report
 
     return _exclusive(RETENTION_LOCK, 600, work)

@@ -10,6 +10,8 @@ from starlette.concurrency import run_in_threadpool
 from api.schemas import Health, Readiness
 from services.config import get_settings
 from services.db.session import session_scope
+from services.errors import StorageUnavailable
+from services.storage import get_storage
 from workers.app import COORDINATOR_QUEUES, GPU_QUEUES, broker_url
 from workers.registry import live_workers, queue_depths, redis_client
 
@@ -38,13 +40,20 @@ def _readiness() -> tuple[bool, Readiness]:
         queues = queue_depths(client, [*COORDINATOR_QUEUES, *GPU_QUEUES])
     except Exception as exc:  # noqa: BLE001
         redis_state = f"error: {type(exc).__name__}"
-    ok = db == "ok" and redis_state == "ok" and workers["gpu"] > 0 and workers["coordinator"] > 0
-    return ok, Readiness(status="ready" if ok else "not_ready", database=db, redis=redis_state, workers=workers,
-                         queues=queues)
+    storage = "ok"
+    try:
+        get_storage().check()
+    except StorageUnavailable as exc:
+        storage = f"error: {exc.detail}"
+    except Exception as exc:  # noqa: BLE001
+        storage = f"error: {type(exc).__name__}: {exc}"
+    ok = db == "ok" and redis_state == "ok" and storage == "ok" and workers["gpu"] > 0 and workers["coordinator"] > 0
+    return ok, Readiness(status="ready" if ok else "not_ready", database=db, redis=redis_state, storage=storage,
+                         workers=workers, queues=queues)
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}},
-            summary="Database, Redis, a coordinator and at least one GPU worker are up")
+            summary="Database, Redis, storage, a coordinator and at least one GPU worker are up")
 async def readyz() -> JSONResponse:
     ok, body = await run_in_threadpool(_readiness)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

@@ -22,7 +22,7 @@ from api.uploads import ReceivedForm, receive_multipart
 from services import idempotency
 from services.config import get_settings
 from services.db.models import Job, Station, new_id
-from services.errors import Gone, RangeNotSatisfiable, UploadTooLarge
+from services.errors import Gone, NotFound, RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
 from services.metrics import BYTES_UPLOADED
 from services.storage import get_storage
@@ -276,12 +276,17 @@ def download_output(
     out = service.output_of(job, name)
     storage = get_storage()
     if get_settings().s3_downloads == "redirect":  # STRATA_S3_DOWNLOADS: the client fetches from the bucket
-        url = storage.presigned_url(out.storage_key, get_settings().s3_presign_s, filename=out.name)
+        url = storage.presigned_url(out.storage_key, get_settings().s3_presign_s, content_type=out.media_type,
+                                    disposition=content_disposition(service.download_name(job, out), out.name))
         if url is not None:
             return RedirectResponse(url, status_code=307, headers={"ETag": f'"{out.sha256}"'})
     try:
         size = storage.size(out.storage_key)
     except FileNotFoundError as exc:  # removed since the job was read (a DELETE of its files, retention)
+        session.refresh(job)
+        if job.pruned_at is None:  # not removed by Strata: lost from the storage under it
+            raise NotFound(f"output {name!r} of job {job.id} is missing from storage (not removed by Strata: "
+                           f"check the bucket or disk)") from exc
         raise Gone(f"output {name!r} of job {job.id} was removed") from exc
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{out.sha256}"',
                "Content-Disposition": content_disposition(service.download_name(job, out), out.name)}

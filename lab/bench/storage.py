@@ -107,7 +107,7 @@ def _base_env(root: Path, backend: str, aws: dict[str, str]) -> dict[str, str]:
            "STRATA_REDIS_URL": redis_url, "STRATA_MIGRATE_ON_START": "false", "STRATA_LOG_LEVEL": "WARNING",
            "STRATA_TORCH_THREADS": "1", "STRATA_CPU_WORKERS": "2"}
     if backend == "s3":
-        env.update(aws, STRATA_STORAGE_URL=f"s3://bench-{time.time_ns()}/studio")
+        env.update(aws, STRATA_STORAGE_URL=f"s3://bench-{time.time_ns()}/studio", STRATA_S3_CREATE_BUCKET="true")
     return env
 
 

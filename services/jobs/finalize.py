@@ -34,7 +34,7 @@ from services.jobs.states import ACTIVE, JobStatus, Stage, in_batch_lane
 from services.pipeline.preview import preview_factor
 from services.raw.meta import CaptureInfo
 from services.storage import Storage
-from services.storage.intermediates import load_intermediate, remove_intermediates
+from services.storage.intermediates import drop_intermediates, load_intermediate
 from services.storage.keys import bin_key, preview_sums_key, proof_key, tile_keys
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0,
                   premade=found.preview, orientation=capture.orientation)
     t2 = time.perf_counter()
-    remove_intermediates(storage, job_id)
+    drop_intermediates(storage, job_id)
     drop_if_removed(session, storage, job_id)  # DELETE .../files came while the final preview was written
     log.info("job %s done: %s (%d bytes; outputs written and recorded in %.2fs; final preview %.2fs, "
              "intermediates removed %.2fs; the record and commit %.2fs of the first)", job_id,

@@ -36,12 +36,12 @@ from services.jobs.plan import (
 from services.jobs.planner import plan_phase_shards, plan_shot
 from services.jobs.previews import begin_fast_preview
 from services.jobs.quiet import QuietWindow
-from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage, in_batch_lane
+from services.jobs.states import ACTIVE, RETRY_AT, JobStatus, ShardStatus, Stage, in_batch_lane
 from services.jobs.tickets import ShardOutcome, ShardTicket
 from services.pipeline.prepare import DecodeLimits, prepare_shot
 from services.pipeline.shards import compute_shard
 from services.storage import Storage
-from services.storage.intermediates import remove_intermediates
+from services.storage.intermediates import drop_intermediates
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def fail_job(session: Session, job_id: str, reason: str, storage: Storage | None
                     .values(status=JobStatus.FAILED, error=reason, stage=Stage.FAILED, finished_at=utcnow()))
     session.commit()
     if storage is not None:
-        remove_intermediates(storage, job_id)
+        drop_intermediates(storage, job_id)
 
 
 def rewind_job(session: Session, storage: Storage, job_id: str, reason: str) -> bool:
@@ -93,7 +93,7 @@ def rewind_job(session: Session, storage: Storage, job_id: str, reason: str) -> 
         return False  # another step rewound or ended it first
     session.execute(delete(Shard).where(Shard.job_id == job_id))
     session.commit()
-    remove_intermediates(storage, job_id)
+    drop_intermediates(storage, job_id)
     log.warning("job %s starts over (%d/%d): %s", job_id, rewinds, MAX_REWINDS, reason)
     return True
 
@@ -215,7 +215,7 @@ def _ended_meanwhile(session: Session, storage: Storage, job_id: str) -> bool:
     session.rollback()  # see the job as it is now
     if session.scalar(select(Job.status).where(Job.id == job_id)) in ACTIVE:
         return False
-    remove_intermediates(storage, job_id)
+    drop_intermediates(storage, job_id)
     return True
 
 
@@ -229,22 +229,37 @@ def shard_abandoned(session: Session, storage: Storage, shard_id: int) -> bool:
     if job is not None and job.status in ACTIVE and job.phase == shard.phase:
         return False
     if job is not None and job.status not in ACTIVE:
-        remove_intermediates(storage, job.id)  # anything the failed shard wrote before it stopped
+        drop_intermediates(storage, job.id)  # anything the failed shard wrote before it stopped
     return True
 
 
 def record_shard_failure(session: Session, shard_id: int, reason: str, *, final: bool,
-                         storage: Storage | None = None) -> None:
-    """Note a failed attempt; after the last one the shard and its job fail with the reason."""
+                         storage: Storage | None = None, retry_in_s: float = 0.0) -> None:
+    """Note a failed attempt; after the last one the shard and its job fail with the reason. Otherwise the shard
+    is pending again and its retry, ``retry_in_s`` from now, already on its way (:func:`note_retry`)."""
     shard = session.get(Shard, shard_id)
     if shard is None:
         return
     shard.error = reason
     shard.status = ShardStatus.FAILED if final else ShardStatus.PENDING
+    if not final:
+        shard.payload = {**shard.payload, RETRY_AT: time.time() + retry_in_s}
     session.commit()
     if final:
         fail_job(session, shard.job_id, f"shard {shard.phase}/{shard.index} ({shard.kind}) failed: {reason}",
                  storage)
+
+
+def note_retry(session: Session, shard_id: int, retry_in_s: float) -> None:
+    """A shard whose attempt stopped on a transient error (storage, database, broker) and whose retry message
+    waits in a worker for ``retry_in_s`` s: pending again, and not lost to the reconciler before then (it would
+    send a second message for the same shard)."""
+    shard = session.get(Shard, shard_id)
+    if shard is None or shard.status in (ShardStatus.DONE, ShardStatus.FAILED):
+        return
+    shard.status = ShardStatus.PENDING
+    shard.payload = {**shard.payload, RETRY_AT: time.time() + retry_in_s}
+    session.commit()
 
 
 def advance_job(session: Session, storage: Storage, settings: Settings, job_id: str,

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, selectinload
 from services.db.models import Job, Shard, as_utc, utcnow
 from services.db.session import execute_update
 from services.jobs.plan import phase_count
-from services.jobs.states import ACTIVE, JobStatus, ShardStatus, Stage
+from services.jobs.states import ACTIVE, RETRY_AT, JobStatus, ShardStatus, Stage
 from services.jobs.tickets import Repairs, ShardTicket
 
 
@@ -98,7 +98,7 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
         lost = [s for s in shards if _lost_shard(session, s, job, alive_workers, leases, stale, grace)]
         repairs.shards += [ShardTicket(s.id, job.priority, None, job.id) for s in lost]
         unsent = [s for s in shards if s.status == ShardStatus.PENDING and s.payload.get("gpu_slot") is None
-                  and s not in lost]
+                  and s not in lost and not _retry_due_after(s, grace)]
         if unsent and leases is not None and not held_job and (dropped or (
                 gpu_backlog == 0 and as_utc(job.updated_at or job.created_at) < grace)):
             # Touched: the next pass waits another grace before sending them again (the queue is no longer empty).
@@ -126,11 +126,17 @@ def _lost_ingest(session: Session, job: Job, repairs: Repairs, leases: Held | No
         repairs.ingest.append((job.id, job.priority))
 
 
+def _retry_due_after(s: Shard, moment: dt.datetime) -> bool:
+    """The shard's retry message (flow.note_retry) is due after ``moment``: it is on its way, not lost."""
+    due = s.payload.get(RETRY_AT)
+    return isinstance(due, (int, float)) and due > moment.timestamp()
+
+
 def _lost_shard(session: Session, s: Shard, job: Job, alive_workers: set[str], leases: Held | None,
                 stale: dt.datetime, grace: dt.datetime) -> bool:
     started = as_utc(s.started_at or job.created_at)
-    if s.status == ShardStatus.PENDING:
-        return s.payload.get("gpu_slot") is not None and started < stale  # pinned to a worker that is gone
+    if s.status == ShardStatus.PENDING:  # pinned to a worker that is gone
+        return s.payload.get("gpu_slot") is not None and started < stale and not _retry_due_after(s, stale)
     if s.status != ShardStatus.RUNNING:
         return False
     if leases is not None and s.id not in leases.shards and (started < grace or s.id in leases.abandoned_shards):

@@ -36,12 +36,16 @@ def still_referenced(job: Job, open_batches: set[str]) -> bool:
     return job.status in ACTIVE or (job.batch_id is not None and job.batch_id in open_batches)
 
 
+STALE_UPLOAD_S = 24 * 3600.0  # an upload not completed after a day was cut off (its abort failed with the link)
+
+
 @dataclass
 class PruneReport:
     jobs: list[str] = field(default_factory=list)
     bytes: int = 0
     kept_referenced: list[str] = field(default_factory=list)
     intermediates_swept: list[str] = field(default_factory=list)
+    uploads_aborted: int = 0  # object-store uploads left incomplete more than STALE_UPLOAD_S ago
 
 
 def _kind(key: str) -> tuple[str, str]:
@@ -125,7 +129,16 @@ def discard(session: Session, storage: Storage, job: Job, now: dt.datetime | Non
     for out in job.outputs:
         out.deleted_at = now
     session.commit()  # marked first: a download answers 410 rather than a storage error
-    storage.delete_prefix(job_prefix(job.id))
+    try:
+        storage.delete_prefix(job_prefix(job.id))
+    except Exception:
+        # Not removed (the object store away): unmarked, so the files stay reachable and a later removal, the
+        # studio's or retention's, tries again; marked, they would be orphaned for good. (Some may be gone.)
+        job.pruned_at = None
+        for out in job.outputs:
+            out.deleted_at = None
+        session.commit()
+        raise
 
 
 def drop_if_removed(session: Session, storage: Storage, job_id: str) -> bool:
@@ -143,5 +156,6 @@ def retention_pass(session: Session, storage: Storage, retention_days: float) ->
     swept = sweep_intermediates(session, storage)
     report = prune(session, storage, older_than_days=retention_days) if retention_days > 0 else PruneReport()
     report.intermediates_swept = swept
+    report.uploads_aborted = storage.abort_stale_uploads(STALE_UPLOAD_S)
     return report
 

@@ -34,7 +34,7 @@ from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, in_batch_la
 from services.raw.probe import RawProbe, probe_raw
 from services.stations import ensure_visible, owner_filter
 from services.storage import Storage
-from services.storage.intermediates import remove_intermediates
+from services.storage.intermediates import drop_intermediates
 from services.storage.keys import job_prefix, preview_key
 
 STATUSES = tuple(s.value for s in JobStatus)
@@ -350,7 +350,7 @@ def cancel_job(session: Session, storage: Storage, station: Station, job_id: str
     if not done:
         raise Conflict(f"job {job_id} is already {job.status}")
     session.refresh(job)
-    remove_intermediates(storage, job.id)
+    drop_intermediates(storage, job.id)
     return job
 
 

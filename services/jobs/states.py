@@ -70,3 +70,7 @@ def parse_enum(kind: type[StrEnum], value: str, what: str) -> StrEnum:
         return kind(cleaned)
     except ValueError:
         raise BadInput(f"unknown {what} {cleaned!r}; expected one of {', '.join(m.value for m in kind)}") from None
+
+# A shard's payload key: when (epoch seconds) the retry message of its last failed attempt is due; until then the
+# reconciler does not take the shard for lost (flow.note_retry).
+RETRY_AT = "retry_at"

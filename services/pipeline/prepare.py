@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from services.errors import BadRawFile, FramesMismatch, UnsupportedSensor
+from services.errors import BadRawFile, FramesMismatch, RawDecodeError, UnsupportedSensor
 from services.pipeline.preview import MosaicBinner
 from services.pipeline.render import RenderParams
 from services.pipeline.shot import shot_render_params
@@ -48,8 +48,12 @@ def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits:
     copy_threads = max(1, min(8, os.cpu_count() or 1) // len(uploads))
 
     def decode_one(index: int) -> RawMeta:
+        try:
+            source = storage.local_path(uploads[index])
+        except FileNotFoundError as exc:
+            raise RawDecodeError(f"the upload {uploads[index]} is missing from storage (removed or lost)") from exc
         with storage.path_writer(raw_key(job_id, index)) as tmp:
-            return decode_raw(storage.local_path(uploads[index]), tmp, timeout_s=limits.timeout_s,
+            return decode_raw(source, tmp, timeout_s=limits.timeout_s,
                               memory_mb=limits.memory_mb, fast_dng=limits.fast_dng, threads=copy_threads,
                               binner=binner if index == 0 else None)
 

@@ -65,9 +65,10 @@ class Storage(ABC):
     def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """(key, bytes) of every object under ``prefix`` (a folder or a key; "" = everything)."""
 
-    def presigned_url(self, key: str, expires_s: int, filename: str | None = None) -> str | None:
-        """A URL a client can GET the object from without the API for ``expires_s`` seconds; None when the
-        backend has none (local files)."""
+    def presigned_url(self, key: str, expires_s: int, disposition: str | None = None,
+                      content_type: str | None = None) -> str | None:
+        """A URL a client can GET the object from without the API for ``expires_s`` seconds, answered with these
+        Content-Disposition and Content-Type headers; None when the backend has none (local files)."""
         return None
 
     def sweep_partials(self, prefix: str, older_than_s: float = 0.0) -> int:
@@ -129,6 +130,14 @@ class Storage(ABC):
             with self.writer(key + SAMPLE_SUFFIX, durable=False) as out:
                 out.write(_sample_digest(array).encode())
             del array
+
+    def abort_stale_uploads(self, older_than_s: float) -> int:
+        """Abort uploads begun more than ``older_than_s`` ago and never completed (an object store's multipart
+        uploads whose abort failed with the connection); how many. Local files have none (``sweep_partials``)."""
+        return 0
+
+    def check(self) -> None:  # noqa: B027 - a backend with nothing to check keeps this
+        """Raise :class:`~services.errors.StorageUnavailable` when the backend cannot be used now (readiness)."""
 
     def shared_between_hosts(self) -> bool:
         """Whether readers on other hosts may open what this process writes (then memory-mapped writes must

@@ -6,14 +6,16 @@ one, and a reader then raises :class:`~services.errors.IntermediateLost` so the 
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 
-from services.errors import IntermediateLost
+from services.errors import IntermediateLost, StorageUnavailable
 from services.storage.base import Storage
 from services.storage.keys import PENDING_SUFFIX, intermediate_prefixes
 
+log = logging.getLogger(__name__)
 PENDING_REMOVE_WAIT_S = 10.0  # a frame group's background store takes well under a second
 
 
@@ -36,6 +38,18 @@ def remove_intermediates(storage: Storage, job_id: str, pending_wait_s: float = 
         time.sleep(0.02)
     for prefix in intermediate_prefixes(job_id):
         storage.delete_prefix(prefix)
+
+
+def drop_intermediates(storage: Storage, job_id: str) -> bool:
+    """:func:`remove_intermediates` after a job's state already moved on (cancelled, failed, done, started over):
+    an object store that is away leaves them for the retention pass's sweep (``sweep_intermediates``) rather than
+    failing a request or a step whose work is recorded. True when they were removed."""
+    try:
+        remove_intermediates(storage, job_id)
+    except StorageUnavailable as exc:
+        log.warning("job %s: intermediates left for the retention sweep: %s", job_id, exc.detail)
+        return False
+    return True
 
 
 def sweep_partials(storage: Storage, job_id: str, older_than_s: float = 0.0) -> int:

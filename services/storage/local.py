@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
 
+from services.errors import StorageUnavailable
 from services.storage.base import Storage
 
 
@@ -63,6 +64,10 @@ class LocalStorage(Storage):
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+
+    def check(self) -> None:
+        if not (self.root.is_dir() and os.access(self.root, os.W_OK | os.X_OK)):
+            raise StorageUnavailable(f"storage unavailable: {self.root} is not a writable directory")
 
     def shared_between_hosts(self) -> bool:
         """True when the root is on a network filesystem (NFS, SMB, Ceph, Lustre, FUSE ...), from /proc/mounts;

@@ -20,6 +20,7 @@ Every object appears under its key only complete: S3's PUT and CompleteMultipart
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import io
 import os
 from collections.abc import Iterator
@@ -29,10 +30,12 @@ from typing import Any, BinaryIO, cast
 
 import boto3
 import numpy as np
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 
+from services.errors import StorageUnavailable
 from services.storage.base import Storage
 from services.storage.scratch import ScratchCache
 
@@ -48,30 +51,96 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
 def _missing(exc: ClientError) -> bool:
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    return code in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+    return _code(exc) in ("404", "NoSuchKey", "NotFound")
+
+
+# Answers about one object or one request, which the storage code handles itself; any other error of the store
+# (unreachable, 5xx, a missing bucket, refused credentials, a full MinIO) is StorageUnavailable.
+_OBJECT_CODES = frozenset({"404", "NoSuchKey", "NotFound", "InvalidRange", "NoSuchUpload", "BucketAlreadyOwnedByYou",
+                           "BucketAlreadyExists", "PreconditionFailed", "304"})
+_REFUSED = frozenset({"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                      "InvalidToken", "AllAccessDisabled"})
+
+
+def unavailable(exc: Exception, bucket: str, what: str) -> StorageUnavailable:
+    """``exc`` from boto3 as the domain's StorageUnavailable, its reason in words a studio's engineer acts on."""
+    if isinstance(exc, ClientError):
+        code = _code(exc)
+        if code == "NoSuchBucket":
+            reason = f"bucket {bucket!r} does not exist"
+        elif code in _REFUSED:
+            reason = f"the object store refused access to bucket {bucket!r} ({code}): check the credentials " \
+                     f"(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and the bucket's policy"
+        else:
+            reason = f"the object store answered {code or 'an error'}: {exc}"
+    elif isinstance(exc, EndpointConnectionError):
+        reason = f"the object store does not answer ({exc})"
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    return StorageUnavailable(f"storage unavailable ({what}): {reason}")
+
+
+class GuardedClient:
+    """A boto3 S3 client whose calls raise :class:`StorageUnavailable` for errors of the store itself; a
+    ClientError about the object (missing, a range past its end) passes as it is."""
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        self._client = client
+        self._bucket = bucket
+
+    @property
+    def meta(self) -> Any:
+        return self._client.meta
+
+    def get_paginator(self, name: str) -> Any:
+        return self._client.get_paginator(name)  # its pages are fetched where they are iterated (S3Storage._pages)
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._client, name)
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return call(*args, **kwargs)
+            except ClientError as exc:
+                if _code(exc) in _OBJECT_CODES:
+                    raise
+                raise unavailable(exc, self._bucket, name) from exc
+            except (BotoCoreError, S3UploadFailedError) as exc:
+                raise unavailable(exc, self._bucket, name) from exc
+
+        return guarded
 
 
 class S3Storage(Storage):
     def __init__(self, bucket: str, prefix: str, scratch: ScratchCache, part_size: int = 16 * MiB,
-                 client: Any = None) -> None:
+                 client: Any = None, create_bucket: bool = False) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.scratch = scratch
         self.part_size = max(part_size, 5 * MiB)  # S3's smallest part but the last
-        self.client = client or boto3.client("s3", config=Config(retries={"max_attempts": 5, "mode": "standard"},
-                                                                 max_pool_connections=32))
+        self.client = GuardedClient(client or boto3.client(
+            "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32)), bucket)
         self.transfer = TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=self.part_size,
                                        max_concurrency=4)
+        self.create_bucket = create_bucket
         self._ensure_bucket()
 
     def _ensure_bucket(self) -> None:
+        """The bucket must exist; with ``create_bucket`` (STRATA_S3_CREATE_BUCKET) a missing one is made (a
+        typo'd name is otherwise refused, not silently created and written to)."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except ClientError as exc:
             if not _missing(exc):
                 raise
+            if not self.create_bucket:
+                raise StorageUnavailable(f"storage unavailable: bucket {self.bucket!r} does not exist (create it, "
+                                         f"or set STRATA_S3_CREATE_BUCKET=true to let Strata create it)") from exc
             region = self.client.meta.region_name
             extra = {} if region in (None, "us-east-1") else {
                 "CreateBucketConfiguration": {"LocationConstraint": region}}
@@ -212,7 +281,14 @@ class S3Storage(Storage):
         """Objects under ``prefix`` (the whole key or a folder), at most 1000 per page."""
         full = self._key(prefix.rstrip("/")) if prefix else self.prefix
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+        pages = iter(paginator.paginate(Bucket=self.bucket, Prefix=full))
+        while True:
+            try:
+                page = next(pages)
+            except StopIteration:
+                return
+            except (ClientError, BotoCoreError) as exc:
+                raise unavailable(exc, self.bucket, "list_objects_v2") from exc
             yield [o for o in page.get("Contents", []) if o["Key"] == full or o["Key"].startswith(full + "/")
                    or not full]
 
@@ -221,11 +297,36 @@ class S3Storage(Storage):
             for o in batch:
                 yield self._unprefixed(o["Key"]), int(o["Size"])
 
-    def presigned_url(self, key: str, expires_s: int, filename: str | None = None) -> str | None:
+    def presigned_url(self, key: str, expires_s: int, disposition: str | None = None,
+                      content_type: str | None = None) -> str | None:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
-        if filename:
-            params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
+        if disposition:
+            params["ResponseContentDisposition"] = disposition
+        if content_type:
+            params["ResponseContentType"] = content_type
         return cast(str, self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s))
+
+    def abort_stale_uploads(self, older_than_s: float) -> int:
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
+        aborted = 0
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": f"{self.prefix}/" if self.prefix else ""}
+        while True:
+            page = self.client.list_multipart_uploads(**params)
+            for upload in page.get("Uploads", []):
+                if upload["Initiated"] < cutoff:
+                    with contextlib.suppress(ClientError):  # NoSuchUpload: finished or aborted meanwhile
+                        self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                           UploadId=upload["UploadId"])
+                        aborted += 1
+            if not page.get("IsTruncated"):
+                return aborted
+            params.update(KeyMarker=page.get("NextKeyMarker"), UploadIdMarker=page.get("NextUploadIdMarker"))
+
+    def check(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:  # a 404: the bucket is gone
+            raise unavailable(exc, self.bucket, "head_bucket") from exc
 
     def shared_between_hosts(self) -> bool:
         return True
@@ -284,8 +385,8 @@ class MultipartWriter(io.RawIOBase):
         self.upload_id = None
 
     def abort(self) -> None:
-        if self.upload_id is not None:
-            with contextlib.suppress(ClientError):  # the bucket's lifecycle rule for stale uploads is the backstop
+        if self.upload_id is not None:  # best effort: `strata storage prune` aborts stale ones, or a lifecycle rule
+            with contextlib.suppress(ClientError, BotoCoreError, StorageUnavailable):
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
         self.upload_id = None
         self.buffer = bytearray()

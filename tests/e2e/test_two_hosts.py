@@ -68,7 +68,8 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, redis_url: str, s3_server: S
     redis.Redis.from_url(e2e_redis).flushdb()
     storage_url = f"s3://strata-{uuid.uuid4().hex[:8]}/studio"
     env = {"STRATA_DATABASE_URL": db_url, "STRATA_REDIS_URL": e2e_redis, "STRATA_STORAGE_URL": storage_url,
-           "STRATA_TORCH_THREADS": "1", "STRATA_FAULT_SHARD_DELAY_S": str(SHARD_DELAY_S), "STRATA_STRIP_ROWS": "96",
+           "STRATA_S3_CREATE_BUCKET": "true", "STRATA_TORCH_THREADS": "1",
+           "STRATA_FAULT_SHARD_DELAY_S": str(SHARD_DELAY_S), "STRATA_STRIP_ROWS": "96",
            "STRATA_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S), "STRATA_WORKER_HEARTBEAT_S": "1",
            "STRATA_MIGRATE_ON_START": "false", "STRATA_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1", **s3_server.env}
     configure(db_url, root / "test")

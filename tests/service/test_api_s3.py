@@ -28,6 +28,7 @@ def s3_client(db: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setenv("STRATA_STORAGE_URL", f"s3://api-{uuid.uuid4().hex[:8]}/studio")
     monkeypatch.setenv("STRATA_S3_PART_MB", "5")
+    monkeypatch.setenv("STRATA_S3_CREATE_BUCKET", "true")
     get_settings.cache_clear()
     get_storage.cache_clear()
     with TestClient(create_app()) as c:

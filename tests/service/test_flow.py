@@ -193,6 +193,38 @@ def test_pending_shards_no_message_will_deliver_are_sent_again(db: str) -> None:
         assert again.shards == []  # sent once: the touch makes the next pass wait another grace
 
 
+def test_a_shard_waiting_for_its_retry_is_not_sent_again(db: str) -> None:
+    """Found from outside: a shard whose attempt failed (an object store away) waited for its retry message in a
+    worker, the reconciler found it pending with the queue empty and sent a second message: two tasks then ran it
+    in turn. A shard whose retry is due later (flow.note_retry) is on its way, not lost."""
+    from services.jobs.reconcile import Held
+
+    with session_scope() as session:
+        job = _job(session)
+        shard = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="running", payload={}, attempts=1,
+                      started_at=utcnow() - dt.timedelta(seconds=60))
+        session.add(shard)
+        session.flush()
+        shard_id = shard.id
+    with session_scope() as session:
+        flow.note_retry(session, shard_id, 30)
+    alive = frozenset({"gpu0@h"})
+
+    def idle() -> Held:
+        return Held(alive, frozenset(), frozenset())
+
+    with session_scope() as session:
+        assert session.get(Shard, shard_id).status == "pending"
+        waiting = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                            held=idle, grace_s=6, gpu_backlog=0)
+        assert waiting.shards == []
+        session.get(Shard, shard_id).payload = {"retry_at": 0}  # its retry was due long ago: lost after all
+        session.commit()
+        late = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                         held=idle, grace_s=6, gpu_backlog=0)
+        assert [t.shard_id for t in late.shards] == [shard_id]
+
+
 def test_a_shard_that_fails_after_its_job_ended_is_abandoned_not_retried(db: str) -> None:
     """Found from outside: a job cancelled while its shard computed logged an ERROR with a FileNotFoundError
     traceback (its intermediates removed under it) and retried the shard."""

@@ -9,8 +9,9 @@ from urllib.parse import unquote
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
-from services.db.models import Job, Output
+from services.db.models import Job, Output, utcnow
 from services.db.session import session_scope
 from services.export.naming import NameTokens, render_name
 from services.stations import create_station_token
@@ -136,5 +137,9 @@ def test_an_output_removed_during_its_download(client: TestClient, synth_dir: Pa
     got = client.get(url, headers=auth)
     assert got.status_code == 200 and got.content == data
     monkeypatch.undo()
-    gone = client.get(url, headers=auth)  # the record still lists it, the file is gone
+    lost = client.get(url, headers=auth)  # the record still lists it, the file is gone, not removed by Strata
+    assert lost.status_code == 404 and "missing from storage" in lost.json()["detail"]
+    with session_scope() as session:  # as a DELETE of its files or retention marks it before removing
+        session.execute(update(Job).where(Job.id == job["id"]).values(pruned_at=utcnow()))
+    gone = client.get(url, headers=auth)
     assert gone.status_code == 410 and "was removed" in gone.json()["detail"]

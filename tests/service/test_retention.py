@@ -64,6 +64,7 @@ def backend(request: pytest.FixtureRequest, db: str, monkeypatch: pytest.MonkeyP
     if request.param == "s3":
         request.getfixturevalue("s3_server")
         monkeypatch.setenv("STRATA_STORAGE_URL", f"s3://retention-{uuid.uuid4().hex[:8]}/studio")
+        monkeypatch.setenv("STRATA_S3_CREATE_BUCKET", "true")
     get_settings.cache_clear()
     get_storage.cache_clear()
     yield request.param

@@ -29,7 +29,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
 
     request.getfixturevalue("s3_server")
     yield S3Storage(f"contract-{uuid.uuid4().hex[:8]}", "pre/fix", ScratchCache(tmp_path / "scratch", 64 << 20),
-                    part_size=PART)
+                    part_size=PART, create_bucket=True)
 
 
 def _pending_uploads(storage: Storage) -> list[object]:
@@ -167,13 +167,15 @@ def test_presigned_url(storage: Storage) -> None:
 
     with storage.writer("jobs/h/out/x.tif") as f:
         f.write(b"tiff bytes")
-    url = storage.presigned_url("jobs/h/out/x.tif", 60, filename="x.tif")
+    disposition = "attachment; filename=\"x.tif\"; filename*=UTF-8''%E5%86%99.tif"
+    url = storage.presigned_url("jobs/h/out/x.tif", 60, disposition=disposition, content_type="image/tiff")
     if isinstance(storage, LocalStorage):
         assert url is None
         return
     assert url is not None
     r = httpx.get(url)
     assert r.status_code == 200 and r.content == b"tiff bytes"
+    assert r.headers["content-type"] == "image/tiff" and r.headers["content-disposition"] == disposition
 
 
 def test_scratch_cache_is_bounded(s3_server: S3Server, tmp_path: Path) -> None:
@@ -182,7 +184,7 @@ def test_scratch_cache_is_bounded(s3_server: S3Server, tmp_path: Path) -> None:
     from services.storage.scratch import ScratchCache
 
     cache = ScratchCache(tmp_path / "scratch", 3 << 20, grace_s=0)
-    storage = S3Storage(f"scratch-{uuid.uuid4().hex[:8]}", "", cache, part_size=PART)
+    storage = S3Storage(f"scratch-{uuid.uuid4().hex[:8]}", "", cache, part_size=PART, create_bucket=True)
     for i in range(5):
         with storage.writer(f"k/{i}.bin") as f:
             f.write(bytes([i]) * (1 << 20))

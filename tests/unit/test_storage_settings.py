@@ -16,8 +16,9 @@ def test_unset_or_file_url_is_local(tmp_path: Path) -> None:
     assert isinstance(default, LocalStorage) and default.root == (tmp_path / "storage").resolve()
     chosen = storage_from_settings(Settings(data_dir=tmp_path, storage_url=f"file://{tmp_path / 'elsewhere'}"))
     assert isinstance(chosen, LocalStorage) and chosen.root == (tmp_path / "elsewhere").resolve()
-    with pytest.raises(ValueError, match="s3://bucket/prefix"):
-        storage_from_settings(Settings(data_dir=tmp_path, storage_url="ftp://x"))
+    for bad in ("ftp://x", "s3://", "s3:/bucket", "minio://bucket/x", "file://relative/path", "s3://a"):
+        with pytest.raises(ValueError, match="s3://bucket|file://"):
+            Settings(data_dir=tmp_path, storage_url=bad)  # refused at start (exit 2), not at the first upload
 
 
 def test_s3_urls() -> None:
