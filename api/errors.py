@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from python_multipart.exceptions import FormParserError, MultipartParseError
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -34,6 +35,15 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, StorageUnavailable):
             log.warning("storage unavailable: %s", exc.detail)
         return _body(exc.type, exc.detail, exc.status_code, headers)
+
+    @app.exception_handler(OperationalError)
+    async def _database(_: Request, exc: OperationalError) -> JSONResponse:
+        # The database away, locked past its busy timeout, or refusing connections: 503 with a reason and one log
+        # line (a generic 500 after 30 s, logged twice with a traceback, told a station nothing)
+        reason = str(exc.orig).splitlines()[0][:200] if exc.orig is not None else type(exc).__name__
+        log.warning("database unavailable: %s", reason)
+        return _body("database_unavailable", f"the database is unavailable ({reason}); retry shortly", 503,
+                     {"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -91,6 +91,8 @@ def _error(resp: httpx.Response) -> SubmitError:
         kind = AuthRefused
     elif resp.status_code >= 500:
         kind = Unreachable
+    elif resp.status_code == 409 and "Idempotency-Key is in progress" in resp.text:
+        kind = Unreachable  # a retry while the first try is still being recorded: retried like a 5xx
     try:
         body = resp.json()
         return kind(f"{resp.status_code} {body.get('type')}: {body.get('detail')}")

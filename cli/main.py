@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
@@ -800,7 +801,8 @@ def batch_create(
     try:
         with connect(url, tok) as client:
             check_recipes(client, recipe or [], console)
-            batch = with_retry(lambda: call(client, "POST", "/v1/batches", json=body), console)
+            key = {"Idempotency-Key": f"strata-cli-{uuid.uuid4().hex}"}  # a retry gets the batch, not a second
+            batch = with_retry(lambda: call(client, "POST", "/v1/batches", json=body, headers=key), console)
             console.print(f"batch {batch['id']} created ({batch.get('status')})")
             fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
                       "priority": priority.value if priority else None}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,17 +98,20 @@ def shot_fields(shot: Shot, *, camera: str | None, recipes: list[str], priority:
 
 
 def post_shot(client: httpx.Client, endpoint: str, shot: Shot, data: dict[str, Any], progress: Progress,
-              overall: TaskID | None = None) -> dict[str, Any]:
+              overall: TaskID | None = None, key: str | None = None) -> dict[str, Any]:
     """Upload ``shot`` to ``endpoint`` (``/v1/jobs`` or a batch's ``/shots``) with a bar of its own that also
     advances ``overall``; the job. A try that will be retried (:class:`Unreachable`) takes its bytes back off the
-    overall bar; a refused shot's bytes stay on it (they were sent, and the bar's speed stays positive)."""
+    overall bar; a refused shot's bytes stay on it (they were sent, and the bar's speed stays positive).
+    ``key``: the shot's Idempotency-Key, the same on every try, so a retry after a lost answer gets the job the
+    first try created instead of rendering the shot twice."""
     total = sum(p.stat().st_size for p in shot.files)
     task = progress.add_task(f"upload {shot.name}"[:40], total=total)
     tasks = [task] if overall is None else [task, overall]
     readers = [_ProgressReader(p, progress, *tasks) for p in shot.files]
     uploads = [("frames", (p.name, r, "application/octet-stream")) for p, r in zip(shot.files, readers, strict=True)]
     try:
-        resp = client.post(endpoint, data=data, files=uploads)  # type: ignore[arg-type]
+        resp = client.post(endpoint, data=data, files=uploads,  # type: ignore[arg-type]
+                           headers={"Idempotency-Key": key} if key else None)
     except httpx.TransportError as exc:
         resp = None
         error: SubmitError = unreachable(client, exc)
@@ -135,7 +139,8 @@ def upload_shots(client: httpx.Client, results: list[ShotResult], fields: dict[s
         overall = progress.add_task(f"upload {len(results)} shot(s)", total=total)
         for result in results:
             data = shot_fields(result.shot, **fields)
-            send = functools.partial(post_shot, client, endpoint, result.shot, data, progress, overall)
+            send = functools.partial(post_shot, client, endpoint, result.shot, data, progress, overall,
+                                     f"strata-cli-{uuid.uuid4().hex}")  # one key per shot, kept across retries
             try:
                 result.job = with_retry(send, console, retry_for)
             except SubmitError as exc:

@@ -76,7 +76,7 @@ def storage_prune(
     """Remove uploads and outputs of jobs finished longer ago than the retention, and left-behind intermediates."""
     settings = _settings(data_dir)
     from services.db.session import session_scope
-    from services.jobs.retention import STALE_UPLOAD_S, prune, sweep_intermediates
+    from services.jobs.retention import STALE_PARTIAL_S, STALE_UPLOAD_S, prune, sweep_intermediates
     from services.storage import get_storage
 
     days = settings.retention_days if older_than is None else older_than
@@ -89,9 +89,10 @@ def storage_prune(
             swept = [] if dry_run else sweep_intermediates(session, storage)
             report = prune(session, storage, older_than_days=days, dry_run=dry_run)
         aborted = 0 if dry_run else storage.abort_stale_uploads(STALE_UPLOAD_S)
+        aborted += 0 if dry_run else storage.sweep_partials("jobs", STALE_PARTIAL_S)
     verb = "would remove" if dry_run else "removed"
     for job_id in report.jobs:
         out.print(f"{verb} job {job_id}")
     out.print(f"{verb} {len(report.jobs)} job(s), {_mb(report.bytes)} MiB (finished more than {days:g} days ago); "
               f"kept {len(report.kept_referenced)} still referenced; intermediates swept from {len(swept)} job(s)"
-              + (f"; aborted {aborted} upload(s) left incomplete for a day" if aborted else ""))
+              + (f"; removed {aborted} upload(s) left incomplete (cut off, never finished)" if aborted else ""))

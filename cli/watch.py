@@ -15,6 +15,7 @@ completely written, and its outputs are downloaded beside it (or under ``--out``
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import threading
@@ -148,8 +149,11 @@ class Watcher:
         with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                       console=self.console) as progress:
             try:
+                # the same key for the same file and content: a watcher killed between the upload and saving its
+                # state sends it again on restart and gets the job back (within STRATA_IDEMPOTENCY_HOURS)
+                key = "strata-watch-" + hashlib.sha256(f"{rel}\0{sha}".encode()).hexdigest()[:40]
                 job = post_shot(self.client, "/v1/jobs", shot, shot_fields(shot, **self.fields, sha256=[sha]),
-                                progress)
+                                progress, key=key)
             except SubmitError as exc:
                 if exc.exit_code != 1:
                     raise

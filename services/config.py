@@ -32,7 +32,14 @@ class Settings(BaseSettings):
         "PostgreSQL server crash, can lose a worker's last commits, never corrupt the database, and the "
         "reconciler redoes those steps) or durable. The API's commits (uploads, batches, tokens, removals) always "
         "wait for the disk.")
+    db_busy_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="SQLite: how long a write waits for another process's lock before "
+        "it fails (the API then answers 503 database_unavailable).")
     redis_url: str | None = Field(default=None, description="Broker URL; unset = `strata serve` starts one.")
+    broker_timeout_s: float = Field(
+        default=5.0, gt=0, le=120, description="Seconds a broker command (a publish, a connect) may take before it "
+        "counts as the broker being down: an upload whose ingest cannot be sent is answered 202 and left to the "
+        "outbox instead of waiting on a broker that hangs.")
     storage_dir: Path | None = Field(default=None, description="Local storage root; default data_dir/storage.")
     storage_url: str | None = Field(
         default=None,

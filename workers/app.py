@@ -44,7 +44,13 @@ def make_celery(settings: Settings) -> Celery:
             "priority_steps": list(range(10)),
             "sep": ":",
             "queue_order_strategy": "priority",
+            # A broker that accepts connections but does not answer (a frozen process, a black-holed network)
+            # made a publish wait forever: an upload then got no answer at all (found from outside). Commands
+            # now give up after this long (the workers' blocking reads poll every second, well inside it).
+            "socket_timeout": settings.broker_timeout_s,
+            "socket_connect_timeout": settings.broker_timeout_s,
         },
+        broker_connection_timeout=settings.broker_timeout_s,
         worker_hijack_root_logger=False,
         # Task events (and Celery's own worker heartbeats, which the launcher leaves on) so Flower shows the
         # workers and their tasks.

@@ -134,6 +134,7 @@ class Supervisor:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, list[float]] = {}
         self._reported: set[int] = set()  # pids whose exit on_exit has seen
+        self._held_back: set[int] = set()  # pids whose restart waits for the limit (logged once)
         self._stopping = False
 
     def _start(self, spec: ProcSpec) -> None:
@@ -175,6 +176,10 @@ class Supervisor:
             now = time.monotonic()
             recent = [t for t in self.restarts.get(spec.name, []) if now - t < 60]
             if len(recent) >= 5:
+                if proc.pid not in self._held_back:  # said once per death, not every poll
+                    self._held_back.add(proc.pid)
+                    log.error("%s exited with %s, its 6th exit within a minute: restarting it in %.0f s (see its "
+                              "log)", spec.name, proc.returncode, 60 - (now - recent[0]))
                 continue
             log.warning("%s exited with %s; restarting", spec.name, proc.returncode)
             self.restarts[spec.name] = [*recent, now]

@@ -6,9 +6,16 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import InterfaceError
+from sqlalchemy.exc import OperationalError as DatabaseOperationalError
 
 from services.config import get_settings
 from services.errors import StorageUnavailable
@@ -17,6 +24,9 @@ from services.pipeline import gate
 from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
 
 log = logging.getLogger(__name__)
+# What a periodic pass meets while a service it needs is away: logged as an outage, not a failure (OutageLog)
+OUTAGES = (StorageUnavailable, RedisConnectionError, RedisTimeoutError, KombuOperationalError,
+           DatabaseOperationalError, InterfaceError)
 
 
 @dataclass(frozen=True)
@@ -156,10 +166,43 @@ def _periodic(what: str, fn: Callable[[], object], interval: float) -> None:
             return
         try:
             fn()
-        except StorageUnavailable as exc:  # one line a pass, not a traceback every few seconds
-            log.warning("%s pass skipped: %s", what, exc.detail)
+        except OUTAGES as exc:  # a line a minute while it lasts, not a 100-line traceback every few seconds
+            outage.failed(what, exc)
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("%s pass failed", what)
+        else:
+            outage.passed(what)
+
+
+class OutageLog:
+    """Log a periodic pass's outage (broker, database or storage away) once when it starts, then at most once a
+    ``every_s`` with how many passes it skipped, and once when a pass succeeds again."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._since: dict[str, tuple[float, int]] = {}  # pass -> (last line's time, passes skipped since)
+        self._lock = threading.Lock()
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        reason = getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            last, skipped = self._since.get(what, (-float("inf"), 0))
+            if now - last < self.every_s:
+                self._since[what] = (last, skipped + 1)
+                return
+            self._since[what] = (now, 0)
+        more = f" ({skipped} more pass(es) skipped since the last line)" if skipped else ""
+        log.warning("%s pass skipped: %s%s", what, str(reason).splitlines()[0][:300], more)
+
+    def passed(self, what: str) -> None:
+        with self._lock:
+            if self._since.pop(what, None) is None:
+                return
+        log.warning("%s pass runs again", what)
+
+
+outage = OutageLog()
 
 
 def wake(what: str) -> bool:

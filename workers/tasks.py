@@ -32,6 +32,7 @@ from services.jobs.quiet import QuietWindow
 from services.jobs.reconcile import Held, reconcile, unsent_ingests
 from services.jobs.retention import PruneReport, retention_pass, sweep_recently_ended
 from services.jobs.service import mark_enqueued
+from services.jobs.states import ACTIVE
 from services.jobs.tickets import Repairs, ShardTicket
 from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
@@ -91,8 +92,10 @@ def dispatch_advance(job_id: str, priority: str, repair: bool = False) -> None:
     advance.apply_async((job_id,), queue=coordinator_queue(priority), priority=_priority(priority, repair))
 
 
-def enqueue_ingest(job_id: str, priority: str, repair: bool = False) -> None:
-    ingest.apply_async((job_id,), queue=coordinator_queue(priority), priority=_priority(priority, repair))
+def enqueue_ingest(job_id: str, priority: str, repair: bool = False, retry: bool = True) -> None:
+    """``retry`` False: one try at the publish (the outbox's send, which tries again later itself)."""
+    ingest.apply_async((job_id,), queue=coordinator_queue(priority), priority=_priority(priority, repair),
+                       retry=retry)
 
 
 # What a send to a broker that is down raises (kombu wraps connection errors in its OperationalError).
@@ -116,7 +119,7 @@ def send_ingest(job_id: str, priority: str, session: Session | None = None) -> b
     ``session``: the caller's, to record it with (an API request must not hold a second pooled connection while
     its own holds one: 30 uploads at once then exhausted the pool, each waiting for another's connection)."""
     try:
-        enqueue_ingest(job_id, priority)
+        enqueue_ingest(job_id, priority, retry=False)  # a broker that hangs: STRATA_BROKER_TIMEOUT_S, then later
     except BROKER_DOWN as exc:
         log.warning("job %s: ingest not sent (broker unreachable: %s); the outbox sends it later", job_id, exc)
         return False
@@ -129,11 +132,14 @@ def send_ingest(job_id: str, priority: str, session: Session | None = None) -> b
 
 
 def _start_over(exc: IntermediateLost) -> None:
-    """A step found an intermediate gone (its host crashed): the job starts over from its uploads."""
-    log.warning("job %s: %s", exc.job_id, exc)
+    """A step found an intermediate gone (its host crashed): the job starts over from its uploads (rewind_job
+    says so). A job that ended meanwhile (cancelled: its intermediates were removed under the step) is left be."""
     with session_scope() as session:
         job = session.get(Job, exc.job_id)
-        priority = job.priority if job is not None else "interactive"
+        if job is None or job.status not in ACTIVE:
+            log.info("job %s ended meanwhile (%s): %s", exc.job_id, job.status if job else "deleted", exc)
+            return
+        priority = job.priority
         restart = flow.rewind_job(session, get_storage(), exc.job_id, str(exc))
     if restart:
         enqueue_ingest(exc.job_id, priority)
@@ -387,9 +393,10 @@ def retention_once() -> PruneReport | None:
     def work(_: redis.Redis) -> PruneReport:
         with session_scope() as session:
             report = retention_pass(session, get_storage(), get_settings().retention_days)
-        if report.jobs or report.intermediates_swept or report.uploads_aborted:
-            log.info("retention: pruned %d job(s), %d bytes; swept intermediates of %d; aborted %d stale upload(s)",
-                     len(report.jobs), report.bytes, len(report.intermediates_swept), report.uploads_aborted)
+        if report.jobs or report.intermediates_swept or report.uploads_aborted or report.partials_swept:
+            log.info("retention: pruned %d job(s), %d bytes; swept intermediates of %d; aborted %d stale upload(s), "
+                     "removed %d half-written file(s)", len(report.jobs), report.bytes,
+                     len(report.intermediates_swept), report.uploads_aborted, report.partials_swept)
         return report
 
     return _exclusive(RETENTION_LOCK, 600, work)

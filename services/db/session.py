@@ -31,7 +31,7 @@ def mark_worker_process() -> None:
     reset_engine()
 
 
-def make_engine(url: str, async_commits: bool = False) -> Engine:
+def make_engine(url: str, async_commits: bool = False, busy_timeout_s: float = 30.0) -> Engine:
     """An engine for ``url``; SQLite gets WAL mode and a busy timeout so several processes can share it.
     ``async_commits``: a commit does not wait for the disk (SQLite ``synchronous=NORMAL``, which in WAL mode syncs
     at checkpoints only; PostgreSQL ``synchronous_commit=off``); a power cut, or a PostgreSQL server crash, can
@@ -40,14 +40,14 @@ def make_engine(url: str, async_commits: bool = False) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
             cur.execute(f"PRAGMA synchronous={'NORMAL' if async_commits else 'FULL'}")
             cur.close()
 
@@ -61,7 +61,7 @@ def get_engine() -> Engine:
     global _engine, _engine_pid, _factory
     if _engine is None or _engine_pid != os.getpid():
         settings = get_settings()
-        _engine = make_engine(settings.resolved_database_url,
+        _engine = make_engine(settings.resolved_database_url, busy_timeout_s=settings.db_busy_timeout_s,
                               async_commits=_worker_process and settings.worker_commits == "async")
         _engine_pid = os.getpid()
         _factory = sessionmaker(_engine, expire_on_commit=False)

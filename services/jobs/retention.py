@@ -37,6 +37,7 @@ def still_referenced(job: Job, open_batches: set[str]) -> bool:
 
 
 STALE_UPLOAD_S = 24 * 3600.0  # an upload not completed after a day was cut off (its abort failed with the link)
+STALE_PARTIAL_S = 3600.0  # a local .part file untouched for an hour: its writer is gone (writers write steadily)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class PruneReport:
     kept_referenced: list[str] = field(default_factory=list)
     intermediates_swept: list[str] = field(default_factory=list)
     uploads_aborted: int = 0  # object-store uploads left incomplete more than STALE_UPLOAD_S ago
+    partials_swept: int = 0  # local half-written files untouched for STALE_PARTIAL_S
 
 
 def _kind(key: str) -> tuple[str, str]:
@@ -157,5 +159,7 @@ def retention_pass(session: Session, storage: Storage, retention_days: float) ->
     report = prune(session, storage, older_than_days=retention_days) if retention_days > 0 else PruneReport()
     report.intermediates_swept = swept
     report.uploads_aborted = storage.abort_stale_uploads(STALE_UPLOAD_S)
+    # half-written files no job will finish: an upload whose API died mid-stream has no job row to sweep it by
+    report.partials_swept = storage.sweep_partials("jobs", STALE_PARTIAL_S)
     return report
 

@@ -244,3 +244,31 @@ def test_sixty_uploads_at_once_are_all_accepted(client: TestClient, auth: dict[s
     assert codes == [202] * 60
     with session_scope() as session:
         assert session.query(Job).count() == 60
+
+
+def test_a_locked_database_is_a_503_that_says_so(db: str, auth: dict[str, str], client: TestClient,
+                                                  synth_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside: another process holding SQLite's write lock made an upload a generic 500 after 30 s,
+    its traceback logged twice. Now a 503 `database_unavailable` naming the lock, with Retry-After; nothing kept."""
+    import sqlite3
+
+    from services.db.session import reset_engine
+
+    if not db.startswith("sqlite"):
+        pytest.skip("a file lock held by another process is SQLite's case")
+    monkeypatch.setenv("STRATA_DB_BUSY_TIMEOUT_S", "0.5")
+    get_settings.cache_clear()
+    reset_engine()
+    holder = sqlite3.connect(db.split("///", 1)[-1], isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        r = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert r.status_code == 503, r.text
+    assert r.json()["type"] == "database_unavailable" and "locked" in r.json()["detail"]
+    assert r.headers["retry-after"] == "5"
+    with session_scope() as session:
+        assert session.query(Job).count() == 0
+    get_settings.cache_clear()

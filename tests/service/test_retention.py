@@ -186,3 +186,24 @@ def test_files_written_after_a_removal_are_dropped_again(db: str) -> None:
         assert retention.drop_if_removed(session, storage, removed)
         assert not retention.drop_if_removed(session, storage, kept)
     assert _keys(storage, removed) == [] and _keys(storage, kept) == ["out/frame_00.tif"]
+
+
+def test_a_half_written_upload_without_a_job_is_swept(db: str, tmp_path: Path) -> None:
+    """Found from outside: the API killed mid-upload left jobs/<id>/frames/.part-…-<name> with no job row, never
+    swept (retention goes by job rows). The retention pass removes half-written files untouched for an hour."""
+    import os
+    import time
+
+    from services.storage import LocalStorage
+
+    storage = LocalStorage(tmp_path / "storage")
+    orphan = tmp_path / "storage" / "jobs" / uuid.uuid4().hex / "frames" / ".part-1234abcd-00_big.dng"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"half a frame")
+    live = orphan.with_name(".part-5678abcd-00_other.dng")
+    live.write_bytes(b"being written")
+    old = time.time() - retention.STALE_PARTIAL_S - 60
+    os.utime(orphan, (old, old))
+    with session_scope() as session:
+        report = retention.retention_pass(session, storage, retention_days=0)
+    assert report.partials_swept == 1 and not orphan.exists() and live.exists()
