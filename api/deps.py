@@ -14,7 +14,7 @@ from services.auth_backoff import AuthBackoff, BackoffPolicy
 from services.config import get_settings
 from services.db.models import Station
 from services.db.session import get_session
-from services.errors import Unauthorized
+from services.errors import BadInput, Unauthorized
 from services.stations import TOKEN_PREFIX, authenticate
 
 # Query parameters that look like credentials: refused on every route (URLs end up in logs and histories).
@@ -73,7 +73,11 @@ StationDep = Annotated[Station, Depends(current_station)]
 
 def refuse_token_in_query(request: Request) -> None:
     """A token in a URL is refused with 401 on every route, whether or not it is valid."""
+    if "\x00" in request.scope.get("path", ""):  # no database column holds one (PostgreSQL: a 500 before)
+        raise BadInput("a NUL character is not accepted in the URL")
     for key, value in request.query_params.multi_items():
+        if "\x00" in key or "\x00" in value:
+            raise BadInput("a NUL character is not accepted in the URL query string")
         if key.lower() in TOKEN_PARAMS or TOKEN_SHAPE.fullmatch(value):
             raise Unauthorized("tokens are not accepted in the URL query string; send the header "
                                "'Authorization: Bearer <token>' instead (and consider this token exposed)")

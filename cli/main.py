@@ -76,6 +76,7 @@ def _upgrade(stop: Supervisor | None = None) -> None:
     """Bring the configured database to the latest schema; one that cannot be reached or read stops the command
     with exit 2 and the database's error in one line (its password hidden), not a traceback (``stop``: the
     supervisor of what was started already, stopped first)."""
+    from alembic.util.exc import CommandError
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -83,13 +84,15 @@ def _upgrade(stop: Supervisor | None = None) -> None:
 
     try:
         upgrade()
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, CommandError) as exc:  # CommandError: a revision this release does not know (newer)
         url = get_settings().resolved_database_url
         try:
             shown = make_url(url).render_as_string(hide_password=True)
         except ArgumentError:
             shown = url.rpartition("@")[2]
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        if isinstance(exc, CommandError):
+            reason += " (a newer Strata migrated it? run that release, or restore a backup)"
         if stop is not None:
             stop.stop()
         raise _fail(f"the database {shown} cannot be used: {reason} (STRATA_DATABASE_URL)", 2) from None

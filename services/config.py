@@ -262,8 +262,10 @@ class Settings(BaseSettings):
     fault_shard_delay_s: float = 0.0
     fault_ingest_delay_s: float = Field(default=0.0, description="Drills only: ingest pauses this long mid-decode.")
 
-    log_level: str = "INFO"
-    log_format: str = Field(default="text", description="text | json (one JSON object a line, with job/shard ids).")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        default="INFO", description="DEBUG | INFO | WARNING | ERROR | CRITICAL (any case).")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text | json (one JSON object a line, with job/shard ids).")
     metrics_dir: Path | None = Field(
         default=None, description="Prometheus multiprocess folder shared by every process; default data_dir/metrics."
     )
@@ -273,6 +275,23 @@ class Settings(BaseSettings):
     remember_last_service: bool = Field(
         default=True, description="`strata serve` also names itself in ~/.config/strata (drills and tests: false)."
     )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level(cls, value: object) -> object:
+        return str(value).strip().upper()
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        """An IANA zone this host knows: refused at start, not by every batch's admission pass."""
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r}: an IANA name such as Europe/Paris or UTC") from exc
+        return value
 
     @field_validator("storage_url")
     @classmethod

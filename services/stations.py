@@ -29,6 +29,8 @@ def _check_name(name: str) -> str:
     name = name.strip()
     if not name or len(name) > 200:
         raise BadInput("station name must be 1-200 characters")
+    if not name.isprintable() or "/" in name:  # NUL, tabs, newlines; a "/" cannot be named in DELETE /v1/tokens/{name}
+        raise BadInput(f"station name {name!r} may not contain control characters or '/'")
     return name
 
 
@@ -41,7 +43,11 @@ def create_station_token(session: Session, name: str, *, replace: bool = False, 
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     station = session.scalars(select(Station).where(Station.name == name)).one_or_none()
     if station is not None and not replace and station.revoked_at is None:
-        raise Conflict(f"station {name!r} exists; use --rotate to issue it a new token")
+        raise Conflict(f"station {name!r} exists; rotate its token (strata token create --rotate) or pick another "
+                       f"name")
+    if station is not None and replace and station.revoked_at is None and station.role != role:
+        raise Conflict(f"{name!r} is a live {station.role}: a rotation keeps the role; revoke it and create it "
+                       f"again as {'an admin' if role == 'admin' else 'a station'}")
     if station is None:
         session.add(Station(name=name, token_hash=hash_token(token), role=role))
     else:

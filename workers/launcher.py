@@ -192,6 +192,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)  # also when started in the background, where SIGINT is ignored
         try:
+            self.start()  # children not started yet (`strata workers` / `coordinator` hand over the specs alone)
             while True:
                 self.poll()
                 time.sleep(interval)

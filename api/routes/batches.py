@@ -70,10 +70,14 @@ async def add_shot(batch_id: str, request: Request, response: Response, session:
     return JobOut.of(job)
 
 
-@router.get("", response_model=BatchList, responses=ERRORS, summary="This station's batches, newest first")
+@router.get("", response_model=BatchList, responses=ERRORS,
+            summary="The batches this token may see (a station: its own; an admin: all), newest first")
 def list_batches(session: SessionDep, station: StationDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
-                 cursor: str | None = None) -> BatchList:
-    batches, next_cursor = service.list_batches(session, station, limit=limit, cursor=cursor)
+                 cursor: str | None = None,
+                 station_name: Annotated[str | None, Query(alias="station", description="Admins: one station's "
+                                                                   "batches.")] = None) -> BatchList:
+    batches, next_cursor = service.list_batches(session, station, limit=limit, cursor=cursor,
+                                                station_name=station_name)
     return BatchList(batches=[_out(session, b) for b in batches], next_cursor=next_cursor)
 
 

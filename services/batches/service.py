@@ -21,10 +21,11 @@ from services.batches.windows import make_window, studio_zone
 from services.config import Settings
 from services.db.models import Batch, Job, Station, as_utc, new_id, utcnow
 from services.db.session import execute_update
-from services.errors import BadInput, Conflict, NotFound
+from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.export.recipes import resolve_recipes
 from services.jobs import service as jobs
 from services.jobs.states import ACTIVE, JobStatus, Priority, parse_enum
+from services.stations import ensure_visible, owner_filter
 from services.storage import Storage
 from services.storage.keys import frame_key, job_prefix
 
@@ -108,6 +109,8 @@ def add_shot(session: Session, storage: Storage, station: Station, batch_id: str
     """An uploaded shot joins an unfinished batch, with the batch's recipes and priority unless the form gives
     them; it waits for admission like the batch's other shots."""
     batch = get_batch(session, station, batch_id)
+    if batch.station_id != station.id:  # an admin sees every batch; its shots are its station's own
+        raise Forbidden(f"batch {batch_id} belongs to another station: only its station adds shots to it")
     if batch.status not in UNFINISHED:
         raise Conflict(f"batch {batch_id} is {batch.status}; it takes no more shots")
     form = jobs.JobRequest(camera=request.camera, recipes=request.recipe_names or tuple(batch.recipes),
@@ -117,17 +120,22 @@ def add_shot(session: Session, storage: Storage, station: Station, batch_id: str
 
 
 def get_batch(session: Session, station: Station, batch_id: str) -> Batch:
+    """A batch its station, or an admin, may see (NotFound otherwise, as for one that does not exist)."""
     batch = session.get(Batch, batch_id)
-    if batch is None or batch.station_id != station.id:
+    if batch is None:
         raise NotFound(f"batch {batch_id} not found")
+    ensure_visible(station, batch.station_id, f"batch {batch_id}")
     return batch
 
 
-def list_batches(session: Session, station: Station, *, limit: int, cursor: str | None
-                 ) -> tuple[list[Batch], str | None]:
-    """The station's batches, newest first, keyset-paged like jobs."""
-    stmt = (select(Batch).where(Batch.station_id == station.id)
-            .order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1))
+def list_batches(session: Session, station: Station, *, limit: int, cursor: str | None,
+                 station_name: str | None = None) -> tuple[list[Batch], str | None]:
+    """The batches this principal sees (a station: its own; an admin: all, or ``station_name``'s), newest first,
+    keyset-paged like jobs."""
+    owner = owner_filter(station, station_name, session)
+    stmt = select(Batch).order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
+    if owner is not None:
+        stmt = stmt.where(Batch.station_id == owner)
     if cursor:
         created, batch_id = jobs.decode_cursor(cursor)
         stmt = stmt.where(or_(Batch.created_at < created, and_(Batch.created_at == created, Batch.id < batch_id)))

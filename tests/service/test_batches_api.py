@@ -280,3 +280,24 @@ def test_migration_matches_the_models_and_downgrades(db: str) -> None:
     command.upgrade(alembic_config(db), "head")
     assert "batches" in inspect(create_engine(db)).get_table_names()
     engine.dispose()
+
+
+def test_an_admin_sees_and_cancels_every_stations_batches_but_adds_no_shots(client: TestClient,
+                                                                          auth: dict[str, str],
+                                                                          synth_dir: Path) -> None:
+    """Found from outside: API.md says an admin sees every station's jobs and batches; batches answered 404."""
+    batch = _create(client, auth, name="night-a")
+    _create(client, _token("station-b"), name="night-b")
+    with session_scope() as session:
+        admin = {"Authorization": f"Bearer {create_station_token(session, 'it', role='admin')}"}
+    assert client.get(f"/v1/batches/{batch['id']}", headers=admin).status_code == 200
+    assert client.get(f"/v1/batches/{batch['id']}/report", headers=admin).status_code == 200
+    names = {b["name"] for b in client.get("/v1/batches", headers=admin).json()["batches"]}
+    assert names == {"night-a", "night-b"}
+    only_a = client.get("/v1/batches?station=station-a", headers=admin).json()["batches"]
+    assert [b["name"] for b in only_a] == ["night-a"]
+    assert client.get(f"/v1/batches/{batch['id']}", headers=_token("station-c")).status_code == 404
+    frame = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    shot = client.post(f"/v1/batches/{batch['id']}/shots", headers=admin, files=[("frames", ("a.dng", frame))])
+    assert shot.status_code == 403, shot.text
+    assert client.post(f"/v1/batches/{batch['id']}/cancel", headers=admin).status_code == 200

@@ -272,3 +272,21 @@ def test_a_locked_database_is_a_503_that_says_so(db: str, auth: dict[str, str], 
     with session_scope() as session:
         assert session.query(Job).count() == 0
     get_settings.cache_clear()
+
+
+def test_nul_characters_and_odd_token_names_are_refused(client: TestClient, auth: dict[str, str]) -> None:
+    """Found from outside: on PostgreSQL a NUL in a query value, a path or a token name was a 500 (its text columns
+    hold none); a token name with a tab broke `strata token list`, one with '/' could not be revoked over REST;
+    a rotation silently turned a station into an admin."""
+    from services.errors import BadInput, Conflict
+
+    assert client.get("/v1/jobs?q=a%00b", headers=auth).status_code == 422
+    assert client.get("/v1/jobs/ab%00cd", headers=auth).status_code == 422
+    with session_scope() as session:
+        for bad in ("nul\x00x", "tab\tname", "a/b"):
+            with pytest.raises(BadInput):
+                create_station_token(session, bad)
+        create_station_token(session, "studio-b")
+        with pytest.raises(Conflict, match="keeps the role"):
+            create_station_token(session, "studio-b", replace=True, role="admin")
+        create_station_token(session, "studio-b", replace=True)  # a plain rotation still works

@@ -134,3 +134,13 @@ def test_early_syncs_of_durable_writes_follow_the_setting(tmp_path: Path, monkey
         with storage.writer("jobs/j/raw/00.npy", durable=False) as f:
             f.write(b"y")
         assert calls == expected and storage.size("jobs/j/out/a.tif") == 1000
+
+
+def test_time_zone_and_log_settings_are_checked_at_start(tmp_path: Path) -> None:
+    """Found from outside: STRATA_TIMEZONE=Mars/Base started, then no batch job ever ran (the admission pass failed
+    every second); STRATA_LOG_LEVEL=LOUD was a traceback; STRATA_LOG_FORMAT=xml silently text."""
+    for bad in ({"timezone": "Mars/Base"}, {"log_level": "LOUD"}, {"log_format": "xml"}):
+        with pytest.raises(ValueError):
+            Settings(data_dir=tmp_path, **bad)  # type: ignore[arg-type]
+    ok = Settings(data_dir=tmp_path, timezone="Europe/Paris", log_level="debug")  # type: ignore[arg-type]
+    assert ok.log_level == "DEBUG"

@@ -1,0 +1,36 @@
+"""`strata coordinator` / `strata workers` on a host of their own (docs/OPERATIONS.md, "N hosts"; the compose
+services): found from outside, both printed their worker names and started nothing (the supervisor was handed the
+specs and never started them). Here the real command runs until its coordinator's heartbeat appears in Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -> None:
+    from workers.registry import live_workers, redis_client
+
+    node = f"cmd-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_NODE_NAME": node, "STRATA_COORDINATORS": "1",
+           "STRATA_EXPRESS_COORDINATORS": "0", "STRATA_WORKER_HEARTBEAT_S": "1", "STRATA_RECONCILE_INTERVAL_S": "0",
+           "STRATA_ADMISSION_INTERVAL_S": "0", "STRATA_RETENTION_INTERVAL_S": "0", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "coordinator", "--data-dir", str(tmp_path / "var")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen = [w.name for w in live_workers(redis_client(redis_url), "coordinator") if w.name.endswith(node)]
+            if seen:
+                break
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert seen == [f"coordinator@{node}"], out.decode(errors="replace")[-3000:]
