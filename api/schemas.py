@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from services.db.models import Job, Output, as_utc, job_recipes
 from services.raw.meta import snr_db
@@ -276,9 +276,11 @@ class TokenOut(BaseModel):
 
 
 class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # {"role": "admin"} made a station silently
+
     name: str = Field(min_length=1, max_length=200)
-    admin: bool = False
-    rotate: bool = Field(default=False, description="Give an existing principal a new token.")
+    admin: StrictBool = False
+    rotate: StrictBool = Field(default=False, description="Give an existing principal a new token (same role).")
 
 
 class TokenCreated(TokenOut):

@@ -194,14 +194,17 @@ def ensure_local_token() -> Path:
     return path
 
 
-def _wait_ready(url: str, tries: int = 120) -> tuple[bool, str]:
-    """Poll ``/readyz`` every 0.5 s: (ready, what was not ok at the last answer: database, Redis, storage)."""
+def _wait_ready(url: str, instance: str, tries: int = 120) -> tuple[bool, str]:
+    """Poll ``/readyz`` every 0.5 s: (ready, what was not ok at the last answer: database, Redis, storage);
+    ``OTHER_SERVICE`` when the API answering is not this serve's (``instance``: another took the port first)."""
     import httpx
 
     why = ""
     for _ in range(tries):
         try:
             answer = httpx.get(f"{url}/readyz", timeout=2)
+            if answer.headers.get("x-strata-instance", instance) != instance:
+                return False, OTHER_SERVICE
             if answer.status_code == 200:
                 return True, ""
             body = answer.json()
@@ -211,6 +214,9 @@ def _wait_ready(url: str, tries: int = 120) -> tuple[bool, str]:
             pass
         time.sleep(0.5)
     return False, why
+
+
+OTHER_SERVICE = "another service answers on this port"
 
 
 @app.command()
@@ -241,9 +247,10 @@ def serve(
     sup.on_exit = lease_releaser(settings)  # a dead worker's work is re-dispatched at once, not when its beat ends
     _upgrade(stop=sup)
     token_path = ensure_local_token()
+    instance = uuid.uuid4().hex  # /readyz names it: the API answering is this serve's, not one that took the port
     specs.append(ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory",
                                   "--host", host, "--port", str(port), "--log-level", "warning"],
-                          {"STRATA_MIGRATE_ON_START": "false"}))
+                          {"STRATA_MIGRATE_ON_START": "false", "STRATA_SERVE_INSTANCE": instance}))
     if workers:
         specs += worker_specs(settings)
     from services.metrics import reset_multiproc_dir
@@ -252,10 +259,13 @@ def serve(
     sup.add(specs)
     url = f"http://{host}:{port}"
     local_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    remember_local_service(local_url, token_path, data, last=settings.remember_last_service)
     console.print(f"Strata API on {url} (docs at {url}/docs); logs in {data / 'logs'}")
     console.print(f"local station token: {token_path}")
-    ready, why = _wait_ready(url)
+    ready, why = _wait_ready(url, instance)
+    if why == OTHER_SERVICE:  # two serves started at once on one port: this one's API could not bind it
+        sup.stop()
+        raise _fail(f"cannot serve on {host}:{port}: {why} (a Strata service started just before this one)", 2)
+    remember_local_service(local_url, token_path, data, last=settings.remember_last_service)
     console.print("[green]ready[/green]" if ready else
                   f"[yellow]not ready yet{': ' + escape(why) if why else ''}; see /readyz and the logs[/yellow]")
     try:

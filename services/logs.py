@@ -3,6 +3,7 @@ message names them (``job <id>``, ``shard <id>``)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
@@ -14,7 +15,8 @@ _SHARD = re.compile(r"\bshard (\d+(?:/\d+/\d+)?|[0-9a-f]{32}/\d+/\d+)\b")
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
-        out: dict[str, object] = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+        ts = dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds")
+        out: dict[str, object] = {"ts": ts.replace("+00:00", "Z"), "level": record.levelname,
                                   "logger": record.name, "message": message}
         job = getattr(record, "job_id", None) or (m.group(1) if (m := _JOB.search(message)) else None)
         shard = getattr(record, "shard_id", None) or (m.group(1) if (m := _SHARD.search(message)) else None)
@@ -36,3 +38,7 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):  # the server's own lines (an unhandled error's traceback) in this
+        own = logging.getLogger(name)          # format too: with json, one JSON object a line in api.log
+        own.handlers[:] = []
+        own.propagate = True

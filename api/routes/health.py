@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -56,4 +58,6 @@ def _readiness() -> tuple[bool, Readiness]:
             summary="Database, Redis, storage, a coordinator and at least one GPU worker are up")
 async def readyz() -> JSONResponse:
     ok, body = await run_in_threadpool(_readiness)
-    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+    instance = os.environ.get("STRATA_SERVE_INSTANCE")  # the `strata serve` that started this API
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503,
+                        headers={"X-Strata-Instance": instance} if instance else None)
