@@ -12,11 +12,14 @@ them.
 Messages are Celery's own (protocol 2, sent by ``run_shard.apply_async``) and acknowledged after the handler
 returns, as Celery does with ``task_acks_late``: a message of a worker lost mid-shard is delivered again after the
 visibility timeout (the reconciler re-dispatches the shard sooner, from the worker's lapsed lease). A handler that
-wants the work retried sends a new message itself (the task's usual retry path) and returns.
+wants the work retried sends a new message itself and returns; so does one given a message whose ETA is still
+ahead (a retry's countdown): the lane never holds a message, it sends it on to the shared GPU queue, whose Celery
+consumers keep it until it is due.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import socket
 import threading
@@ -28,8 +31,23 @@ from kombu import Consumer, Message, Queue
 
 log = logging.getLogger(__name__)
 
-# (task name, args, kwargs, retries so far) -> None; raising logs the error and drops the message
-Handler = Callable[[str, list[Any], dict[str, Any], int], None]
+# (task name, args, kwargs, retries so far, seconds until its ETA or 0) -> None; raising logs the error and drops
+# the message. A message with an ETA ahead (a retry's countdown) must not run yet: the handler sends it on to a queue
+# whose Celery consumers hold it until then (the lane takes one message at a time and never holds one).
+Handler = Callable[[str, list[Any], dict[str, Any], int, float], None]
+
+
+def seconds_until(eta: object) -> float:
+    """Seconds from now to a Celery ETA header (ISO 8601; None or unreadable: 0)."""
+    if not isinstance(eta, str):
+        return 0.0
+    try:
+        when = dt.datetime.fromisoformat(eta)
+    except ValueError:
+        return 0.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
 
 
 class ExpressLane:
@@ -82,7 +100,7 @@ class ExpressLane:
         task = str(headers.get("task", ""))
         try:
             args, kwargs = list(body[0]), dict(body[1])
-            self.handler(task, args, kwargs, int(headers.get("retries") or 0))
+            self.handler(task, args, kwargs, int(headers.get("retries") or 0), seconds_until(headers.get("eta")))
         except Exception:  # noqa: BLE001 - one bad message never stops the lane
             log.exception("express lane: %s %s failed", task, headers.get("id"))
         finally:

@@ -41,6 +41,7 @@ from workers import runtime
 from workers.app import (
     COORDINATOR_QUEUE,
     COORDINATOR_QUEUES,
+    GPU_QUEUE,
     GPU_QUEUES,
     INTERACTIVE_GPU_QUEUE,
     PRIORITIES,
@@ -248,20 +249,27 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
         dispatch_advance(outcome.job_id, outcome.priority)
 
 
-def express_shard(task: str, args: list[Any], kwargs: dict[str, Any], retries: int) -> None:
+def express_shard(task: str, args: list[Any], kwargs: dict[str, Any], retries: int, wait_s: float = 0.0) -> None:
     """The express lane's handler (workers/express.py): a shard task taken off the interactive GPU queue, run on
-    the lane's thread; a retry goes back to that queue as an ordinary Celery message, ``retries`` counted."""
+    the lane's thread. A retry, or a message whose countdown has not run out (``wait_s``), goes to the shared GPU
+    queue at the interactive priority as an ordinary Celery message, whose consumers hold it until it is due."""
     if task != run_shard.name:
         log.warning("express lane: %s is not a shard task; dropped", task)
         return
     shard_id, urgent = int(args[0]), bool(kwargs.get("urgent", args[1] if len(args) > 1 else False))
 
+    def later(countdown: float, attempts: int) -> None:
+        run_shard.apply_async((shard_id,), {"urgent": urgent}, queue=GPU_QUEUE,
+                              priority=_priority("interactive", False), countdown=countdown, retries=attempts)
+
     def retry(exc: Exception, countdown: float, max_retries: int | None) -> None:
         if max_retries is not None and retries >= max_retries:
             raise exc
-        run_shard.apply_async((shard_id,), {"urgent": urgent}, queue=INTERACTIVE_GPU_QUEUE,
-                              priority=_priority("interactive", False), countdown=countdown, retries=retries + 1)
+        later(countdown, retries + 1)
 
+    if wait_s > 0:
+        later(wait_s, retries)
+        return
     compute_shard(shard_id, urgent, retries, retry)
 
 
