@@ -1008,6 +1008,7 @@ def main() -> None:  # pragma: no cover
         raise SystemExit(2) from None
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # seven "setup plugin" lines a command
     app()
 
 
