@@ -24,7 +24,7 @@ class ShardOut(BaseModel):
     kind: str = Field(description="strip | frame_group")
     worker: str | None
     gpu: str | None
-    status: str = Field(description="pending | running | done | failed")
+    status: str = Field(description="pending | running | done | failed | cancelled (its job ended before it finished)")
     attempts: int
     seconds: float | None
     started_at: dt.datetime | None = Field(default=None, description="When its last attempt started (UTC).")

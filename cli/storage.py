@@ -76,7 +76,13 @@ def storage_prune(
     """Remove uploads and outputs of jobs finished longer ago than the retention, and left-behind intermediates."""
     settings = _settings(data_dir)
     from services.db.session import session_scope
-    from services.jobs.retention import STALE_PARTIAL_S, STALE_UPLOAD_S, prune, sweep_intermediates
+    from services.jobs.retention import (
+        STALE_PARTIAL_S,
+        STALE_UPLOAD_S,
+        prune,
+        sweep_intermediates,
+        sweep_orphan_uploads,
+    )
     from services.storage import get_storage
 
     days = settings.retention_days if older_than is None else older_than
@@ -88,6 +94,7 @@ def storage_prune(
         with session_scope() as session:
             swept = [] if dry_run else sweep_intermediates(session, storage)
             report = prune(session, storage, older_than_days=days, dry_run=dry_run)
+            orphans = [] if dry_run else sweep_orphan_uploads(session, storage, STALE_PARTIAL_S)
         aborted = 0 if dry_run else storage.abort_stale_uploads(STALE_UPLOAD_S)
         aborted += 0 if dry_run else storage.sweep_partials("jobs", STALE_PARTIAL_S)
     verb = "would remove" if dry_run else "removed"
@@ -95,4 +102,6 @@ def storage_prune(
         out.print(f"{verb} job {job_id}")
     out.print(f"{verb} {len(report.jobs)} job(s), {_mb(report.bytes)} MiB (finished more than {days:g} days ago); "
               f"kept {len(report.kept_referenced)} still referenced; intermediates swept from {len(swept)} job(s)"
-              + (f"; removed {aborted} upload(s) left incomplete (cut off, never finished)" if aborted else ""))
+              + (f"; removed {aborted} upload(s) left incomplete (cut off, never finished)" if aborted else "")
+              + (f"; removed the uploads of {len(orphans)} job(s) never recorded (an API stopped mid-upload)"
+                 if orphans else ""))

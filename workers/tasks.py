@@ -33,7 +33,7 @@ from services.jobs.reconcile import Held, reconcile, unsent_ingests
 from services.jobs.retention import PruneReport, retention_pass, sweep_recently_ended
 from services.jobs.service import mark_enqueued
 from services.jobs.states import ACTIVE
-from services.jobs.tickets import Repairs, ShardTicket
+from services.jobs.tickets import Repairs, ShardOutcome, ShardTicket
 from services.metrics import GPU_BUSY_SECONDS, RETRIES, SHARD_SECONDS, STAGE_SECONDS
 from services.storage import get_storage
 from services.storage.intermediates import sweep_partials
@@ -209,6 +209,7 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
     settings = get_settings()
     ctx = runtime.context()
     t0 = time.perf_counter()
+    outcome: ShardOutcome | None = None
     try:
         with runtime.computing(shard_id, ctx.device, urgent), session_scope() as session:
             outcome = flow.run_shard(session, get_storage(), shard_id, worker=ctx.name, gpu=ctx.gpu,
@@ -243,7 +244,7 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
         return
     finally:
         seconds = time.perf_counter() - t0
-        SHARD_SECONDS.labels(kind="shard").observe(seconds)
+        SHARD_SECONDS.labels(kind=outcome.kind if outcome is not None else "unfinished").observe(seconds)
         GPU_BUSY_SECONDS.labels(gpu=ctx.gpu).inc(seconds)
     if outcome.phase_complete:
         dispatch_advance(outcome.job_id, outcome.priority)
@@ -401,10 +402,12 @@ def retention_once() -> PruneReport | None:
     def work(_: redis.Redis) -> PruneReport:
         with session_scope() as session:
             report = retention_pass(session, get_storage(), get_settings().retention_days)
-        if report.jobs or report.intermediates_swept or report.uploads_aborted or report.partials_swept:
+        if (report.jobs or report.intermediates_swept or report.uploads_aborted or report.partials_swept
+                or report.orphans_swept):
             log.info("retention: pruned %d job(s), %d bytes; swept intermediates of %d; aborted %d stale upload(s), "
-                     "removed %d half-written file(s)", len(report.jobs), report.bytes,
-                     len(report.intermediates_swept), report.uploads_aborted, report.partials_swept)
+                     "removed %d half-written file(s) and the uploads of %d unrecorded job(s)", len(report.jobs),
+                     report.bytes, len(report.intermediates_swept), report.uploads_aborted, report.partials_swept,
+                     len(report.orphans_swept))
         return report
 
     return _exclusive(RETENTION_LOCK, 600, work)

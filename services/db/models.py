@@ -158,7 +158,7 @@ class Shard(Base):
     phase: Mapped[int] = mapped_column(Integer)
     index: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))  # "strip" | "frame_group"
-    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|running|done|failed
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|running|done|failed|cancelled
     payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
     worker: Mapped[str | None] = mapped_column(String(200), default=None)
     gpu: Mapped[str | None] = mapped_column(String(32), default=None)

@@ -24,6 +24,7 @@ from services.db.session import execute_update
 from services.errors import FramesMismatch, IntermediateLost, NotFound, RawError
 from services.export.recipes import job_model_tier, job_spaces, resolve_recipes
 from services.jobs.cameras import PROFILES
+from services.jobs.ending import end_unfinished_shards
 from services.jobs.finalize import finalize_job
 from services.jobs.plan import (
     PLAN_VERSION,
@@ -71,6 +72,7 @@ def fail_job(session: Session, job_id: str, reason: str, storage: Storage | None
     """Mark a job failed with a reason (no-op when it already ended) and drop its intermediate arrays."""
     session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
                     .values(status=JobStatus.FAILED, error=reason, stage=Stage.FAILED, finished_at=utcnow()))
+    end_unfinished_shards(session, job_id)
     session.commit()
     if storage is not None:
         drop_intermediates(storage, job_id)
@@ -177,7 +179,7 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
         raise NotFound(f"shard {shard_id} not found")
     job = load_job(session, shard.job_id)
     if job.status not in ACTIVE or job.phase != shard.phase:
-        return ShardOutcome(job.id, job.priority, False)
+        return ShardOutcome(job.id, job.priority, False, shard.kind)
     if shard.status != ShardStatus.DONE:
         shard.status, shard.worker, shard.gpu = ShardStatus.RUNNING, worker, gpu
         shard.attempts += 1
@@ -194,7 +196,7 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
                                            ShardPayload.from_dict(shard.payload)), device, gpu)
         seconds = time.perf_counter() - t0
         if _ended_meanwhile(session, storage, job.id):
-            return ShardOutcome(job.id, job.priority, False)
+            return ShardOutcome(job.id, job.priority, False, shard.kind)
         session.execute(update(Shard).where(Shard.id == shard_id, Shard.status != ShardStatus.DONE).values(
             status=ShardStatus.DONE, seconds=seconds, finished_at=utcnow(), worker=worker, gpu=gpu, error=None))
         session.commit()
@@ -206,7 +208,7 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
     progress = DECODE_SHARE + (1 - DECODE_SHARE - ENCODE_SHARE) * (shard.phase + done / total) / phases
     session.execute(update(Job).where(Job.id == job.id, Job.progress < progress).values(progress=progress))
     session.commit()
-    return ShardOutcome(job.id, job.priority, done == total)
+    return ShardOutcome(job.id, job.priority, done == total, shard.kind)
 
 
 def _ended_meanwhile(session: Session, storage: Storage, job_id: str) -> bool:

@@ -14,6 +14,8 @@ The coordinator runs :func:`retention_pass` every ``STRATA_RETENTION_INTERVAL_S`
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -25,6 +27,8 @@ from services.jobs.states import ACTIVE, BATCH_UNFINISHED
 from services.storage.base import Storage
 from services.storage.intermediates import remove_intermediates
 from services.storage.keys import INTERMEDIATE_FOLDERS, job_prefix
+
+log = logging.getLogger(__name__)
 
 KINDS = ("uploads", "intermediates", "outputs", "other", "scratch")
 _FOLDER_KIND = {"frames": "uploads", "out": "outputs", **{f: "intermediates" for f in INTERMEDIATE_FOLDERS}}
@@ -38,6 +42,9 @@ def still_referenced(job: Job, open_batches: set[str]) -> bool:
 
 STALE_UPLOAD_S = 24 * 3600.0  # an upload not completed after a day was cut off (its abort failed with the link)
 STALE_PARTIAL_S = 3600.0  # a local .part file untouched for an hour: its writer is gone (writers write steadily)
+# Uploads with no job row (an API killed between storing a shot and recording its job) are removed once untouched for
+# STALE_PARTIAL_S; more than this many at once is left alone and logged: the database is not the storage's.
+ORPHAN_SWEEP_LIMIT = 20
 
 
 @dataclass
@@ -48,6 +55,7 @@ class PruneReport:
     intermediates_swept: list[str] = field(default_factory=list)
     uploads_aborted: int = 0  # object-store uploads left incomplete more than STALE_UPLOAD_S ago
     partials_swept: int = 0  # local half-written files untouched for STALE_PARTIAL_S
+    orphans_swept: list[str] = field(default_factory=list)  # uploads no job row knows (sweep_orphan_uploads)
 
 
 def _kind(key: str) -> tuple[str, str]:
@@ -77,6 +85,33 @@ def sweep_intermediates(session: Session, storage: Storage) -> list[str]:
     swept = sorted(holders - active)
     for job_id in swept:
         remove_intermediates(storage, job_id)
+    return swept
+
+
+def sweep_orphan_uploads(session: Session, storage: Storage, older_than_s: float) -> list[str]:
+    """Remove job folders that hold only uploads, have no job row and were last written more than
+    ``older_than_s`` ago: an API killed after storing a shot and before recording its job (the client retried
+    and got a new job). Any other file (an output, a preview) keeps a folder; so does a listing of more than
+    :data:`ORPHAN_SWEEP_LIMIT` such folders at once, which means this database is not the one the storage was
+    written with (a wrong STRATA_DATABASE_URL): logged, nothing removed."""
+    kinds: dict[str, set[str]] = defaultdict(set)
+    for key, _ in storage.list_sizes("jobs"):
+        job_id, kind = _kind(key)
+        if job_id:
+            kinds[job_id].add(kind)
+    uploads_only = {job_id for job_id, found in kinds.items() if found == {"uploads"}}
+    if not uploads_only:
+        return []
+    known = set(session.scalars(select(Job.id).where(Job.id.in_(uploads_only))))
+    cutoff = time.time() - older_than_s
+    swept = [job_id for job_id in sorted(uploads_only - known)
+             if (storage.last_modified(job_prefix(job_id)) or 0.0) <= cutoff]
+    if len(swept) > ORPHAN_SWEEP_LIMIT:
+        log.warning("retention: %d job folders in storage have no job in the database; none removed (is "
+                    "STRATA_DATABASE_URL the database this storage was written with?)", len(swept))
+        return []
+    for job_id in swept:
+        storage.delete_prefix(job_prefix(job_id))
     return swept
 
 
@@ -161,5 +196,6 @@ def retention_pass(session: Session, storage: Storage, retention_days: float) ->
     report.uploads_aborted = storage.abort_stale_uploads(STALE_UPLOAD_S)
     # half-written files no job will finish: an upload whose API died mid-stream has no job row to sweep it by
     report.partials_swept = storage.sweep_partials("jobs", STALE_PARTIAL_S)
+    report.orphans_swept = sweep_orphan_uploads(session, storage, STALE_PARTIAL_S)
     return report
 

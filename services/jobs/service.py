@@ -30,6 +30,7 @@ from services.export.naming import sanitise, validate_template
 from services.export.recipes import resolve_recipes
 from services.jobs import retention
 from services.jobs.cameras import resolve_camera
+from services.jobs.ending import end_unfinished_shards
 from services.jobs.states import ACTIVE, JobStatus, Priority, Stage, in_batch_lane, parse_enum
 from services.raw.probe import RawProbe, probe_raw
 from services.stations import ensure_visible, owner_filter
@@ -346,6 +347,8 @@ def cancel_job(session: Session, storage: Storage, station: Station, job_id: str
         update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE))
         .values(status=JobStatus.CANCELLED, stage=Stage.CANCELLED, finished_at=utcnow())
     )
+    if done:
+        end_unfinished_shards(session, job_id)
     session.commit()
     if not done:
         raise Conflict(f"job {job_id} is already {job.status}")

@@ -35,6 +35,7 @@ class ShardStatus(StrEnum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # its job ended (cancelled or failed) before it finished: never run, or result ignored
 
 
 class BatchStatus(StrEnum):

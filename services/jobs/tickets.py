@@ -22,6 +22,7 @@ class ShardOutcome:
     job_id: str
     priority: str
     phase_complete: bool
+    kind: str = "strip"  # the shard's kind (strip | frame_group), a label of the shard-seconds metric
 
 
 @dataclass

@@ -65,6 +65,10 @@ class Storage(ABC):
     def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """(key, bytes) of every object under ``prefix`` (a folder or a key; "" = everything)."""
 
+    @abstractmethod
+    def last_modified(self, prefix: str) -> float | None:
+        """When anything under ``prefix`` was last written (seconds since the epoch); None when nothing is there."""
+
     def presigned_url(self, key: str, expires_s: int, disposition: str | None = None,
                       content_type: str | None = None) -> str | None:
         """A URL a client can GET the object from without the API for ``expires_s`` seconds, answered with these

@@ -114,6 +114,15 @@ class LocalStorage(Storage):
             if stat.S_ISREG(st.st_mode):
                 yield path.relative_to(self.root).as_posix(), st.st_size
 
+    def last_modified(self, prefix: str) -> float | None:
+        base = self._path(prefix)
+        paths = [base] if base.is_file() else [Path(top) / n for top, _, names in os.walk(base) for n in names]
+        times = []
+        for path in paths:
+            with contextlib.suppress(OSError):
+                times.append(path.stat().st_mtime)
+        return max(times, default=None)
+
     def sweep_partials(self, prefix: str, older_than_s: float = 0.0) -> int:
         base = self._path(prefix)
         cutoff, n = time.time() - older_than_s, 0

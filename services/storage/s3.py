@@ -34,6 +34,7 @@ from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+from urllib3.exceptions import HTTPError as URLLib3Error
 
 from services.errors import StorageUnavailable
 from services.storage.base import Storage
@@ -63,6 +64,8 @@ def _missing(exc: ClientError) -> bool:
 # (unreachable, 5xx, a missing bucket, refused credentials, a full MinIO) is StorageUnavailable.
 _OBJECT_CODES = frozenset({"404", "NoSuchKey", "NotFound", "InvalidRange", "NoSuchUpload", "BucketAlreadyOwnedByYou",
                            "BucketAlreadyExists", "PreconditionFailed", "304"})
+# A transfer or an object's body cut off mid-read (a connection reset, a read timeout): the store is away too.
+_TRANSFER_ERRORS = (BotoCoreError, S3UploadFailedError, URLLib3Error)
 _REFUSED = frozenset({"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
                       "InvalidToken", "AllAccessDisabled"})
 
@@ -110,7 +113,7 @@ class GuardedClient:
                 if _code(exc) in _OBJECT_CODES:
                     raise
                 raise unavailable(exc, self._bucket, name) from exc
-            except (BotoCoreError, S3UploadFailedError) as exc:
+            except _TRANSFER_ERRORS as exc:
                 raise unavailable(exc, self._bucket, name) from exc
 
         return guarded
@@ -247,6 +250,8 @@ class S3Storage(Storage):
             raise
         try:
             yield from body.iter_chunks(chunk)
+        except _TRANSFER_ERRORS as exc:
+            raise unavailable(exc, self.bucket, f"reading {key}") from exc
         finally:
             body.close()
 
@@ -296,6 +301,9 @@ class S3Storage(Storage):
         for batch in self._pages(prefix):
             for o in batch:
                 yield self._unprefixed(o["Key"]), int(o["Size"])
+
+    def last_modified(self, prefix: str) -> float | None:
+        return max((o["LastModified"].timestamp() for page in self._pages(prefix) for o in page), default=None)
 
     def presigned_url(self, key: str, expires_s: int, disposition: str | None = None,
                       content_type: str | None = None) -> str | None:
@@ -418,8 +426,12 @@ class RangedReader(io.RawIOBase):
         want = min(len(buffer), self.length - self.position)
         if want <= 0:
             return 0
-        got = self.client.get_object(Bucket=self.bucket, Key=self.key,
-                                     Range=f"bytes={self.position}-{self.position + want - 1}")["Body"].read()
+        body = self.client.get_object(Bucket=self.bucket, Key=self.key,
+                                      Range=f"bytes={self.position}-{self.position + want - 1}")["Body"]
+        try:
+            got = body.read()
+        except _TRANSFER_ERRORS as exc:
+            raise unavailable(exc, self.bucket, f"reading {self.key}") from exc
         n = len(got)
         memoryview(buffer).cast("B")[:n] = got
         self.position += n

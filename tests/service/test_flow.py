@@ -247,6 +247,35 @@ def test_a_shard_that_fails_after_its_job_ended_is_abandoned_not_retried(db: str
         assert flow.shard_abandoned(session, get_storage(), shard_id + 1000)  # rows gone: the job started over
 
 
+def test_an_ended_jobs_unfinished_shards_are_marked_cancelled(db: str) -> None:
+    """Found in review: a cancelled job's shards said `pending` / `running` for ever in GET /v1/jobs/{id}; so did
+    the rest of a job failed by one shard's last attempt."""
+    from services.jobs.service import cancel_job
+    from services.storage import get_storage
+
+    ids: dict[str, list[int]] = {}
+    for ending in ("cancel", "fail"):
+        with session_scope() as session:
+            job = _job(session)
+            shards = [Shard(job_id=job.id, phase=0, index=i, kind="strip", status=s)
+                      for i, s in enumerate(("done", "running", "pending", "pending"))]
+            session.add_all(shards)
+            session.flush()
+            ids[ending] = [job.id, *(s.id for s in shards)]
+            station_id = job.station_id
+        with session_scope() as session:
+            if ending == "cancel":
+                cancel_job(session, get_storage(), session.get(Station, station_id), ids[ending][0])
+            else:
+                flow.record_shard_failure(session, ids[ending][2], "boom", final=True, storage=get_storage())
+    with session_scope() as session:
+        assert [session.get(Shard, i).status for i in ids["cancel"][1:]] == ["done", "cancelled", "cancelled",
+                                                                            "cancelled"]
+        assert [session.get(Shard, i).status for i in ids["fail"][1:]] == ["done", "failed", "cancelled",
+                                                                          "cancelled"]
+        assert session.get(Job, ids["fail"][0]).status == "failed"
+
+
 def test_advance_waits_for_the_whole_phase_and_moves_once(db: str) -> None:
     with session_scope() as session:
         job = _job(session)
@@ -633,10 +662,13 @@ class _Recorded(QuietWindow):
 
 
 def test_an_interactive_finalize_holds_the_disk_and_a_batch_lane_one_yields(
-        db: str, synth_dir: Path, redis_url: str) -> None:
+        db: str, synth_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interactive job's outputs open the quiet window and close it once recorded (its own writes never wait);
     a batch-lane job's TIFF pauses between chunks and before its close, and while another job's mark is live it
     waits, within its budget, then finishes."""
+    from services.jobs import quiet as quiet_module
+
+    monkeypatch.setattr(quiet_module, "HOLD_S", 600.0)  # the batch job's render may outlast a mark on a busy host
     frame = synth_dir / "iq3s" / "frame_00.dng"
     quiet = _Recorded(redis_url, max_wait_s=0.3)
     quiet.client.delete(KEY)

@@ -207,3 +207,31 @@ def test_a_half_written_upload_without_a_job_is_swept(db: str, tmp_path: Path) -
     with session_scope() as session:
         report = retention.retention_pass(session, storage, retention_days=0)
     assert report.partials_swept == 1 and not orphan.exists() and live.exists()
+
+
+def test_uploads_no_job_row_knows_are_swept_once_stale(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: an API killed after storing a shot and before recording its job left the whole upload
+    for ever (retention goes by job rows). Only folders of uploads alone go, once untouched for the age given;
+    a listing of more orphans than the limit (another database) removes nothing."""
+    storage = get_storage()
+    with session_scope() as session:
+        station = Station(name="s", token_hash="s")
+        session.add(station)
+        session.flush()
+        failed = _job(session, station, "failed", 1).id  # a job failed at decode: uploads alone, but recorded
+    orphan, with_output = uuid.uuid4().hex, uuid.uuid4().hex
+    _store(storage, failed, "frames")
+    _store(storage, orphan, "frames")
+    _store(storage, with_output, "frames", "out")
+    with session_scope() as session:
+        assert retention.sweep_orphan_uploads(session, storage, older_than_s=3600) == []  # just written
+        assert retention.sweep_orphan_uploads(session, storage, older_than_s=-60) == [orphan]
+    assert _keys(storage, orphan) == [] and _keys(storage, failed) == ["frames/00_a.dng"]
+    assert _keys(storage, with_output) == ["frames/00_a.dng", "out/frame_00.tif"]
+    monkeypatch.setattr(retention, "ORPHAN_SWEEP_LIMIT", 2)
+    many = [uuid.uuid4().hex for _ in range(3)]
+    for job_id in many:
+        _store(storage, job_id, "frames")
+    with session_scope() as session:
+        assert retention.sweep_orphan_uploads(session, storage, older_than_s=-60) == []
+    assert all(_keys(storage, job_id) == ["frames/00_a.dng"] for job_id in many)

@@ -162,6 +162,18 @@ def test_delete_prefix_and_listing(storage: Storage) -> None:
     storage.delete_prefix("jobs/nothing-here")
 
 
+def test_last_modified(storage: Storage) -> None:
+    import time
+
+    before = time.time() - 5  # an object store's clock and stamps (whole seconds) are not this process's
+    with storage.writer("jobs/m/frames/00.dng") as f:
+        f.write(b"12345")
+    stamp = storage.last_modified("jobs/m")
+    assert stamp is not None and before <= stamp <= time.time() + 5
+    assert storage.last_modified("jobs/m/frames/00.dng") == stamp
+    assert storage.last_modified("jobs/nothing-here") is None
+
+
 def test_presigned_url(storage: Storage) -> None:
     import httpx
 

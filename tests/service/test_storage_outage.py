@@ -6,6 +6,8 @@ present rather than orphaned. "Down" here is a real boto3 client pointed at a cl
 from __future__ import annotations
 
 import hashlib
+import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +66,41 @@ def test_a_store_that_is_away_is_storage_unavailable(s3_server: S3Server, tmp_pa
         f.write(b"y" * (6 << 20))  # past a part: the multipart upload cannot start
     storage.client = live
     assert storage.exists("jobs/a/out/x.tif") and not storage.exists("jobs/a/out/y.tif")  # a missing key: False
+
+
+def _cutting_client(bucket: str) -> tuple[GuardedClient, socket.socket]:
+    """A client of a store that answers every request with a 1000-byte object and cuts its body off after 10."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\nContent-Range: bytes 0-999/1000"
+                             b"\r\nContent-Type: binary/octet-stream\r\n\r\n" + b"x" * 10)
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = listener.getsockname()[1]
+    return GuardedClient(boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", config=Config(
+        retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)), bucket), listener
+
+
+def test_a_body_cut_off_mid_read_is_storage_unavailable(s3_server: S3Server, tmp_path: Path) -> None:
+    """Found in review: a connection that broke while an object's body was read raised botocore's own
+    IncompleteReadError (a failed shard, a 500) instead of StorageUnavailable (retried, 503)."""
+    storage = _storage(tmp_path)
+    storage.client, listener = _cutting_client(storage.bucket)
+    try:
+        with pytest.raises(StorageUnavailable, match="reading jobs/a/x.npy"):
+            list(storage.iter_chunks("jobs/a/x.npy"))
+        with pytest.raises(StorageUnavailable, match="reading"), storage.open("jobs/a/x.npy") as f:
+            f.read()
+    finally:
+        listener.close()
 
 
 def test_refused_credentials_name_the_credentials(s3_server: S3Server, tmp_path: Path) -> None:
