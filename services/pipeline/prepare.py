@@ -4,6 +4,7 @@ pixel-shift pattern. Session-free: the job state machine records the result."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from services.pipeline.render import RenderParams
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import frame_shifts, pixel_shift_offsets, stack_params
 from services.raw.decode import decode_raw
-from services.raw.meta import RawMeta
+from services.raw.meta import CaptureInfo, RawMeta
 from services.storage.base import Storage
 from services.storage.keys import raw_key
 
@@ -62,8 +63,45 @@ def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits:
         return list(pool.map(decode_one, range(len(uploads))))
 
 
+EXPOSURE_TOLERANCE_STOPS = 1 / 3  # a stack's frames may differ by a third of a stop (cameras round their settings)
+
+
+def _stops(c: CaptureInfo | None) -> dict[str, float]:
+    """log2 of each exposure factor the frame states: time, ISO and the aperture's 1 / N^2."""
+    if c is None:
+        return {}
+    found = {"time": c.exposure_time, "iso": None if c.iso is None else float(c.iso), "aperture": c.f_number}
+    out = {k: math.log2(v) for k, v in found.items() if v is not None and math.isfinite(v) and v > 0}
+    if "aperture" in out:
+        out["aperture"] *= -2.0
+    return out
+
+
+def exposure_difference(ref: CaptureInfo | None, other: CaptureInfo | None) -> float:
+    """Stops by which ``other`` was exposed more than ``ref``, counting the factors both files state (0 when
+    they state none in common)."""
+    a, b = _stops(ref), _stops(other)
+    return sum(b[k] - a[k] for k in a.keys() & b.keys())
+
+
+def describe_exposure(c: CaptureInfo | None) -> str:
+    """``1/125 s f/8 ISO 100`` from what the file states."""
+    if c is None:
+        return "no exposure recorded"
+    parts = []
+    if c.exposure_time is not None and c.exposure_time > 0:
+        t = c.exposure_time
+        parts.append(f"1/{round(1 / t)} s" if t < 0.5 else f"{t:g} s")
+    if c.f_number:
+        parts.append(f"f/{c.f_number:g}")
+    if c.iso:
+        parts.append(f"ISO {c.iso}")
+    return " ".join(parts) or "no exposure recorded"
+
+
 def check_frames_match(metas: Sequence[RawMeta]) -> None:
-    """Every frame of a stack has frame 0's size and CFA pattern; :class:`FramesMismatch` otherwise. A linear
+    """Every frame of a stack has frame 0's size, CFA pattern and exposure (as the files state it, within
+    :data:`EXPOSURE_TOLERANCE_STOPS`); :class:`FramesMismatch` otherwise. A linear
     frame renders alone (:class:`UnsupportedSensor` in a stack; the API refuses such uploads already)."""
     ref = metas[0]
     if len(metas) > 1 and any(m.is_linear for m in metas):
@@ -72,6 +110,12 @@ def check_frames_match(metas: Sequence[RawMeta]) -> None:
         if (m.width, m.height, m.cfa) != (ref.width, ref.height, ref.cfa):
             raise FramesMismatch(f"frame {i} ({m.width}x{m.height} {m.cfa}) does not match frame 0 "
                                  f"({ref.width}x{ref.height} {ref.cfa})")
+        stops = exposure_difference(ref.capture, m.capture)
+        if abs(stops) > EXPOSURE_TOLERANCE_STOPS:
+            raise FramesMismatch(f"frame {i} was exposed {stops:+.1f} stops from frame 0 "
+                                 f"({describe_exposure(m.capture)} against {describe_exposure(ref.capture)}): "
+                                 f"a stack's frames must share one "
+                                 f"exposure (exposure brackets are not merged; render them as single frames)")
 
 
 def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camera: str, colour_space: str,

@@ -413,6 +413,40 @@ def test_thumbnail_stacks_fail_at_ingest_with_the_reason(db: str, tmp_path: Path
         assert job.error.startswith("decode failed: LibRaw:") and "RAW" in job.error
 
 
+def test_a_stack_frame_of_another_exposure_fails_at_ingest_with_the_reason(db: str, tmp_path: Path) -> None:
+    """Found from outside: a stack whose frames were exposed differently (a bracket sent as a stack) was merged
+    without a word. Its frames as the files state them must agree within a third of a stop."""
+    import numpy as np
+
+    from lab.bench.pipeline import CM, NEUTRAL
+    from services.config import get_settings
+    from services.raw.colour import CameraProfile
+    from services.raw.dng import write_dng
+    from services.raw.meta import CaptureInfo
+    from services.storage import get_storage
+
+    storage, settings = get_storage(), get_settings()
+    rng = np.random.default_rng(0)
+    exposures = [(1 / 125, 100), (1 / 125, 100), (1 / 30, 100), (1 / 250, 200)]  # the last: the same light
+    paths = []
+    for i, (t, iso) in enumerate(exposures):
+        paths.append(tmp_path / f"bracket_{i}.dng")
+        write_dng(paths[-1], rng.integers(4000, 20000, (64, 96), dtype=np.uint16), cfa="RGGB", black_level=1024,
+                  white_level=65535, profile=CameraProfile(CM), as_shot_neutral=NEUTRAL, make="Phase One",
+                  model="IQ2_XS", capture=CaptureInfo(exposure_time=t, f_number=8.0, iso=iso))
+    failing = _stack_job(paths, "bracket-station")
+    same_light = _stack_job([paths[0], paths[1], paths[3]], "iso-station")
+    with session_scope() as session:
+        assert flow.ingest_job(session, storage, settings, failing, n_workers=2) == []
+        job = session.get(Job, failing)
+        assert job.status == "failed"
+        assert job.error == ("frame 2 was exposed +2.1 stops from frame 0 (1/30 s f/8 ISO 100 against 1/125 s f/8 "
+                             "ISO 100): a stack's frames must share one exposure (exposure brackets are not merged; "
+                             "render them as single frames)")
+        assert flow.ingest_job(session, storage, settings, same_light, n_workers=2)
+        assert session.get(Job, same_light).status == "running"
+
+
 def _run_to_the_end(job_id: str, n_workers: int = 2, quiet: QuietWindow | None = None) -> int:
     """Ingest, every phase's shards, advance until done; returns how many shards ran."""
     from services.config import get_settings
