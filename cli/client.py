@@ -235,6 +235,21 @@ def unique_path(dest: Path, taken: set[str] | None) -> Path:
     return candidate
 
 
+def destination(name: Path, taken: set[str] | None, kept: dict[str, Any] | None) -> tuple[Path, bool]:
+    """Where an output named ``name`` is saved: :func:`unique_path`'s choice, and with ``kept`` (the output, a
+    download run again) a path that already holds it (then True: nothing to fetch) or one that is free: a file
+    there with other bytes is another shot's from an earlier run (shots finish in any order), never overwritten."""
+    if kept is None:
+        return unique_path(name, taken), False
+    seen = taken if taken is not None else set()
+    dest, n = name, 1
+    while str(dest).casefold() in seen or (dest.exists() and not same_file(dest, kept["bytes"], kept["sha256"])):
+        n += 1
+        dest = name.with_name(f"{name.stem}_{n}{name.suffix}")
+    seen.add(str(dest).casefold())
+    return dest, dest.exists()
+
+
 def same_file(path: Path, size: int, sha256: str) -> bool:
     """``path`` exists with this size and sha256 (an output an earlier run saved already)."""
     if not path.is_file() or path.stat().st_size != size:
@@ -252,7 +267,8 @@ def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, c
     streaming, renamed only once it matches the job's sha256. Each is saved under the shot's own spelling where
     the service offers it (:func:`local_name`); ``taken``: the paths saved earlier in the same run (``strata
     submit``), never overwritten by another shot's output (:func:`unique_path`); ``keep_same``: a file already
-    there with the output's sha256 is kept, not fetched again (``strata batch download`` run twice)."""
+    there with the output's sha256 is kept, not fetched again, and one with other bytes is never overwritten
+    (``strata batch download`` run again: the output takes the next ``_N`` name)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -269,8 +285,9 @@ def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, c
                     if r.status_code != 200:
                         r.read()
                         raise _error(r)
-                    dest = unique_path(out_dir / local_name(r.headers.get("content-disposition"), o["name"]), taken)
-                    if keep_same and same_file(dest, o["bytes"], o["sha256"]):
+                    name = out_dir / local_name(r.headers.get("content-disposition"), o["name"])
+                    dest, same = destination(name, taken, o if keep_same else None)
+                    if same:
                         downloading.update(bar, completed=o["bytes"])
                         saved.append(dest)
                         continue

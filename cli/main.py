@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -792,7 +793,7 @@ def batch_create(
     inputs: Annotated[list[Path] | None, typer.Argument(help="RAW files and/or folders to upload into it.",
                                                         exists=True)] = None,
     recipe: RecipeOpt = None,
-    priority: PriorityOpt = None,
+    priority: Annotated[Priority | None, typer.Option(help="Queue lane of its shots (default: batch).")] = None,
     not_before: Annotated[str | None, typer.Option(help="Start no job before this time (ISO 8601).")] = None,
     not_after: Annotated[str | None, typer.Option(help="Start no job after this time (ISO 8601).")] = None,
     webhook: Annotated[str | None, typer.Option(help="http(s) URL notified when the batch ends.")] = None,
@@ -815,11 +816,18 @@ def batch_create(
         with connect(url, tok) as client:
             check_recipes(client, recipe or [], console)
             key = {"Idempotency-Key": f"strata-cli-{uuid.uuid4().hex}"}  # a retry gets the batch, not a second
-            batch = with_retry(lambda: call(client, "POST", "/v1/batches", json=body, headers=key), console)
+            try:
+                batch = with_retry(lambda: call(client, "POST", "/v1/batches", json=body, headers=key), console)
+            except SubmitError as exc:
+                if str(exc).startswith("422 "):  # the window, a path, a recipe: the command line's to fix
+                    exc.exit_code = 2
+                raise
             console.print(f"batch {batch['id']} created ({batch.get('status')})")
             fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
                       "priority": priority.value if priority else None}
             upload_shots(client, results, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
+            with contextlib.suppress(SubmitError):  # as it is now, its shots counted
+                batch = call(client, "GET", f"/v1/batches/{batch['id']}")
     except SubmitError as exc:
         raise _exit_for(exc) from exc
     if as_json:

@@ -7,7 +7,7 @@ import functools
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import httpx
@@ -244,9 +244,18 @@ def wait_for_batch(client: httpx.Client, batch_id: str, timeout: float, console:
             time.sleep(poll_s)
 
 
+def shot_folder(name: str) -> Path:
+    """The folder a batch shot's outputs go to under ``--out``: the folders of its name in the report (a
+    server-side import's path under the import root, ``night/x/frame_00.dng`` -> ``night/x``); uploaded shots'
+    names have none. Never a path out of ``--out`` (``..``, a root or drive dropped)."""
+    parts = PurePosixPath(name.replace("\\", "/")).parent.parts
+    return Path(*[p for p in parts if p not in ("", ".", "..", "/") and ":" not in p and p.isprintable()])
+
+
 def download_batch(client: httpx.Client, shots: list[dict[str, Any]], out: Path, console: Console
                    ) -> tuple[list[Path], list[str]]:
-    """Save every rendered shot's outputs of a batch report into ``out``, in the report's order: verified against
+    """Save every rendered shot's outputs of a batch report into ``out`` (in its folders: :func:`shot_folder`),
+    in the report's order: verified against
     their sha256, a file already there with the same bytes kept (a second run fetches only what is new), two
     shots' outputs of one name both kept (``_2``). Returns the paths and one line per shot not saved (not done
     yet, failed, cancelled, or a download that failed); an unreachable API raises."""
@@ -258,7 +267,8 @@ def download_batch(client: httpx.Client, shots: list[dict[str, Any]], out: Path,
             problems.append(f"{shot['name']}: {shot['status']}" + (f": {shot['error']}" if shot.get("error") else ""))
             continue
         try:
-            saved += download_outputs(client, {"outputs": shot["outputs"]}, out, console, taken, keep_same=True)
+            saved += download_outputs(client, {"outputs": shot["outputs"]}, out / shot_folder(shot["name"]), console,
+                                      taken, keep_same=True)
         except Unreachable:
             raise
         except SubmitError as exc:

@@ -86,9 +86,12 @@ def storage_prune(
     from services.storage import get_storage
 
     days = settings.retention_days if older_than is None else older_than
-    if days <= 0:
+    if days <= 0 and older_than is None:
         out.print("retention is 0 days (keep forever): nothing to prune; give --older-than DAYS")
         raise typer.Exit(0)
+    if days < 0:
+        out.print("--older-than takes days >= 0 (0: every ended job)")
+        raise typer.Exit(2)
     with _storage_errors():
         storage = get_storage()
         with session_scope() as session:

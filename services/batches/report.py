@@ -68,7 +68,7 @@ def progress(batch: Batch, jobs: list[Job], now: dt.datetime | None = None) -> P
 def shot_rows(jobs: list[Job]) -> list[ShotRow]:
     """Every shot of the batch, in the order they were added, failed and not-run ones included."""
     return [ShotRow(
-        job=j.id, name=j.frames[0].name if j.frames else "", status=shot_status(j),
+        job=j.id, name=(j.frames[0].original_name or j.frames[0].name) if j.frames else "", status=shot_status(j),
         outputs=[OutputRow(o.name, f"/v1/jobs/{j.id}/outputs/{o.name}", o.sha256, o.bytes) for o in j.outputs],
         error=j.error, queued_at=as_utc(j.created_at), started_at=j.started_at and as_utc(j.started_at),
         finished_at=j.finished_at and as_utc(j.finished_at), seconds=elapsed_s(j.started_at, j.finished_at),
@@ -84,14 +84,15 @@ def report_csv(rows: list[ShotRow]) -> str:
         writer.writerow([
             r.job, r.name, r.status, ";".join(o.name for o in r.outputs), ";".join(o.url for o in r.outputs),
             ";".join(o.sha256 for o in r.outputs), ";".join(str(o.bytes) for o in r.outputs), r.error or "",
-            r.queued_at.isoformat(), r.started_at.isoformat() if r.started_at else "",
-            r.finished_at.isoformat() if r.finished_at else "", "" if r.seconds is None else r.seconds,
+            _iso(r.queued_at), _iso(r.started_at) or "", _iso(r.finished_at) or "",
+            "" if r.seconds is None else r.seconds,
         ])
     return buf.getvalue()
 
 
 def _iso(value: dt.datetime | None) -> str | None:
-    return None if value is None else as_utc(value).isoformat()
+    """UTC as the JSON API writes it (``2026-12-01T19:00:00Z``), in the CSV and the webhook too."""
+    return None if value is None else as_utc(value).isoformat().replace("+00:00", "Z")
 
 
 def summary(batch: Batch, jobs: list[Job], now: dt.datetime | None = None) -> dict[str, object]:

@@ -75,7 +75,7 @@ def create_batch(session: Session, storage: Storage, settings: Settings, station
     received: list[tuple[str, jobs.ReceivedFile]] = []
     try:
         for job_id, f in staged:
-            upload = _copy_in(storage, job_id, f)
+            upload = _copy_in(storage, job_id, f, settings.import_root)
             received.append((job_id, jobs.probe_uploads(storage, [upload])[0]))
     except BaseException:
         for job_id, _ in staged:
@@ -90,8 +90,10 @@ def create_batch(session: Session, storage: Storage, settings: Settings, station
     return batch
 
 
-def _copy_in(storage: Storage, job_id: str, path: Path) -> jobs.Upload:
-    """Copy a server-side file into the job's uploads, hashed while written (the original is never touched)."""
+def _copy_in(storage: Storage, job_id: str, path: Path, root: Path | None) -> jobs.Upload:
+    """Copy a server-side file into the job's uploads, hashed while written (the original is never touched). Its
+    original name is its path under the import root (``night/x/frame_00.dng``), so two shots of one file name
+    in different folders stay apart in the report and in ``strata batch download``."""
     name = jobs.safe_name(path.name, 0)
     key = frame_key(job_id, 0, name)
     digest = hashlib.sha256()
@@ -101,7 +103,11 @@ def _copy_in(storage: Storage, job_id: str, path: Path) -> jobs.Upload:
             digest.update(chunk)
             dst.write(chunk)
             size += len(chunk)
-    return jobs.Upload(name=path.name, storage_key=key, sha256=digest.hexdigest(), bytes=size)
+    try:
+        original = path.relative_to(root.resolve()).as_posix() if root is not None else path.name
+    except ValueError:  # not under the root's resolved form (raw_files checked it is under the root)
+        original = path.name
+    return jobs.Upload(name=path.name, storage_key=key, sha256=digest.hexdigest(), bytes=size, original_name=original)
 
 
 def add_shot(session: Session, storage: Storage, station: Station, batch_id: str, job_id: str,

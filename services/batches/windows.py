@@ -44,13 +44,23 @@ def parse_time(value: str | dt.datetime | None, zone: ZoneInfo, what: str) -> dt
         except ValueError as exc:
             raise BadInput(f"{what}: {value!r} is not an ISO 8601 time") from exc
     if value.tzinfo is None:
-        value = value.replace(tzinfo=zone)
+        naive, value = value, value.replace(tzinfo=zone)
+        try:
+            skipped = value.astimezone(dt.UTC).astimezone(zone).replace(tzinfo=None) != naive
+        except OverflowError:
+            skipped = False  # years 1 and 9999: refused below
+        if skipped:  # in the hour the clocks skip when they go forward (a daylight saving time change)
+            gap = (value.replace(fold=1).utcoffset() or dt.timedelta()) - (value.utcoffset() or dt.timedelta())
+            raise BadInput(f"{what}: {naive.isoformat(timespec='minutes')} does not exist in {zone.key}: the clocks "
+                           f"go forward {abs(gap.total_seconds()) / 3600:g} h that night; give a time outside the "
+                           f"time skipped")
     try:
         utc = value.astimezone(dt.UTC)
     except OverflowError:  # 0001-01-01T00:30+01:00 and the like
         utc = None
     if utc is None or not EARLIEST <= utc <= LATEST:
-        raise BadInput(f"{what}: {value.isoformat()} is outside the years {EARLIEST.year}-{LATEST.year - 1}")
+        raise BadInput(f"{what}: {value.isoformat()} is outside the years {EARLIEST.year}-{LATEST.year - 1} "
+                       f"(UTC)")
     return utc
 
 

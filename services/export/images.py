@@ -41,7 +41,8 @@ def write_jpeg(storage: Storage, key: str, rgb: np.ndarray, *, colour_space: str
 
     def encode(f: BinaryIO) -> None:
         image.save(f, "JPEG", quality=int(quality), icc_profile=icc_profile(colour_space),
-                   exif=pillow_exif(meta).tobytes(), dpi=(meta.ppi, meta.ppi), optimize=False)
+                   exif=pillow_exif(meta, colour_space, image.size).tobytes(), dpi=(meta.ppi, meta.ppi),
+                   optimize=False)
 
     return write_hashed(storage, key, encode)
 
@@ -50,7 +51,7 @@ def _png_chunks(meta: OutputMetadata, colour_space: str) -> list[tuple[bytes, by
     """iCCP (profile name, deflate method 0, compressed profile), pHYs (pixels per metre) and eXIf."""
     name = output_space(colour_space).description.encode("latin-1", "replace")[:79]
     per_metre = round(meta.ppi / INCH_M)
-    exif = pillow_exif(meta).tobytes()
+    exif = pillow_exif(meta, colour_space).tobytes()
     return [
         (b"iCCP", name + b"\x00\x00" + zlib.compress(icc_profile(colour_space), 9)),
         (b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),

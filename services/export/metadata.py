@@ -29,6 +29,7 @@ from services.raw.dng import (
     TAG_MODEL,
     TAG_ORIENTATION,
     TagTuple,
+    ascii_text,
     capture_tags,
     exposure_rational,
 )
@@ -65,18 +66,14 @@ class OutputMetadata:
         return self.software or software_name()
 
 
-def _ascii(text: str) -> str:
-    return text.encode("ascii", "replace").decode("ascii")
-
-
 def tiff_tags(meta: OutputMetadata) -> list[TagTuple]:
     """tifffile ``extratags`` of IFD0: Make, Model, DocumentName and the TIFF/EP capture tags. (Resolution,
     Software and ImageDescription go through tifffile's own arguments.)"""
-    tags: list[TagTuple] = [(TAG_DOCUMENT_NAME, "s", 0, _ascii(meta.original_name), True)]
+    tags: list[TagTuple] = [(TAG_DOCUMENT_NAME, "s", 0, ascii_text(meta.original_name), True)]
     if meta.capture.make:
-        tags.append((TAG_MAKE, "s", 0, _ascii(meta.capture.make), True))
+        tags.append((TAG_MAKE, "s", 0, ascii_text(meta.capture.make), True))
     if meta.capture.model:
-        tags.append((TAG_MODEL, "s", 0, _ascii(meta.capture.model), True))
+        tags.append((TAG_MODEL, "s", 0, ascii_text(meta.capture.model), True))
     return tags + capture_tags(meta.capture)
 
 
@@ -91,21 +88,36 @@ def _decimal(value: float) -> tuple[int, int]:
     return round(value * 10000), 10000
 
 
-def pillow_exif(meta: OutputMetadata) -> Image.Exif:
+TAG_YCBCR_POSITIONING, TAG_EXIF_VERSION, TAG_COMPONENTS, TAG_FLASHPIX_VERSION = 0x0213, 0x9000, 0x9101, 0xA000
+TAG_COLOR_SPACE, TAG_PIXEL_X, TAG_PIXEL_Y = 0xA001, 0xA002, 0xA003
+COLOR_SPACE_SRGB, COLOR_SPACE_UNCALIBRATED = 1, 0xFFFF  # EXIF ColorSpace: other spaces are told by the ICC profile
+
+
+def pillow_exif(meta: OutputMetadata, colour_space: str = "srgb", jpeg_size: tuple[int, int] | None = None
+                ) -> Image.Exif:
     """The EXIF block of a JPEG or PNG: IFD0 (make, model, orientation, resolution, software, names) and the
-    EXIF IFD (capture date, exposure, aperture, ISO, focal length, lens)."""
+    EXIF IFD (ExifVersion 2.32, ColorSpace, capture date, exposure, aperture, ISO, focal length, lens); a JPEG
+    (``jpeg_size``: its width and height) also the tags EXIF requires of one (YCbCrPositioning,
+    ComponentsConfiguration, FlashpixVersion, its pixel size), so validators (exiftool -validate) miss none."""
     c = meta.capture
     exif = Image.Exif()
+    if jpeg_size is not None:
+        exif[TAG_YCBCR_POSITIONING] = 1  # centred
     for tag, text in ((TAG_MAKE, c.make), (TAG_MODEL, c.model), (TAG_DOCUMENT_NAME, meta.original_name),
                       (TAG_IMAGE_DESCRIPTION, meta.original_name), (TAG_SOFTWARE, meta.software_text)):
         if text:
-            exif[tag] = _ascii(text)
+            exif[tag] = ascii_text(text)
     exif[TAG_ORIENTATION] = int(c.orientation)
     exif[TAG_X_RESOLUTION] = exif[TAG_Y_RESOLUTION] = _rational(meta.ppi)
     exif[TAG_RESOLUTION_UNIT] = RESOLUTION_INCH
     ifd = exif.get_ifd(EXIF_IFD)
+    ifd[TAG_EXIF_VERSION] = b"0232"
+    ifd[TAG_COLOR_SPACE] = COLOR_SPACE_SRGB if colour_space == "srgb" else COLOR_SPACE_UNCALIBRATED
+    if jpeg_size is not None:
+        ifd[TAG_COMPONENTS], ifd[TAG_FLASHPIX_VERSION] = b"\x01\x02\x03\x00", b"0100"  # Y Cb Cr
+        ifd[TAG_PIXEL_X], ifd[TAG_PIXEL_Y] = int(jpeg_size[0]), int(jpeg_size[1])
     if c.datetime_original:
-        ifd[TAG_DATETIME_ORIGINAL] = _ascii(c.datetime_original)
+        ifd[TAG_DATETIME_ORIGINAL] = ascii_text(c.datetime_original)
     for tag, value, encode in ((TAG_EXPOSURE_TIME, c.exposure_time, exposure_rational),
                                (TAG_F_NUMBER, c.f_number, _decimal), (TAG_FOCAL_LENGTH, c.focal_length, _decimal)):
         try:  # a value no RATIONAL holds (not finite, negative, too large) is left out, not the whole output
@@ -116,5 +128,5 @@ def pillow_exif(meta: OutputMetadata) -> Image.Exif:
     if c.iso is not None and c.iso > 0:
         ifd[TAG_ISO] = min(int(c.iso), 65535)
     if c.lens:
-        ifd[TAG_LENS_MODEL] = _ascii(c.lens)
+        ifd[TAG_LENS_MODEL] = ascii_text(c.lens)
     return exif

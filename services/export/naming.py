@@ -30,8 +30,8 @@ class BadNaming(BadInput):
 
 def validate_template(template: str) -> str:
     """``template`` when usable; :class:`BadNaming` for separators, ``..``, unknown tokens or format specs."""
-    if not template or len(template) > MAX_TEMPLATE:
-        raise BadNaming(f"naming template must be 1..{MAX_TEMPLATE} characters")
+    if not template.strip() or len(template) > MAX_TEMPLATE:
+        raise BadNaming(f"naming template must be 1..{MAX_TEMPLATE} characters, not only spaces")
     if "/" in template or "\\" in template or ".." in template or "\0" in template:
         raise BadNaming(f"naming template {template!r} may not hold path separators or '..'")
     try:
@@ -41,7 +41,10 @@ def validate_template(template: str) -> str:
     for _, token, spec, conversion in fields:
         if token is None:
             continue
-        if token not in TOKENS or spec or conversion:
+        if token in TOKENS and (spec or conversion):
+            raise BadNaming(f"naming template {template!r}: {{{token}}} takes no format spec or conversion "
+                            f"({'!' + conversion if conversion else ':' + (spec or '')}); write the token alone")
+        if token not in TOKENS:
             raise BadNaming(f"naming template {template!r}: unknown token {{{token}}}; "
                             f"expected {', '.join('{' + t + '}' for t in TOKENS)}")
     return template

@@ -66,6 +66,7 @@ class Compression(StrEnum):
     ZSTD = "zstd"  # TIFF compression 50000: not every reader has it
 
 
+FORMAT_BITS = {"tiff": 16, "png": 16, "jpeg": 8}  # a recipe's depth when its file names a format and no bits
 EXTENSIONS = {Format.TIFF: "tif", Format.JPEG: "jpg", Format.PNG: "png"}
 MEDIA_TYPES = {Format.TIFF: "image/tiff", Format.JPEG: "image/jpeg", Format.PNG: "image/png"}
 
@@ -198,6 +199,9 @@ def parse_recipes(tables: Mapping[str, Any], origin: str, known: Mapping[str, Re
         if base_name is not None and base is None:
             raise _error(origin, name, f"base {base_name!r} is not a recipe defined before it")
         start = base.model_dump(exclude={"name", "description"}) if base is not None else {}
+        if "format" in fields and "bits" not in fields:  # the new format's depth, not the base's or TIFF's 16
+            start.pop("bits", None)
+            fields["bits"] = FORMAT_BITS.get(str(fields["format"]).lower(), 16)
         try:
             out[name] = Recipe(**{**start, **fields, "name": name})
         except ValidationError as exc:
@@ -285,6 +289,24 @@ def resolve_recipes(names: Iterable[str] | None, recipes: Mapping[str, Recipe] |
     if len(unique) > MAX_RECIPES_PER_JOB:
         raise BadInput(f"{len(unique)} recipes asked for; at most {MAX_RECIPES_PER_JOB} per job")
     return [get_recipe(n, recipes) for n in unique] or [get_recipe(None, recipes)]
+
+
+RECIPE_DEFS = "recipe_defs"  # jobs.params: the job's recipes as they were when it was accepted
+
+
+def recipe_snapshot(recipes: Iterable[Recipe]) -> list[dict[str, Any]]:
+    """The recipes' definitions as a job records them when accepted (:data:`RECIPE_DEFS`)."""
+    return [r.model_dump(mode="json") for r in recipes]
+
+
+def recipes_of_job(params: Mapping[str, Any], names: Iterable[str]) -> list[Recipe]:
+    """A job's recipes as they were when it was accepted, so an edit of the recipes file (a renamed or broken
+    recipe, a process that has not re-read it yet) does not change or fail the shots already queued; jobs
+    accepted before the snapshot existed resolve their ``names`` now."""
+    defs = params.get(RECIPE_DEFS)
+    if defs:
+        return [Recipe.model_validate(d) for d in defs]
+    return resolve_recipes(names)
 
 
 def job_model_tier(recipes: Iterable[Recipe], default: str) -> str:

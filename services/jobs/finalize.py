@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 from sqlalchemy import and_, func, or_, select, update
@@ -24,7 +24,7 @@ from services.export.derive import ProofSpec, box_factor, fit_long_edge, proof_s
 from services.export.metadata import OutputMetadata
 from services.export.naming import NameTokens
 from services.export.output import WrittenOutput, write_outputs
-from services.export.recipes import Recipe, resolve_recipes
+from services.export.recipes import Recipe, recipes_of_job
 from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, served_without_rows, strip_keys
 from services.jobs.previews import final_preview
@@ -137,13 +137,15 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     found = _space_bands(storage, job, plan, strips)
     spaces = found.bands
     t0 = time.perf_counter()
-    recipes = resolve_recipes(job_recipes(job))
+    recipes = recipes_of_job(job.params, job_recipes(job))
     _check_lean(job_id, plan, recipes, found)
     naming = job.params.get("naming")
     if naming:  # the job's own template for every recipe (validated at creation)
         recipes = [r.model_copy(update={"naming": naming}) for r in recipes]
     capture = plan.frames[0].capture or CaptureInfo(make=plan.frames[0].make, model=plan.frames[0].model)
-    tokens, meta = _name_tokens(session, job, capture), OutputMetadata(capture, job.frames[0].name)
+    first = job.frames[0]  # its name as the station sent it (the folder dropped) in DocumentName, else the safe one
+    original = PurePosixPath((first.original_name or "").replace("\\", "/")).name or first.name
+    tokens, meta = _name_tokens(session, job, capture), OutputMetadata(capture, original)
     batch_lane = in_batch_lane(job.priority, job.batch_id)
     # A batch shot's encode yields the cores to an interactive shot's (measured: an interactive 80 MP frame's TIFF
     # took 4.0 s instead of 1.05 s beside a batch's encodes at the same priority).

@@ -22,7 +22,7 @@ from services.config import Settings
 from services.db.models import Job, Shard, job_recipes, utcnow
 from services.db.session import execute_update
 from services.errors import FramesMismatch, IntermediateLost, NotFound, RawError
-from services.export.recipes import job_model_tier, job_spaces, resolve_recipes
+from services.export.recipes import job_model_tier, job_spaces, recipes_of_job
 from services.jobs.cameras import PROFILES
 from services.jobs.ending import end_unfinished_shards
 from services.jobs.finalize import finalize_job
@@ -140,7 +140,7 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
         time.sleep(settings.fault_ingest_delay_s)
     t0 = time.perf_counter()
     stack = PROFILES[job.camera].split_strategy == "frame_group"
-    recipes = resolve_recipes(job_recipes(job))
+    recipes = recipes_of_job(job.params, job_recipes(job))
     spaces = job_spaces(recipes)  # the first recipe's space is the primary one
     try:
         shot = prepare_shot(storage, job_id, [f.storage_key for f in job.frames], camera=job.camera,

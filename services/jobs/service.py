@@ -27,7 +27,7 @@ from services.errors import (
     UnsupportedSensor,
 )
 from services.export.naming import sanitise, validate_template
-from services.export.recipes import resolve_recipes
+from services.export.recipes import RECIPE_DEFS, recipe_snapshot, resolve_recipes
 from services.jobs import retention
 from services.jobs.cameras import resolve_camera
 from services.jobs.ending import end_unfinished_shards
@@ -224,7 +224,7 @@ def create_job(
     profile = resolve_camera(camera, [f.model for f in files], len(files))
     job = Job(id=job_id, station_id=station.id, status=JobStatus.QUEUED, camera=profile.name,
               recipe=chosen[0].name, recipes=[r.name for r in chosen], priority=priority, stage=Stage.QUEUED,
-              params={"source_camera": source_camera(files),
+              params={"source_camera": source_camera(files), RECIPE_DEFS: recipe_snapshot(chosen),
                       **({} if naming is None else {"naming": naming.strip()})}, batch_id=batch_id,
               admitted_at=None if in_batch_lane(priority, batch_id) else utcnow())
     job.frames = [Frame(index=i, name=f.name, sha256=f.sha256, bytes=f.bytes, storage_key=f.storage_key,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,22 @@ def _rationals(values: Sequence[float], *, signed: bool) -> list[int]:
     return flat
 
 
+# Letters NFKD does not take apart, as ASCII (a lens named "80mm ƒ/2.8" failed every TIFF output: TIFF ASCII is 7-bit).
+_TRANSLITERATE = str.maketrans({"ƒ": "f", "ß": "ss", "æ": "ae", "Æ": "AE", "ø": "o", "Ø": "O", "œ": "oe", "Œ": "OE",
+                                "ł": "l", "Ł": "L", "đ": "d", "Đ": "D", "þ": "th", "Þ": "Th", "μ": "u", "°": " deg",
+                                "×": "x", "–": "-", "—": "-", "‘": "'", "’": "'", "“": '"', "”": '"', "…": "..."})
+
+
+def ascii_text(text: str) -> str:
+    """``text`` as 7-bit ASCII for a TIFF/EXIF ASCII field: accents dropped (``été`` -> ``ete``), a few letters
+    spelled out (``ƒ`` -> ``f``), control characters as spaces, anything else ``?``."""
+    text = unicodedata.normalize("NFKD", text.translate(_TRANSLITERATE)).translate(_TRANSLITERATE)
+    text = "".join(" " if unicodedata.category(c) == "Cc" else c for c in text if not unicodedata.combining(c))
+    return text.encode("ascii", "replace").decode("ascii")
+
+
 def _ascii_tag(code: int, text: str) -> TagTuple:
-    return (code, "s", 0, text, True)
+    return (code, "s", 0, ascii_text(text), True)
 
 
 def dng_tags(

@@ -294,6 +294,25 @@ def _check_uncompressed_size(raw: tifffile.TiffPage) -> None:
                          f"uncompressed) needs {need} bytes but its data holds {held}")
 
 
+_JPEG_COMPRESSIONS = {7: "lossless JPEG", 34892: "lossy JPEG"}
+
+
+def _check_jpeg_data(raw: tifffile.TiffPage, f: BinaryIO) -> None:
+    """``corrupt`` for a raw IFD whose Compression says JPEG but whose first or last strip or tile does not start
+    with a JPEG start-of-image marker (found from outside: plain data tagged lossless JPEG was accepted, then
+    decoded to black or to noise and reported done). Two ranged reads of 2 bytes."""
+    name = _JPEG_COMPRESSIONS.get(int(raw.compression))
+    segments = [(int(o), int(n)) for o, n in zip(raw.dataoffsets, raw.databytecounts, strict=False) if n]
+    if name is None or not segments:
+        return
+    for offset, _ in {segments[0], segments[-1]}:
+        f.seek(offset)
+        start = f.read(2)
+        if start != b"\xff\xd8":
+            raise BadRawFile(f"corrupt: the raw image is tagged {name} ({int(raw.compression)}) but its data at byte "
+                             f"{offset} is not JPEG (starts with {start.hex() or 'nothing'}, not ffd8)")
+
+
 def _main_ifd(raw_ifds: list[tifffile.TiffPage]) -> tifffile.TiffPage:
     """The raw IFD the decoder renders: the first full-resolution one (NewSubFileType 0) in file order, as LibRaw
     and :func:`~services.raw.dng.read_dng_tags` take it; the largest where none is marked so."""
@@ -350,6 +369,7 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
         if is_dng:
             _check_dng_metadata(main, ifds[0])
             _check_uncompressed_size(main)
+            _check_jpeg_data(main, f)
     elif is_cr2 and len(ifds) > 3:
         width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
     cfa = _bayer_pattern(_main_ifd(raw_ifds)) if layout == "bayer" else ""

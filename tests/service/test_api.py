@@ -231,6 +231,18 @@ def test_studio_recipes_file_is_listed_and_usable(client: TestClient, auth: dict
     # while the file is broken, shots still go in with the recipes as last read (a night's queue does not fail)
     r = client.post("/v1/jobs", headers=auth, files=[("frames", ("b.dng", _frame(synth_dir)))], data={"recipe": "web"})
     assert r.status_code == 202 and r.json()["recipes"] == ["web"]
+    # Found from outside: the coordinator resolved a queued job's recipe names again at ingest, in its own reading
+    # of the file (an older one, or none after a restart with the file broken): the night's batch failed with
+    # "unknown recipe". A job renders its recipes as they were when it was accepted.
+    path.write_text('[recipes.print]\nbase = "tiff16"\n')  # valid, and 'web' is gone
+    assert "web" not in [r["name"] for r in client.get("/v1/recipes", headers=auth).json()["recipes"]]
+    from services.db.models import Job, job_recipes
+    from services.export.recipes import recipes_of_job
+
+    with session_scope() as session:
+        job = session.get(Job, r.json()["id"])
+        [web] = recipes_of_job(job.params, job_recipes(job))
+    assert web.name == "web" and web.long_edge == 1024 and web.format == "jpeg"
 
 
 def test_the_recipe_field_may_repeat(client: TestClient, auth: dict[str, str], synth_dir: Path) -> None:

@@ -71,6 +71,12 @@ def test_batch_from_paths_queues_one_job_per_raw_file(client: TestClient, auth: 
     jobs = client.get("/v1/jobs", headers=auth).json()["jobs"]
     assert len(jobs) == 3 and {j["recipe"] for j in jobs} == {"tiff16-adobergb"}
     assert sorted(j["frames"][0]["name"] for j in jobs) == ["shot_00.dng", "shot_01.dng", "shot_02.dng"]
+    # the path under the import root (found from outside: same-named files of two folders could not be told apart)
+    assert sorted(j["frames"][0]["original_name"] for j in jobs) == ["night/shot_00.dng", "night/shot_01.dng",
+                                                                      "night/shot_02.dng"]
+    report = client.get(f"/v1/batches/{batch['id']}/report", headers=auth).json()
+    assert sorted(s["name"] for s in report["shots"]) == ["night/shot_00.dng", "night/shot_01.dng",
+                                                          "night/shot_02.dng"]
     with session_scope() as session:  # waiting for admission: nothing was sent
         assert all(j.admitted_at is None and j.batch_id == batch["id"] for j in session.query(Job))
 

@@ -369,8 +369,9 @@ def test_a_lost_intermediate_starts_the_job_over(db: str, tmp_path: Path) -> Non
     with session_scope() as session:
         assert flow.rewind_job(session, storage, job_id, str(lost.value))
         job = session.get(Job, job_id)
-        kept = {k: v for k, v in job.params.items() if k != "source_camera"}  # an upload-time fact: it stays
-        assert (job.status, job.phase, kept) == ("queued", -1, {"rewinds": 1}) and "source_camera" in job.params
+        kept = {k: v for k, v in job.params.items() if k not in ("source_camera", "recipe_defs")}  # upload-time
+        assert (job.status, job.phase, kept) == ("queued", -1, {"rewinds": 1})  # facts stay
+        assert "source_camera" in job.params and "recipe_defs" in job.params
         assert session.query(Shard).filter(Shard.job_id == job_id).count() == 0
     for t in run_groups():  # the restart runs to the end
         with session_scope() as session:
@@ -445,6 +446,28 @@ def test_a_stack_frame_of_another_exposure_fails_at_ingest_with_the_reason(db: s
                              "render them as single frames)")
         assert flow.ingest_job(session, storage, settings, same_light, n_workers=2)
         assert session.get(Job, same_light).status == "running"
+
+
+def test_a_frame_that_decodes_blank_fails_at_ingest(db: str, tmp_path: Path) -> None:
+    """Found from outside: a DNG whose Compression tag says lossless JPEG over plain data decoded to all zeros,
+    rendered black and was reported done (the API refuses that file now: test_raw_probe; this is the decode's
+    own check, for any file that decodes to one value)."""
+    import numpy as np
+
+    from lab.bench.pipeline import CM, NEUTRAL
+    from services.config import get_settings
+    from services.raw.colour import CameraProfile
+    from services.raw.dng import write_dng
+    from services.storage import get_storage
+
+    path = tmp_path / "badcomp.dng"
+    write_dng(path, np.full((64, 96), 1024, np.uint16), cfa="RGGB", black_level=1024, white_level=65535,
+              profile=CameraProfile(CM), as_shot_neutral=NEUTRAL, make="Phase One", model="IQ3_S")
+    job_id = _stack_job([path], "blank-station", camera="IQ3_S")
+    with session_scope() as session:
+        assert flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers=2) == []
+        job = session.get(Job, job_id)
+        assert job.status == "failed" and job.error.startswith("decode failed: the decoded image is blank"), job.error
 
 
 def _run_to_the_end(job_id: str, n_workers: int = 2, quiet: QuietWindow | None = None) -> int:

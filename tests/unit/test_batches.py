@@ -31,6 +31,16 @@ def test_naive_times_are_studio_time_and_offsets_are_kept() -> None:
         parse_time("tonight", PARIS, "not_before")
 
 
+def test_a_studio_time_the_clocks_skip_is_refused_saying_so() -> None:
+    """Found from outside: 02:30-03:30 on the night the clocks go forward was refused as "the window ends
+    (01:30Z) before it starts (01:30Z)"; an hour that happens twice (autumn) takes its first pass."""
+    with pytest.raises(BadInput, match=r"not_before: 2027-03-28T02:30 does not exist in Europe/Paris: the clocks go "
+                                       r"forward 1 h that night"):
+        make_window("2027-03-28T02:30", "2027-03-28T03:30", PARIS)
+    assert parse_time("2027-10-31T02:30", PARIS, "x") == dt.datetime(2027, 10, 31, 0, 30, tzinfo=UTC)
+    assert parse_time("2027-03-28T02:30+01:00", PARIS, "x") == dt.datetime(2027, 3, 28, 1, 30, tzinfo=UTC)
+
+
 def test_a_window_that_ends_before_it_starts_is_refused() -> None:
     with pytest.raises(BadInput, match="ends"):
         make_window("2026-12-02T07:00", "2026-12-01T19:00", PARIS)

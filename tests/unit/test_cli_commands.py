@@ -251,6 +251,43 @@ def test_batch_download_saves_the_rendered_shots_and_names_the_rest(api: FakeApi
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tif", "a_2.tif"]
 
 
+def test_batch_download_run_again_never_overwrites_another_shots_file(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: a stack (first in the report) still running when the batch was first downloaded; its
+    same-named single was saved as frame_00.tif; the second run saved the stack over it and fetched the single
+    again as frame_00_2.tif. Files saved stay as they are; the newcomer takes the next free name."""
+    stack_tiff = b"II*\x00" + b"s" * 90
+    stack = {"job": "j1", "name": "frame_00.dng", "status": "running", "error": None, "outputs": []}
+    single = {"job": "j2", "name": "frame_00.dng", "status": "done", "error": None,
+              "outputs": [{**OUTPUT, "url": "/v1/jobs/j2/outputs/frame_00.tif", "name": "frame_00.tif"}]}
+    api.route("GET", "/v1/batches/b1/report", (200, {"batch": {"id": "b1"}, "shots": [stack, single]}))
+    api.route("GET", "/v1/jobs/j2/outputs/frame_00.tif", (200, TIFF))
+    first = runner.invoke(app, ["batch", "download", "b1", "--out", str(tmp_path), *_auth(api)])
+    assert first.exit_code == 1 and (tmp_path / "frame_00.tif").read_bytes() == TIFF
+    stack.update(status="done", outputs=[{"name": "frame_00.tif", "url": "/v1/jobs/j1/outputs/frame_00.tif",
+                                          "sha256": hashlib.sha256(stack_tiff).hexdigest(), "bytes": len(stack_tiff)}])
+    api.route("GET", "/v1/jobs/j1/outputs/frame_00.tif", (200, stack_tiff))
+    for _ in range(2):  # and a third run changes nothing
+        again = runner.invoke(app, ["batch", "download", "b1", "--out", str(tmp_path), *_auth(api)])
+        assert again.exit_code == 0, again.output
+        assert (tmp_path / "frame_00.tif").read_bytes() == TIFF and (tmp_path / "frame_00_2.tif").read_bytes() == \
+            stack_tiff
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["frame_00.tif", "frame_00_2.tif"]
+    assert len(api.calls("GET", "/v1/jobs/j2/outputs/frame_00.tif")) == 3
+
+
+def test_batch_download_mirrors_the_folders_of_imported_shots(api: FakeApi, tmp_path: Path) -> None:
+    shots = [{"job": j, "name": name, "status": "done", "error": None,
+              "outputs": [{**OUTPUT, "url": f"/v1/jobs/{j}/outputs/a.tif"}]}
+             for j, name in (("j1", "night/x/a.dng"), ("j2", "night/y/a.dng"), ("j3", "../../a.dng"))]
+    api.route("GET", "/v1/batches/b1/report", (200, {"batch": {"id": "b1"}, "shots": shots}))
+    for j in ("j1", "j2", "j3"):
+        api.route("GET", f"/v1/jobs/{j}/outputs/a.tif", (200, TIFF))
+    got = runner.invoke(app, ["batch", "download", "b1", "--out", str(tmp_path), *_auth(api)])
+    assert got.exit_code == 0, got.output
+    assert got.stdout.split() == [str(tmp_path / "night/x/a.tif"), str(tmp_path / "night/y/a.tif"),
+                                  str(tmp_path / "a.tif")]
+
+
 def test_an_out_folder_that_cannot_be_written_is_a_usage_error_before_anything_is_sent(api: FakeApi,
                                                                                         tmp_path: Path) -> None:
     _serve_jobs(api, {"j1": "done"})

@@ -93,6 +93,25 @@ def test_resize_fits_the_long_edge_in_linear_light() -> None:
     assert sharp.shape == out.shape and float(sharp.min()) >= 0.0 and float(sharp.max()) <= 1.0
 
 
+def test_names_beyond_ascii_are_written_as_ascii(tmp_path: Path) -> None:
+    """Found from outside: a lens named "… 80mm ƒ/2.8" failed every TIFF output ("TIFF strings must be 7-bit
+    ASCII") and came out "?/2.8" in JPEGs; accents and such letters are spelled in ASCII now."""
+    from dataclasses import replace
+
+    storage = LocalStorage(tmp_path)
+    meta = OutputMetadata(replace(synthetic_capture("IQ3_S"), lens="Schneider Kreuznach LS 80mm ƒ/2.8",
+                                  model="IQ3\u00a0S"), "写真 été.dng")
+    rgb = _image()
+    outs = write_outputs(storage, "job1", {"srgb": [(0, rgb)]}, resolve_recipes(["tiff16", "jpeg-proof"]), TOKENS,
+                         meta, threads=2)
+    with tifffile.TiffFile(storage.local_path(outs[0].storage_key)) as tif:
+        tags = tif.pages[0].tags
+        assert tags[42036].value == "Schneider Kreuznach LS 80mm f/2.8"  # LensModel
+        assert tags["DocumentName"].value == "?? ete.dng" and tags["Model"].value == "IQ3 S"
+    with Image.open(storage.local_path(outs[1].storage_key)) as im:
+        assert im.getexif().get_ifd(0x8769)[42036] == "Schneider Kreuznach LS 80mm f/2.8"
+
+
 @pytest.mark.skipif(shutil.which("exiftool") is None, reason="exiftool (libimage-exiftool-perl) not installed")
 def test_metadata_reads_back_in_exiftool(tmp_path: Path) -> None:
     files = _write(tmp_path, _image(400, 300))

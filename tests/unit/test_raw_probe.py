@@ -143,6 +143,18 @@ def test_refuses_layouts_strata_does_not_render(case: str) -> None:
     assert info.value.status_code == 422 and info.value.type == "unsupported_sensor"
 
 
+def test_refuses_data_tagged_jpeg_that_is_not_jpeg(tmp_path: Path) -> None:
+    """Found from outside: plain raw data whose Compression tag was changed to lossless JPEG (7) was accepted,
+    then decoded to black (or noise) and reported done."""
+    path = tmp_path / "badcomp.dng"
+    path.write_bytes(bayer_dng())
+    with tifffile.TiffFile(path, mode="r+b") as tif:
+        tif.pages.first.tags["Compression"].overwrite(7)
+    with pytest.raises(BadRawFile, match=r"corrupt: the raw image is tagged lossless JPEG \(7\) but its data at "
+                                         r"byte \d+ is not JPEG"):
+        probe_raw(path)
+
+
 @pytest.mark.parametrize(("compression", "says"), [("zlib", "adobe deflate (8)"), ("lzw", "lzw (5)"),
                                                    ("zstd", "zstd (50000)")])
 def test_refuses_raw_data_compressed_as_libraw_does_not_read(compression: str, says: str) -> None:
