@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from services.errors import RangeNotSatisfiable, StorageUnavailable, StrataError, TooManyRequests
+from services.errors import BrokerUnavailable, RangeNotSatisfiable, StorageUnavailable, StrataError, TooManyRequests
 
 # Errors only a malformed request raises (a body or multipart stream that cannot be parsed, a client gone).
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (FormParserError, MultipartParseError, ClientDisconnect)
@@ -30,7 +30,7 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         if isinstance(exc, RangeNotSatisfiable):
             headers = {"Content-Range": f"bytes */{exc.size}"}
-        if isinstance(exc, (TooManyRequests, StorageUnavailable)):
+        if isinstance(exc, (TooManyRequests, StorageUnavailable, BrokerUnavailable)):
             headers = {"Retry-After": str(exc.retry_after)}
         if isinstance(exc, StorageUnavailable):
             log.warning("storage unavailable: %s", exc.detail)

@@ -83,6 +83,15 @@ class StorageUnavailable(StrataError):
     retry_after = 5
 
 
+class BrokerUnavailable(StrataError):
+    """Redis, which holds the heartbeats and the queues, does not answer: nobody's fault here, worth a retry (a 500
+    said nothing, and the dashboard kept showing the last rows as if live). The API answers 503 with Retry-After."""
+
+    status_code = 503
+    type = "broker_unavailable"
+    retry_after = 5
+
+
 # RAW files ---------------------------------------------------------------------------------------------------
 
 

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
+import redis
 from fastapi import APIRouter
 
 from api.deps import StationDep
 from api.schemas import ErrorOut, WorkerOut, WorkersOut
 from services.config import get_settings
+from services.errors import BrokerUnavailable
 from workers.app import COORDINATOR_QUEUES, GPU_QUEUES, PRIORITIES, broker_url
 from workers.registry import WorkerInfo, live_workers, queue_depths_by_priority, redis_client
 
 router = APIRouter(prefix="/v1", tags=["workers"])
+UNAVAILABLE: dict[int | str, dict[str, Any]] = {401: {"model": ErrorOut}, 503: {"model": ErrorOut}}
+
+
+@contextmanager
+def _broker() -> Iterator[redis.Redis]:
+    try:
+        yield redis_client(broker_url(get_settings()))
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BrokerUnavailable(f"the broker (Redis) is unavailable ({exc}); retry shortly") from exc
 
 
 def _out(w: WorkerInfo) -> WorkerOut:
@@ -22,21 +36,21 @@ def _out(w: WorkerInfo) -> WorkerOut:
                      last_heartbeat=beat)
 
 
-def _queues() -> dict[str, dict[str, int]]:
-    client = redis_client(broker_url(get_settings()))
+def _queues(client: redis.Redis) -> dict[str, dict[str, int]]:
     workers = live_workers(client, "gpu")
     queues = [*COORDINATOR_QUEUES, *GPU_QUEUES, *(w.queue for w in workers)]
     return queue_depths_by_priority(client, queues, PRIORITIES)
 
 
-@router.get("/workers", response_model=WorkersOut, responses={401: {"model": ErrorOut}},
+@router.get("/workers", response_model=WorkersOut, responses=UNAVAILABLE,
             summary="Live workers (heartbeats) and queue depths per priority")
 def list_workers(_: StationDep) -> WorkersOut:
-    client = redis_client(broker_url(get_settings()))
-    return WorkersOut(workers=[_out(w) for w in live_workers(client)], queues=_queues())
+    with _broker() as client:
+        return WorkersOut(workers=[_out(w) for w in live_workers(client)], queues=_queues(client))
 
 
-@router.get("/queues", response_model=dict[str, dict[str, int]], responses={401: {"model": ErrorOut}},
+@router.get("/queues", response_model=dict[str, dict[str, int]], responses=UNAVAILABLE,
             summary="Messages waiting per queue and priority")
 def list_queues(_: StationDep) -> dict[str, dict[str, int]]:
-    return _queues()
+    with _broker() as client:
+        return _queues(client)
