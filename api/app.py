@@ -14,7 +14,7 @@ from api.errors import install_error_handlers
 from api.limits import HeaderLimits
 from api.routes import batches, dashboard, health, jobs, metrics, recipes, tokens, workers
 from api.schemas import ErrorOut
-from services.config import get_settings
+from services.config import get_settings, settings_or_exit, unknown_variables
 from services.errors import StorageUnavailable
 from services.export.recipes import read_at_start as read_recipes_at_start
 from services.logs import configure_logging
@@ -25,6 +25,8 @@ from services.storage import get_storage
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
+    for line in unknown_variables():
+        logging.getLogger(__name__).warning("%s", line)
     read_recipes_at_start()
     try:  # said once at start; /readyz keeps saying it while it lasts
         get_storage().check()
@@ -38,6 +40,10 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app() -> FastAPI:
+    settings = settings_or_exit()
+    # Here as well as at start-up: a server that calls this factory logs its own start ("Started server process")
+    # before the lifespan runs (found from outside: those lines stayed plain text with STRATA_LOG_FORMAT=json).
+    configure_logging(settings.log_level, settings.log_format)
     app = FastAPI(
         title="Strata",
         version="1.0",

@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from python_multipart.exceptions import FormParserError, MultipartParseError
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -24,6 +24,21 @@ def _body(type_: str, detail: str, status: int, headers: dict[str, str] | None =
     return JSONResponse({"type": type_, "detail": detail}, status_code=status, headers=headers)
 
 
+def _missing_table(exc: DBAPIError) -> bool:
+    """A table or column this code needs is not there: the database was never migrated to this release."""
+    text = str(exc.orig)
+    return "no such table" in text or "no such column" in text or ("does not exist" in text and (
+        "relation" in text or "column" in text))
+
+
+def _not_migrated(exc: DBAPIError) -> JSONResponse:
+    # Found from outside: an API on an unmigrated database answered every request 500 (and /readyz 200).
+    reason = str(exc.orig).splitlines()[0][:200]
+    log.warning("database not migrated: %s", reason)
+    return _body("database_unavailable", f"the database is not migrated to this release ({reason}): run `strata db "
+                 f"upgrade`", 503, {"Retry-After": "5"})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StrataError)
     async def _strata(_: Request, exc: StrataError) -> JSONResponse:
@@ -36,8 +51,16 @@ def install_error_handlers(app: FastAPI) -> None:
             log.warning("storage unavailable: %s", exc.detail)
         return _body(exc.type, exc.detail, exc.status_code, headers)
 
+    @app.exception_handler(ProgrammingError)
+    async def _schema(_: Request, exc: ProgrammingError) -> JSONResponse:
+        if not _missing_table(exc):
+            raise exc
+        return _not_migrated(exc)
+
     @app.exception_handler(OperationalError)
     async def _database(_: Request, exc: OperationalError) -> JSONResponse:
+        if _missing_table(exc):  # SQLite says it so
+            return _not_migrated(exc)
         # The database away, locked past its busy timeout, or refusing connections: 503 with a reason and one log
         # line (a generic 500 after 30 s, logged twice with a traceback, told a station nothing)
         reason = str(exc.orig).splitlines()[0][:200] if exc.orig is not None else type(exc).__name__

@@ -194,6 +194,7 @@ class Readiness(BaseModel):
     storage: str = Field(default="ok", description="ok, or error: why the storage backend cannot be used now")
     workers: dict[str, int]
     queues: dict[str, int] = Field(default_factory=dict)
+    reasons: list[str] = Field(default_factory=list, description="When not ready, why, one line each.")
 
 
 class BatchCreate(BaseModel):

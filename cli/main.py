@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
 from cli.storage import storage_app
-from services.config import get_settings
+from services.config import get_settings, settings_or_exit, unknown_variables
 from services.local_service import local_service, remember_local_service
 
 if TYPE_CHECKING:
@@ -352,8 +351,22 @@ def workers_cmd(
     settings = get_settings()
     ids = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
     specs = worker_specs(settings, gpus=ids, coordinator=coordinator, gpu_workers=gpu_workers)
+    pinned = [s.env["STRATA_WORKER_GPU"] for s in specs if s.env.get("STRATA_WORKER_GPU", "cpu") != "cpu"]
+    if pinned:  # found from outside: `--gpus 0` on a host without one computed on the CPU, unseen
+        from workers.launcher import visible_gpus
+
+        seen = visible_gpus()
+        if seen == 0 or any(g.isdigit() and int(g) >= seen for g in pinned):
+            raise _fail(f"GPU(s) {', '.join(dict.fromkeys(pinned))} asked for (--gpus / STRATA_GPU_ID) but CUDA sees "
+                        f"{seen} on this host: no GPU, no driver, or a torch built without CUDA; leave --gpus out to "
+                        f"run CPU workers", 2)
     for s in specs:
         console.print(f"{s.name}: CUDA_VISIBLE_DEVICES={s.env.get('CUDA_VISIBLE_DEVICES', '-')}")
+    if settings.metrics_port:
+        from services.metrics import serve_folder
+
+        serve_folder(settings.metrics_port)
+        console.print(f"metrics of this host's workers on :{settings.metrics_port}/metrics")
     Supervisor(specs, on_exit=lease_releaser(settings)).run_forever()
 
 
@@ -997,23 +1010,10 @@ def chaos(ctx: typer.Context) -> None:
     raise typer.Exit(chaos_main(ctx.args) or 0)
 
 
-def settings_problems(error: ValidationError) -> list[str]:
-    """One line per setting pydantic refused: its environment variable, the value given and why."""
-    lines = []
-    for e in error.errors():
-        name = ".".join(str(part) for part in e["loc"]) or "?"
-        var = name if name.startswith("STRATA_") else f"STRATA_{name.upper()}"
-        lines.append(f"{var}={os.environ.get(var, e.get('input', ''))!s}: {e['msg']}")
-    return lines
-
-
 def main() -> None:  # pragma: no cover
-    try:
-        level = get_settings().log_level.upper()
-    except ValidationError as exc:  # a bad STRATA_* variable: say which, not a traceback
-        for line in settings_problems(exc):
-            print(f"strata: invalid setting {line} (docs/OPERATIONS.md lists the settings)", file=sys.stderr)
-        raise SystemExit(2) from None
+    level = settings_or_exit().log_level.upper()  # a bad STRATA_* variable: one line each, exit 2
+    for line in unknown_variables():
+        print(f"strata: warning: {line}", file=sys.stderr)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # seven "setup plugin" lines a command

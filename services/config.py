@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
+import sys
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BeforeValidator, Field, field_validator
+from pydantic import AliasChoices, BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -269,6 +273,9 @@ class Settings(BaseSettings):
     metrics_dir: Path | None = Field(
         default=None, description="Prometheus multiprocess folder shared by every process; default data_dir/metrics."
     )
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="`strata workers` / `strata coordinator` serve this host's metrics "
+        "folder on this port (a host without an API; 0: off).")
     migrate_on_start: bool = Field(default=True, description="The API upgrades the database when it starts.")
     token: str | None = Field(default=None, description="Bearer token `strata submit` uses (else the local one).")
     api_url: str = Field(default="http://127.0.0.1:8000", description="Where `strata submit` finds the API.")
@@ -349,6 +356,46 @@ class Settings(BaseSettings):
     @property
     def token_file(self) -> Path:
         return self.data_dir / "local-token"
+
+
+# STRATA_ variables that are not settings but are read elsewhere: the CLI's, `strata serve`'s own, the tests'.
+_OTHER_VARIABLES = frozenset({"STRATA_RETRY_FOR", "STRATA_SERVE_INSTANCE", "STRATA_GPU_IDS"})
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per STRATA_ variable in the environment that no setting reads, with the setting it was probably
+    meant to be: found from outside, ``STRATA_STORAGE_UR=s3://…`` was ignored without a word and that host wrote
+    to local storage."""
+    known = {"STRATA_" + name.upper() for name in Settings.model_fields} | {"STRATA_GPU_ID"} | _OTHER_VARIABLES
+    lines = []
+    for name in sorted(environ if environ is not None else os.environ):
+        upper = name.upper()
+        if not upper.startswith("STRATA_") or upper in known or upper.startswith("STRATA_TEST_"):
+            continue
+        near = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.8)
+        lines.append(f"{name} is not a Strata setting and is ignored" + (f" (did you mean {near[0]}?)" if near else ""))
+    return lines
+
+
+def settings_problems(error: ValidationError) -> list[str]:
+    """One line per setting pydantic refused: its environment variable, the value given and why."""
+    lines = []
+    for e in error.errors():
+        name = ".".join(str(part) for part in e["loc"]) or "?"
+        var = name if name.startswith("STRATA_") else f"STRATA_{name.upper()}"
+        lines.append(f"{var}={os.environ.get(var, e.get('input', ''))!s}: {e['msg']}")
+    return lines
+
+
+def settings_or_exit() -> Settings:
+    """The settings; a bad STRATA_* variable prints one line each and exits 2 (every entry point: the CLI, the API
+    under any server; found from outside: `uvicorn api.app:create_app` showed a 24-frame traceback)."""
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        for line in settings_problems(exc):
+            print(f"strata: invalid setting {line} (docs/OPERATIONS.md lists the settings)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 @lru_cache(maxsize=1)

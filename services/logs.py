@@ -38,7 +38,8 @@ def configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error"):  # the server's own lines (an unhandled error's traceback) in this
-        own = logging.getLogger(name)          # format too: with json, one JSON object a line in api.log
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # seven "setup plugin" lines a start
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # the server's own lines (its start, requests, an
+        own = logging.getLogger(name)  # unhandled error's traceback) in this format too: one JSON object a line
         own.handlers[:] = []
         own.propagate = True

@@ -73,3 +73,12 @@ def reset_multiproc_dir() -> None:
             os.unlink(os.path.join(MULTIPROC_DIR, name))
 
 
+def serve_folder(port: int) -> None:
+    """Serve the counters and histograms of this host's processes (the multiprocess folder) on ``port`` from a
+    daemon thread: on a host with workers and no API, whose folder no API adds up (found from outside: host B's
+    worker metrics never reached Prometheus). The gauges read from the database and Redis stay the API's."""
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=MULTIPROC_DIR)
+    start_http_server(port, registry=registry)

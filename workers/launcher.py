@@ -40,6 +40,16 @@ def detect_gpus(settings: Settings) -> list[str]:
         return []
 
 
+def visible_gpus() -> int:
+    """CUDA devices this process sees (0 without a GPU, a driver or a CUDA build of torch)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # noqa: BLE001
+        return 0
+
+
 def _celery(name: str, queues: list[str], pool: str, concurrency: int, settings: Settings) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "workers.app:celery_app", "worker", "-n", name,
             "-Q", ",".join(queues), "--pool", pool, "--concurrency", str(concurrency),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -46,11 +47,46 @@ class WorkerInfo:
     jobs: tuple[str, ...] = ()  # jobs a coordinator is ingesting or advancing now (its leases)
 
     strip_budget_mb: int = 0  # GPU memory a strip may plan for (0: unknown, a CPU worker)
+    instance: str = ""  # this process's start (a random id): tells two processes of one name apart
+    machine: str = ""  # the machine's own hostname (``host`` is STRATA_NODE_NAME where set)
 
     @property
     def busy(self) -> bool:
         """Computing a shard (a GPU worker) or holding a job's ingest or advance (a coordinator)."""
         return bool(self.shards) or self.current_shard is not None or bool(self.jobs)
+
+
+def read_worker(client: redis.Redis, name: str) -> WorkerInfo | None:
+    """The live heartbeat of the worker ``name``, if any."""
+    raw = client.get(PREFIX + name)
+    if not raw:
+        return None
+    fields = json.loads(raw)
+    return WorkerInfo(**{k: v for k, v in fields.items() if k in WorkerInfo.__dataclass_fields__})
+
+
+def name_taken(client: redis.Redis, info: WorkerInfo) -> str | None:
+    """Why ``info``'s name is another live process's (its heartbeat is fresh and from another machine, or from a
+    process of this one that still runs), else None. Found from outside: a copied env file gave two hosts one
+    STRATA_NODE_NAME; their workers overwrote each other's heartbeat and a shard ran on both at once."""
+    other = read_worker(client, info.name)
+    if other is None or not other.instance or other.instance == info.instance:
+        return None
+    if other.machine == info.machine and not _pid_alive(other.pid):
+        return None  # this machine's earlier process of that name, dead: its key has not expired yet
+    return (f"another process already runs as {info.name} (pid {other.pid} on {other.machine or other.host}, "
+            f"heartbeat {max(0.0, time.time() - other.beat_at):.0f} s ago): two workers of one name overwrite each "
+            f"other's heartbeat and run shards twice; give each host its own STRATA_NODE_NAME")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -195,7 +231,14 @@ class Heartbeat:
             log.warning("heartbeat failed: %s", exc)
 
     def _run(self) -> None:
+        warned = False
         while not self._stop.wait(self.interval):
+            with contextlib.suppress(redis.RedisError):
+                other = read_worker(self.client, self.info.name)
+                if not warned and other is not None and other.instance and other.instance != self.info.instance:
+                    warned = True  # another process writes our key: said once, loudly (see name_taken)
+                    log.error("another process (pid %s on %s) beats as %s too: give each host its own "
+                              "STRATA_NODE_NAME", other.pid, other.machine or other.host, self.info.name)
             self._beat()
 
     def stop(self) -> None:

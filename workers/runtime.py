@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +20,11 @@ from sqlalchemy.exc import InterfaceError
 from sqlalchemy.exc import OperationalError as DatabaseOperationalError
 
 from services.config import get_settings
+from services.db.schema import wait_for_database
 from services.errors import StorageUnavailable
 from services.export import recipes
 from services.pipeline import gate
-from workers.registry import Heartbeat, WorkerInfo, live_workers, redis_client, this_host
+from workers.registry import Heartbeat, WorkerInfo, live_workers, name_taken, redis_client, this_host
 
 log = logging.getLogger(__name__)
 # What a periodic pass meets while a service it needs is away: logged as an outage, not a failure (OutageLog)
@@ -125,6 +128,10 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     kind = settings.worker_kind
     gpu = settings.worker_gpu if kind == "gpu" else "cpu"
     device = pick_device(gpu) if kind == "gpu" else "cpu"
+    # Not ready (no heartbeat, no message taken: Celery's loop waits for this) until the database answers at this
+    # release's revision: found from outside, workers on an unreachable or unmigrated database said "ready".
+    if not wait_for_database(name, _stopping):
+        return
     _configure_torch(kind, device)
     recipes.read_at_start()
     if kind == "gpu" and device.startswith("cuda"):  # device slots; the worker's other threads store results
@@ -140,9 +147,13 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
                       pid=os.getpid(), slots=slots,
                       lane=settings.coordinator_lane if kind == "coordinator" else "all",
                       strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction
-                                                       / max(1, settings.workers_per_gpu) / slots))
+                                                       / max(1, settings.workers_per_gpu) / slots),
+                      instance=uuid.uuid4().hex, machine=socket.gethostname())
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s,
                            memory_mb=lambda: memory_mb(device))
+    taken = name_taken(_heartbeat.client, info)
+    if taken is not None:
+        raise RuntimeError(taken)  # the worker exits (workers/tasks.py: _on_ready)
     _heartbeat.start()
     if kind == "coordinator":  # decoder children waiting for the first stack's frames
         from services.raw.decode import prestart
@@ -226,6 +237,21 @@ def memory_mb(device: str) -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def held_elsewhere(shard_id: int) -> str | None:
+    """The live worker (this one's other threads included) computing ``shard_id`` now, if any: a second delivery
+    of its message (found from outside: hosts with different STRATA_VISIBILITY_TIMEOUT_S restored each other's
+    messages and ran shards twice) is dropped; should that worker die, the reconciler sends the shard again."""
+    if _heartbeat is None:
+        return None
+    with _heartbeat._lock:
+        if shard_id in _heartbeat.shards:
+            return _heartbeat.info.name
+    try:
+        return next((w.name for w in live_workers(_heartbeat.client) if shard_id in w.shards), None)
+    except (RedisConnectionError, RedisTimeoutError):
+        return None  # Redis away: run it (a duplicate is harmless, a lost shard is not)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -208,6 +209,11 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
     ``retry(exc, countdown, max_retries)`` sends the shard again later (and ends this attempt)."""
     settings = get_settings()
     ctx = runtime.context()
+    holder = runtime.held_elsewhere(shard_id)
+    if holder is not None:
+        log.warning("shard %s: %s computes it already; this second delivery is dropped (are STRATA_VISIBILITY_"
+                    "TIMEOUT_S and STRATA_NODE_NAME right on every host?)", shard_id, holder)
+        return
     t0 = time.perf_counter()
     outcome: ShardOutcome | None = None
     try:
@@ -309,10 +315,11 @@ def reconcile_once() -> Repairs | None:
                                 stale_after_s=min(stale_after_s, settings.lost_message_after_s), held=held,
                                 grace_s=ttl, gpu_backlog=sum(depths[q] for q in GPU_QUEUES))
             unsent = unsent_notifications(session, stale_after_s)
-            try:  # the repairs go out even while the object store is away
+            try:  # the repairs go out even while the object store is away (said once a minute, not a pass)
                 sweep_recently_ended(session, get_storage(), within_s=60, partials_older_than_s=ttl)
+                runtime.outage.passed("reconcile sweep")
             except StorageUnavailable as exc:
-                log.warning("reconcile: sweep skipped: %s", exc.detail)
+                runtime.outage.failed("reconcile sweep", exc)
         for job_id, priority in repairs.ingest:
             log.warning("reconcile: re-enqueueing ingest of job %s", job_id)
             sweep_partials(get_storage(), job_id, older_than_s=ttl)  # a live writer's file is newer
@@ -471,8 +478,13 @@ def _fresh_engine(**_: object) -> None:
 @worker_ready.connect
 def _on_ready(sender: object = None, **_: object) -> None:
     log.info("database commits of this worker: %s (STRATA_WORKER_COMMITS)", get_settings().worker_commits)
-    runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, admit=admit_once,
-                  retention=retention_once)
+    try:
+        runtime.start(getattr(sender, "hostname", "worker"), reconcile=reconcile_once, admit=admit_once,
+                      retention=retention_once)
+    except Exception:  # noqa: BLE001 - Celery would log it and consume anyway (found: a GPU worker on the CPU)
+        log.critical("worker cannot start; exiting", exc_info=True)
+        logging.shutdown()
+        os._exit(3)
     settings = get_settings()
     if settings.worker_kind == "gpu" and settings.gpu_express_lane:  # the launcher resolves the default
         global _express

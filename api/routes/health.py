@@ -6,12 +6,11 @@ import os
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from api.schemas import Health, Readiness
 from services.config import get_settings
-from services.db.session import session_scope
+from services.db.schema import schema_problem
 from services.errors import StorageUnavailable
 from services.storage import get_storage
 from workers.app import COORDINATOR_QUEUES, GPU_QUEUES, broker_url
@@ -29,11 +28,9 @@ def _readiness() -> tuple[bool, Readiness]:
     db = redis_state = "ok"
     workers: dict[str, int] = {"gpu": 0, "coordinator": 0}
     queues: dict[str, int] = {}
-    try:
-        with session_scope() as session:
-            session.execute(text("SELECT 1"))
-    except Exception as exc:  # noqa: BLE001
-        db = f"error: {type(exc).__name__}"
+    problem = schema_problem()  # unreachable, or not at this release's revision (not migrated, or newer)
+    if problem is not None:
+        db = f"error: {problem}"
     try:
         client = redis_client(broker_url(get_settings()))
         client.ping()
@@ -49,9 +46,14 @@ def _readiness() -> tuple[bool, Readiness]:
         storage = f"error: {exc.detail}"
     except Exception as exc:  # noqa: BLE001
         storage = f"error: {type(exc).__name__}: {exc}"
-    ok = db == "ok" and redis_state == "ok" and storage == "ok" and workers["gpu"] > 0 and workers["coordinator"] > 0
+    reasons = [f"{what}: {state.removeprefix('error: ')}" for what, state in (
+        ("database", db), ("redis", redis_state), ("storage", storage)) if state != "ok"]
+    if redis_state == "ok":
+        reasons += [f"no {kind} worker has a live heartbeat (start `strata {command}`, or see its log)"
+                    for kind, command in (("gpu", "workers"), ("coordinator", "coordinator")) if not workers[kind]]
+    ok = not reasons
     return ok, Readiness(status="ready" if ok else "not_ready", database=db, redis=redis_state, storage=storage,
-                         workers=workers, queues=queues)
+                         workers=workers, queues=queues, reasons=reasons)
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}},

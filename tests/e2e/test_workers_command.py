@@ -20,7 +20,18 @@ def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -
     env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_NODE_NAME": node, "STRATA_COORDINATORS": "1",
            "STRATA_EXPRESS_COORDINATORS": "0", "STRATA_WORKER_HEARTBEAT_S": "1", "STRATA_RECONCILE_INTERVAL_S": "0",
            "STRATA_ADMISSION_INTERVAL_S": "0", "STRATA_RETENTION_INTERVAL_S": "0", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "coordinator", "--data-dir", str(tmp_path / "var")],
+    cli = [sys.executable, "-m", "cli.main"]
+    waits = subprocess.Popen([*cli, "coordinator", "--data-dir", str(tmp_path / "var")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    time.sleep(20)  # an unmigrated database: it must not be ready (found from outside: it was, and failed every pass)
+    assert not [w for w in live_workers(redis_client(redis_url)) if w.name.endswith(node)]
+    os.killpg(waits.pid, signal.SIGTERM)
+    said = waits.communicate(timeout=60)[0].decode(errors="replace")
+    assert f"coordinator@{node} waits for its database: not migrated (no Strata tables): run `strata db upgrade`" in \
+        said, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    subprocess.run([*cli, "db", "upgrade", "--data-dir", str(tmp_path / "var")], env=env, check=True, timeout=120)
+    proc = subprocess.Popen([*cli, "coordinator", "--data-dir", str(tmp_path / "var")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     seen: list[str] = []
     try:
@@ -34,3 +45,15 @@ def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert seen == [f"coordinator@{node}"], out.decode(errors="replace")[-3000:]
+
+
+def test_strata_workers_refuses_gpus_cuda_cannot_see(tmp_path: Path) -> None:
+    """Found from outside: `strata workers --gpus 0` on a host without a GPU said "ready" and rendered on the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return  # a GPU host: the refusal is for hosts without one
+    got = subprocess.run([sys.executable, "-m", "cli.main", "workers", "--gpus", "0", "--data-dir",
+                          str(tmp_path / "var")], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert "GPU(s) 0 asked for (--gpus / STRATA_GPU_ID) but CUDA sees 0 on this host" in " ".join(got.stderr.split())
