@@ -54,6 +54,8 @@ class RecipeOut(BaseModel):
     extension: str
     media_type: str
     description: str
+    model: str | None = Field(default=None, description="The model tier it asks for: best | fast | max; null: the "
+                                                        "service's STRATA_MODEL_TIER")
 
 
 class RecipeList(BaseModel):

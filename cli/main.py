@@ -54,6 +54,16 @@ def _writable_out(out: Path | None) -> None:
         raise _fail(f"--out {out} cannot be used: {exc.strerror or exc}", 2) from None
 
 
+def _private(data: Path) -> Path:
+    """What `strata serve` writes (the database with its webhook secrets, every station's RAWs and TIFFs) is its
+    user's alone: files 0600 and folders 0700 from now on, the data folder itself 0700 (found from outside: all of
+    it was readable by every local user)."""
+    os.umask(0o077)
+    with contextlib.suppress(OSError):
+        data.chmod(0o700)
+    return data
+
+
 def _use_data_dir(data_dir: Path | None, create: bool = True) -> Path:
     """Point the settings (and every child process) at ``data_dir``."""
     if data_dir is not None:
@@ -230,7 +240,7 @@ def serve(
     from workers.launcher import ProcSpec, Supervisor, free_port, lease_releaser, redis_spec, worker_specs
 
     _check_port(host, port)  # before anything starts: else the API child fails alone, /readyz asks the other program
-    data = _use_data_dir(data_dir).resolve()
+    data = _private(_use_data_dir(data_dir).resolve())
     lock = _lock_data_dir(data, port)  # held while this serve runs: a second one would share its Redis files
     os.environ["STRATA_DATA_DIR"] = str(data)
     settings = get_settings()

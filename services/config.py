@@ -171,6 +171,9 @@ class Settings(BaseSettings):
     webhook_max_attempts: int = Field(default=6, description="Batch webhook deliveries tried before giving up.")
     webhook_backoff_s: float = Field(default=2.0, description="First webhook retry delay; doubles each attempt.")
     webhook_timeout_s: float = 10.0
+    webhook_allow_loopback: bool = Field(
+        default=False, description="Batch webhooks may go to a loopback address (127.0.0.1: a receiver on the "
+        "service's own host; tests). Off: a batch cannot make the server call its own services.")
 
     # Planning
     strip_rows: int = Field(

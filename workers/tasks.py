@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from services.batches.admission import Admission, admission_pass, unsent_notifications
 from services.batches.notify import notification
 from services.batches.service import record_delivery
+from services.batches.webhook import refused_address
 from services.config import get_settings
 from services.db.models import Job
 from services.db.session import mark_worker_process, reset_engine, session_scope
@@ -441,12 +442,19 @@ def notify_batch(self: Task, batch_id: str) -> None:
         message = notification(session, batch_id)
     if message is None:
         return
+    refused = refused_address(message.url, settings.webhook_allow_loopback)
+    if refused is not None:  # a host name that resolves to the server itself or a metadata service: never sent
+        log.warning("batch %s webhook %s", batch_id, refused)
+        with session_scope() as session:
+            record_delivery(session, batch_id, refused, False)
+        return
     try:
         response = httpx.post(message.url, content=message.body, headers=message.headers,
                               timeout=settings.webhook_timeout_s)
         delivered, status = response.is_success, f"HTTP {response.status_code}"
-    except httpx.HTTPError as exc:
-        delivered, status = False, f"{type(exc).__name__}: {exc}"
+    except httpx.HTTPError as exc:  # the batch shows the kind of failure; the log has the details
+        delivered, status = False, f"not delivered ({type(exc).__name__})"
+        log.warning("batch %s webhook: %s: %s", batch_id, type(exc).__name__, exc)
     with session_scope() as session:
         attempts = record_delivery(session, batch_id, status, delivered)
     if not delivered:

@@ -246,7 +246,7 @@ def content_disposition(name: str, fallback: str) -> str:
     return value
 
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=(\d{0,18})-(\d{0,18})$")  # 18 digits: past any file (more: not an int Python parses)
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int]:

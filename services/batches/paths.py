@@ -16,12 +16,25 @@ def under_root(root: Path | None, path: str) -> Path:
         raise BadInput("server-side paths are off: no import root is configured (STRATA_IMPORT_ROOT)")
     base = root.resolve()
     candidate = Path(path)
-    resolved = (candidate if candidate.is_absolute() else base / candidate).resolve()
+    shown = _shown(candidate, base)  # never the server's own folders (found from outside: the root's full path)
+    try:
+        resolved = (candidate if candidate.is_absolute() else base / candidate).resolve()
+        exists = resolved.exists()
+    except (ValueError, OSError) as exc:  # a NUL, a name too long: 500s found from outside
+        raise BadInput(f"path {shown!r} cannot be used: {exc.strerror if isinstance(exc, OSError) else exc}") from None
     if resolved != base and base not in resolved.parents:
-        raise BadInput(f"path {path!r} is outside the import root")
-    if not resolved.exists():
-        raise BadInput(f"path {path!r} does not exist")
+        raise BadInput(f"path {shown!r} is outside the import root")
+    if not exists:
+        raise BadInput(f"path {shown!r} does not exist")
     return resolved
+
+
+def _shown(path: Path, base: Path) -> str:
+    """``path`` as a refusal names it: relative to the import root where it lies under it."""
+    try:
+        return path.relative_to(base).as_posix() if path.is_absolute() else str(path)
+    except ValueError:
+        return str(path)
 
 
 def raw_files(root: Path | None, paths: list[str]) -> list[Path]:

@@ -75,18 +75,29 @@ def shot_rows(jobs: list[Job]) -> list[ShotRow]:
     ) for j in jobs]
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula (``=HYPERLINK(…)`` in a file name) gets a leading ``'``
+    (OWASP's CSV injection advice): found from outside in the report's name column."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
 def report_csv(rows: list[ShotRow]) -> str:
     """One line per shot; several outputs are joined with ``;`` in the same order in every output column."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\r\n")
     writer.writerow(CSV_COLUMNS)
     for r in rows:
-        writer.writerow([
+        writer.writerow([_cell(v) for v in [
             r.job, r.name, r.status, ";".join(o.name for o in r.outputs), ";".join(o.url for o in r.outputs),
             ";".join(o.sha256 for o in r.outputs), ";".join(str(o.bytes) for o in r.outputs), r.error or "",
             _iso(r.queued_at), _iso(r.started_at) or "", _iso(r.finished_at) or "",
             "" if r.seconds is None else r.seconds,
-        ])
+        ]])
     return buf.getvalue()
 
 

@@ -50,7 +50,7 @@ def _validated(request: BatchRequest, settings: Settings) -> Batch:
     priority = parse_enum(Priority, request.priority or Priority.BATCH, "priority")
     missed = request.on_window_end and parse_enum(WindowMissed, request.on_window_end, "on_window_end")
     window = make_window(request.not_before, request.not_after, studio_zone(settings.timezone))
-    url = check_url(request.webhook_url)
+    url = check_url(request.webhook_url, settings.webhook_allow_loopback)
     now = utcnow()
     if window.not_after is not None and window.not_after <= now and \
             (missed or settings.batch_window_missed) == WindowMissed.SKIP:

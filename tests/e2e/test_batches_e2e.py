@@ -69,7 +69,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str, import_roo
            "STRATA_CPU_WORKERS": "1", "STRATA_TORCH_THREADS": "1", "STRATA_WORKER_HEARTBEAT_S": "1",
            "STRATA_IMPORT_ROOT": str(import_root), "STRATA_ADMISSION_INTERVAL_S": "0.5",
            "STRATA_WEBHOOK_BACKOFF_S": "0.5", "STRATA_WEBHOOK_TIMEOUT_S": "5", "STRATA_MIGRATE_ON_START": "false",
-           "STRATA_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+           "STRATA_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1", "STRATA_WEBHOOK_ALLOW_LOOPBACK": "true"}
     configure(url, root / "var")
     reset_database(url)
     with session_scope() as session:

@@ -19,7 +19,8 @@ def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -
     node = f"cmd-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_NODE_NAME": node, "STRATA_COORDINATORS": "1",
            "STRATA_EXPRESS_COORDINATORS": "0", "STRATA_WORKER_HEARTBEAT_S": "1", "STRATA_RECONCILE_INTERVAL_S": "0",
-           "STRATA_ADMISSION_INTERVAL_S": "0", "STRATA_RETENTION_INTERVAL_S": "0", "PYTHONUNBUFFERED": "1"}
+           "STRATA_ADMISSION_INTERVAL_S": "0", "STRATA_RETENTION_INTERVAL_S": "0", "PYTHONUNBUFFERED": "1",
+           "STRATA_DATABASE_URL": f"sqlite:///{tmp_path / 'var' / 'strata.db'}"}  # not an earlier test's
     cli = [sys.executable, "-m", "cli.main"]
     waits = subprocess.Popen([*cli, "coordinator", "--data-dir", str(tmp_path / "var")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

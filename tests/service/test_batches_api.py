@@ -258,7 +258,7 @@ def test_admission_is_fair_between_stations(client: TestClient, auth: dict[str, 
 def test_a_lost_webhook_message_is_found_again(client: TestClient, auth: dict[str, str], import_root: Path) -> None:
     from services.batches.admission import unsent_notifications
 
-    batch = _create(client, auth, paths=["night/shot_00.dng"], webhook_url="http://127.0.0.1:9/x")
+    batch = _create(client, auth, paths=["night/shot_00.dng"], webhook_url="http://10.0.0.9:9/x")
     with session_scope() as session:
         (job_id, _), = admission_pass(session, get_settings(), capacity=1).ingest
     _finish(job_id, "done")

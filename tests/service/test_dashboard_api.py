@@ -280,11 +280,14 @@ def test_workers_show_heartbeats_with_the_current_shard(client: TestClient, redi
     beat.start()
     try:
         beat.add_shard(42)
-        body = client.get("/v1/workers", headers=_token("station-a")).json()
+        body = client.get("/v1/workers", headers=_token("boss", "admin")).json()
         mine = next(w for w in body["workers"] if w["name"] == "gpu7@test-host")
         assert mine["busy"] and mine["current_shard"] == 42 and mine["memory_mb"] == 1234.5
         assert mine["last_heartbeat"] and {"coordinator", "gpu"} <= set(body["queues"])
         assert set(body["queues"]["gpu"]) == {"interactive", "batch"}
+        station = client.get("/v1/workers", headers=_token("station-a")).json()  # busy, not with what
+        seen = next(w for w in station["workers"] if w["name"] == "gpu7@test-host")
+        assert seen["busy"] and seen["current_shard"] is None and seen["shards"] == [] and seen["jobs"] == []
     finally:
         beat.stop()
 

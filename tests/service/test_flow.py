@@ -468,6 +468,14 @@ def test_a_frame_that_decodes_blank_fails_at_ingest(db: str, tmp_path: Path) -> 
         assert flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers=2) == []
         job = session.get(Job, job_id)
         assert job.status == "failed" and job.error.startswith("decode failed: the decoded image is blank"), job.error
+    from services.pipeline.prepare import check_not_blank
+
+    night = np.full((400, 300), 1024, np.uint16)  # found from outside: a night scene lit in a few rows (and one
+    night[258:270] = 30000                          # bright pixel) was refused as blank by a sample of rows
+    check_not_blank(night, 0, 1)
+    night[:] = 1024
+    night[5, 7] = 65535
+    check_not_blank(night, 0, 1)
 
 
 def _run_to_the_end(job_id: str, n_workers: int = 2, quiet: QuietWindow | None = None) -> int:

@@ -196,13 +196,15 @@ def test_failed_auth_backs_off_per_address(client: TestClient, auth: dict[str, s
     assert client.get("/v1/jobs", headers=auth).status_code == 200  # a correct token resets the count
     codes = [client.get("/v1/jobs", headers=wrong).status_code for _ in range(4)]
     assert codes == [401, 401, 401, 429]
-    blocked = client.get("/v1/jobs", headers=auth)  # the block holds for every token from that address
+    blocked = client.get("/v1/jobs", headers=wrong)  # the block holds for wrong tokens from that address
     assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
     assert blocked.json()["type"] == "too_many_requests"
     r = redis.Redis.from_url(get_settings().redis_url or "")
     assert r.pttl("strata:auth-block:testclient") > 0
-    r.delete("strata:auth-block:testclient")
+    # Found from outside: a valid station sharing the address (a NAT, a proxy; or an address another client named
+    # in X-Forwarded-For) was locked out too. A valid token always passes.
     assert client.get("/v1/jobs", headers=auth).status_code == 200
+    r.delete("strata:auth-block:testclient")
 
 
 def test_an_upload_holds_no_database_connection_while_its_body_streams(client: TestClient, auth: dict[str, str],
@@ -290,3 +292,54 @@ def test_nul_characters_and_odd_token_names_are_refused(client: TestClient, auth
         with pytest.raises(Conflict, match="keeps the role"):
             create_station_token(session, "studio-b", replace=True, role="admin")
         create_station_token(session, "studio-b", replace=True)  # a plain rotation still works
+
+
+def test_hostile_bodies_and_values_are_4xx_before_anything_reads_them(client: TestClient, auth: dict[str, str],
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside (a security probe): a 100 MB JSON body without a token was parsed before its 401 (750 MiB
+    more in the API); a NUL or a 5000-character import path, a Range of 5000 digits were 500s; the import root's
+    full path showed in refusals; a token wrapped in a query value passed the URL guard."""
+    import_root = tmp_path / "import"
+    import_root.mkdir()
+    monkeypatch.setenv("STRATA_IMPORT_ROOT", str(import_root))
+    get_settings.cache_clear()
+    big = b"[" + b"0," * 600_000 + b"0]"
+    r = client.post("/v1/tokens", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["type"] == "body_too_large"
+    r = client.post("/v1/batches", headers={**auth, "Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+                    content=iter([b'{"name": "x"}']))
+    assert r.status_code == 411 and r.json()["type"] == "length_required"
+    for path in ("a\u0000b", "x" * 5000):
+        r = client.post("/v1/batches", headers=auth, json={"name": "p", "paths": [path]})
+        assert r.status_code == 422 and "cannot be used" in r.json()["detail"], r.text
+    r = client.post("/v1/batches", headers=auth, json={"name": "p", "paths": ["nowhere/a.dng"]})
+    assert r.status_code == 422 and str(import_root) not in r.text
+    token = auth["Authorization"].split()[1]
+    for query in (f"q=Bearer%20{token}", f"q=%20{token}", f"x={token}%2C"):
+        assert client.get(f"/v1/jobs?{query}").status_code == 401, query
+    jobs = client.get("/v1/jobs", headers=auth)
+    assert jobs.headers["cache-control"] == "private, no-store"
+
+
+def test_small_disclosures_found_by_the_security_probe(client: TestClient) -> None:
+    """A Range of 5000 digits (a 500), a file name a spreadsheet runs as a formula in the CSV report, another
+    station's job and shard ids in GET /v1/workers, the dashboard without a CSP."""
+    from api.routes.jobs import _parse_range
+    from api.routes.workers import Visible, _out
+    from services.batches.report import _cell
+    from services.errors import RangeNotSatisfiable
+    from workers.registry import WorkerInfo
+
+    with pytest.raises(RangeNotSatisfiable):
+        _parse_range("bytes=0-" + "9" * 5000, 100)
+    assert _cell("=HYPERLINK(\"http://evil\")") == "'=HYPERLINK(\"http://evil\")" and _cell("shot.dng") == "shot.dng"
+    assert _cell("@SUM(1)") == "'@SUM(1)" and _cell(3.5) == 3.5
+    busy = WorkerInfo(name="coordinator@h", kind="coordinator", gpu="cpu", device="cpu", queue="q", host="h", pid=1,
+                      shards=(7,), current_shard=7, jobs=("another-stations-job",))
+    seen = _out(busy, Visible(frozenset(), frozenset()))  # a station that owns neither
+    assert seen.busy and seen.jobs == [] and seen.shards == [] and seen.current_shard is None
+    assert _out(busy, Visible()).jobs == ["another-stations-job"] and _out(busy, Visible()).current_shard == 7
+    page = client.get("/dashboard")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["x-content-type-options"] == "nosniff"

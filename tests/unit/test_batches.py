@@ -133,3 +133,24 @@ def test_webhook_urls_must_be_http(url: str) -> None:
     with pytest.raises(BadInput):
         webhook.check_url(url)
     assert webhook.check_url(" https://hooks.example/strata ") == "https://hooks.example/strata"
+
+
+@pytest.mark.parametrize("url", [
+    "http://2852039166/latest/meta-data/", "http://0xa9fea9fe/", "http://169.254.43518/",  # 169.254.169.254
+    "http://[::ffff:169.254.169.254]/", "http://0:8199/", "http://127.0.0.1:6379/", "http://[::1]/",
+    "http://2130706433:8199/", "http://240.0.0.1/"])
+def test_webhooks_to_the_server_itself_or_a_metadata_service_are_refused(url: str) -> None:
+    """Found from outside: numeric forms and IPv4-mapped addresses got round the check; loopback was allowed
+    (a batch could make the coordinator POST to Redis and report what it saw)."""
+    with pytest.raises(BadInput):
+        webhook.check_url(url)
+
+
+def test_webhook_hosts_are_checked_where_they_resolve() -> None:
+    assert webhook.check_url("http://10.1.2.3/hook") == "http://10.1.2.3/hook"  # the studio's network
+    assert webhook.check_url("http://127.0.0.1:9/x", allow_loopback=True) == "http://127.0.0.1:9/x"
+    assert "refused: localhost resolves to a loopback address" in (webhook.refused_address("http://localhost:6379/")
+                                                                   or "")
+    assert webhook.refused_address("http://localhost:6379/", allow_loopback=True) is None
+    assert webhook.refused_address("http://10.1.2.3/hook") is None
+    assert webhook.refused_address("http://no-such-host.invalid/") is None  # the delivery's own error says it
