@@ -23,6 +23,7 @@ from services.config import get_settings
 from services.db.schema import wait_for_database
 from services.errors import StorageUnavailable
 from services.export import recipes
+from services.jobs.storage_identity import wait_for_storage
 from services.pipeline import gate
 from workers.registry import Heartbeat, WorkerInfo, live_workers, name_taken, redis_client, this_host
 
@@ -130,7 +131,7 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     device = pick_device(gpu) if kind == "gpu" else "cpu"
     # Not ready (no heartbeat, no message taken: Celery's loop waits for this) until the database answers at this
     # release's revision: found from outside, workers on an unreachable or unmigrated database said "ready".
-    if not wait_for_database(name, _stopping):
+    if not wait_for_database(name, _stopping) or not wait_for_storage(name, _stopping):
         return
     _configure_torch(kind, device)
     recipes.read_at_start()

@@ -11,7 +11,9 @@ from starlette.concurrency import run_in_threadpool
 from api.schemas import Health, Readiness
 from services.config import get_settings
 from services.db.schema import schema_problem
+from services.db.session import session_scope
 from services.errors import StorageUnavailable
+from services.jobs.storage_identity import ensure_ours
 from services.storage import get_storage
 from workers.app import COORDINATOR_QUEUES, GPU_QUEUES, broker_url
 from workers.registry import live_workers, queue_depths, redis_client
@@ -42,6 +44,9 @@ def _readiness() -> tuple[bool, Readiness]:
     storage = "ok"
     try:
         get_storage().check()
+        if db == "ok":
+            with session_scope() as session:
+                ensure_ours(session, get_storage())  # this database's storage, not another host's idea of it
     except StorageUnavailable as exc:
         storage = f"error: {exc.detail}"
     except Exception as exc:  # noqa: BLE001

@@ -24,6 +24,7 @@ from services.config import get_settings
 from services.db.models import Job, Station, new_id
 from services.errors import Gone, NotFound, RangeNotSatisfiable, UploadTooLarge
 from services.jobs import service
+from services.jobs.storage_identity import ensure_ours
 from services.metrics import BYTES_UPLOADED
 from services.storage import get_storage
 from services.storage.keys import job_prefix
@@ -113,6 +114,7 @@ async def receive_shot(request: Request, response: Response, shot: Shot, submit:
     job_id = new_id()
     # The token lookup's transaction ends before the body streams (an upload can take minutes): its connection
     # goes back to the pool, so concurrent uploads do not exhaust it (40 at once got 500s, "QueuePool limit").
+    await run_in_threadpool(ensure_ours, shot.session, storage)  # 503 where it is not this database's storage
     await run_in_threadpool(shot.session.commit)
     with service.discard_on_error(storage, job_id):
         form = await receive_multipart(request.headers.get("content-type", ""), request.stream(), storage, job_id,

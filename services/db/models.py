@@ -27,6 +27,16 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, dt.datetime: DateTime(timezone=True)}
 
 
+class ServiceFact(Base):
+    """What the service records about itself: ``storage_id``, the marker of the storage its files are in
+    (services/storage/identity.py)."""
+
+    __tablename__ = "service_facts"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Station(Base):
     """A capture station: the owner of jobs, authenticated by a bearer token stored as a hash."""
 

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from services.config import get_settings
 from services.db.session import session_scope
+from services.jobs.storage_identity import MARKER_KEY
 from services.raw.probe import RENDERED
 from services.stations import create_station_token
 from tests.raw_layouts import REFUSED, bayer_dng, linear_dng
@@ -43,7 +44,7 @@ def _frame(synth_dir: Path) -> bytes:
 
 def _storage_files() -> list[Path]:
     root = get_settings().resolved_storage_dir
-    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+    return [p for p in root.rglob("*") if p.is_file() and p.name != MARKER_KEY] if root.exists() else []
 
 
 def _job_count(client: TestClient, auth: dict[str, str]) -> int:
