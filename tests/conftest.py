@@ -27,22 +27,27 @@ def backend_url(backend: str, root: Path) -> str:
     return f"sqlite:///{root / 'strata.db'}"
 
 
-def reset_database(url: str) -> None:
-    """An empty, fully migrated database."""
+def drop_everything(url: str) -> None:
+    """Every table of the database at ``url`` gone, Alembic's too (a database never migrated)."""
     from sqlalchemy import MetaData, create_engine, text
 
+    engine = create_engine(url)
+    meta = MetaData()
+    meta.reflect(engine)
+    with engine.begin() as conn:
+        meta.drop_all(conn)
+        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+    engine.dispose()
+
+
+def reset_database(url: str) -> None:
+    """An empty, fully migrated database."""
     from services.db.migrate import upgrade
 
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[1]).unlink(missing_ok=True)
     else:
-        engine = create_engine(url)
-        meta = MetaData()
-        meta.reflect(engine)
-        with engine.begin() as conn:
-            meta.drop_all(conn)
-            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
-        engine.dispose()
+        drop_everything(url)
     upgrade(url)
 
 

@@ -8,17 +8,9 @@ import threading
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import MetaData, create_engine, text
+from sqlalchemy import text
 
-
-def _drop_everything(url: str) -> None:
-    engine = create_engine(url)
-    meta = MetaData()
-    meta.reflect(engine)
-    with engine.begin() as conn:
-        meta.drop_all(conn)
-        conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
-    engine.dispose()
+from tests.conftest import drop_everything
 
 
 def test_an_unmigrated_database_is_not_ready_and_answers_503(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,7 +20,7 @@ def test_an_unmigrated_database_is_not_ready_and_answers_503(db: str, monkeypatc
     from services.db.session import reset_engine
 
     assert schema_problem() is None
-    _drop_everything(db)
+    drop_everything(db)
     reset_engine()
     monkeypatch.setenv("STRATA_MIGRATE_ON_START", "false")
     get_settings.cache_clear()
