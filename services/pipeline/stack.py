@@ -73,11 +73,13 @@ _PIXEL_SHIFT_TOLERANCE = 0.25  # px: how far measured shifts may be from whole p
 SHIFT_WINDOW = 1024  # px: the central square the global shifts are measured on (a whole-pixel pattern test)
 
 
-def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device) -> torch.Tensor:
-    """Level-normalised mosaic, cropped to even H and W (align and merge work on whole 2x2 CFA cells)."""
+def _normalised(raw: np.ndarray, meta: RawMeta, device: torch.device, clip_black: bool = True) -> torch.Tensor:
+    """Level-normalised mosaic, cropped to even H and W (align and merge work on whole 2x2 CFA cells);
+    ``clip_black=False`` keeps values below black (the merge's Bayer sums, :func:`merge_group_tensor`)."""
     arr = np.asarray(raw)
     arr = arr[: arr.shape[0] // 2 * 2, : arr.shape[1] // 2 * 2]
-    return normalize_levels(mosaic_tensor(arr, device), meta.black_levels, meta.white_level)  # uint16 on the bus
+    return normalize_levels(mosaic_tensor(arr, device), meta.black_levels, meta.white_level,  # uint16 on the bus
+                            clip_black=clip_black)
 
 
 def merge_params(params: RenderParams, device: str | torch.device | None = None, stack_size: int = 1) -> MergeParams:
@@ -240,8 +242,10 @@ def merge_group_tensor(
     shared = params or shot_render_params(reference[1], reference[0])
     mp = merge_params(shared, dev, stack_size if pixel_shift is None else 1)
     with torch.inference_mode():
-        ref = prepare_reference(_normalised(*reference, dev), mp)
-        mosaics = [_normalised(raw, meta, dev) for raw, meta in frames]
+        # below black kept: the Bayer sums average the noise unclipped, the demosaics see it clipped
+        # (accumulate_frames; clipped sums lifted and tinted the shadows of high-noise stacks)
+        ref = prepare_reference(_normalised(*reference, dev, clip_black=False), mp)
+        mosaics = [_normalised(raw, meta, dev, clip_black=False) for raw, meta in frames]
         if pixel_shift is None:
             acc = accumulate_frames(ref, mosaics, mp, positions, raw_merge=shared.raw_merge)  # (5|11, H, W)
         else:
@@ -384,7 +388,8 @@ def _blend_raw(x: torch.Tensor, raw: torch.Tensor, raw_weight: torch.Tensor, wei
     dev = x.device
     shot, read = (small(v, dev, torch.float32) / params.frames for v in noise_per_channel(params))
     gains = small(params.gains, dev, torch.float32).view(1, 3, 1, 1)
-    d = _remosaic_enhance(raw * gains, params, shot * RAW_MERGE_NOISE_SHARE, read * RAW_MERGE_NOISE_SHARE)
+    d = _remosaic_enhance(raw.clamp(min=0.0) * gains, params,  # clipped at black as a frame is (see _blend_bayer)
+                          shot * RAW_MERGE_NOISE_SHARE, read * RAW_MERGE_NOISE_SHARE)
     d = sharpen(d, params.sharpen_amount, SHARPEN_SIGMA)
     noise = (shot.view(1, 3, 1, 1) * x.clamp(min=0.0) + read.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
     confidence = (raw_weight.amin(dim=1, keepdim=True) / RAW_MERGE_MIN_WEIGHT).clamp(0.0, 1.0)  # (1, 1, H, W)
@@ -394,11 +399,16 @@ def _blend_raw(x: torch.Tensor, raw: torch.Tensor, raw_weight: torch.Tensor, wei
 
 def _blend_bayer(a: torch.Tensor, bayer: torch.Tensor, params: RenderParams) -> torch.Tensor:
     """Blend the sharpened RGB path ``a`` (1, 3, H, W) with the package's render of the fused Bayer mosaic
-    (1, 1, H, W, normalised camera values) where the two agree (see :data:`BLEND_TOLERANCE`)."""
+    (1, 1, H, W, normalised camera values) where the two agree (see :data:`BLEND_TOLERANCE`).
+
+    The mosaic is the mean of unclipped samples (values below black kept, :func:`merge_group_tensor`): clipped
+    at black here, it is what the package was trained on, a mosaic clipped at the noise it is told (1/frames),
+    so the package takes the clip's lift in the shadows back out. (The mean of clipped frames kept each frame's
+    lift, about the full per-frame noise's, which the package told 1/frames of it read as signal.)"""
     dev = a.device
     shot, read = (small(v, dev, torch.float32) / params.frames for v in noise_per_channel(params))
     enhancer = load_enhancer(params.camera, dev, package=params.model)
-    b = enhancer.enhance(white_balance(bayer, params.gains, params.cfa), params.cfa, shot, read)
+    b = enhancer.enhance(white_balance(bayer.clamp(min=0.0), params.gains, params.cfa), params.cfa, shot, read)
     b = sharpen(b, params.sharpen_amount, SHARPEN_SIGMA)  # (1, 3, H, W)
     noise = (shot.view(1, 3, 1, 1) * a.clamp(min=0.0) + read.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
     return a + _agreement_share(a, b, noise, 0.5) * (b - a)

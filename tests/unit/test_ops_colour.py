@@ -60,6 +60,8 @@ def test_normalize_levels_per_site() -> None:
     np.testing.assert_allclose(out.numpy(), [[0.0, 100 / 900, 0.9], [0.0, 1.0, 1.0]], atol=1e-7)
     with pytest.raises(ValueError, match=r"got \(2, 3, 1\)"):
         normalize_levels(raw[..., None], (0, 0, 0, 0), 10)
+    below = normalize_levels(raw, (100, 200, 300, 400), 1100, clip_black=False)  # a stack's Bayer sums
+    np.testing.assert_allclose(below.numpy(), [[0.0, 100 / 900, 0.9], [-50 / 800, 1.0, 1.0]], atol=1e-7)
 
 
 def test_clip_highlights_whitens_blown_pixels_and_leaves_the_rest() -> None:

@@ -123,6 +123,22 @@ def test_merged_bayer_mosaic_of_shifted_frames_lands_on_the_reference() -> None:
     assert float((merged - frames[0].double()[inner]).abs().mean()) < 0.2 * float((merged - other_phase).abs().mean())
 
 
+def test_dark_frames_average_unclipped_in_the_merged_bayer_mosaic() -> None:
+    """Frames normalised without the black clip (values below black kept): the merged Bayer mosaic is their plain
+    mean, so dark noise averages out around the scene's level; the clip would lift it by a share of the per-frame
+    noise whatever the number of frames. Each frame's demosaic still sees its samples clipped at 0."""
+    dark = torch.full((64, 96), 0.002, dtype=torch.float64)
+    frames = [_noisy(dark, seed=s, shot=0.01, read=1.5e-4) for s in range(4)]  # std 0.012: half below black
+    assert float((frames[0] < 0).double().mean()) > 0.3
+    acc = accumulate_frames(frames[0], frames, replace(PARAMS, shot=0.01, read=1.5e-4))
+    assert float((acc[3] / ONE).mean()) > 3.0  # most frames count
+    merged = acc[4].double() / acc[3].double()
+    assert abs(float(merged.mean()) - 0.002) < 3e-4
+    assert float(torch.stack(frames).clamp(min=0).double().mean()) > 0.005  # what a clipped mean comes to
+    torch.testing.assert_close(prepare_reference(frames[0], PARAMS).rgb,
+                               demosaic_camera(frames[0].clamp(min=0), PARAMS), atol=0, rtol=0)
+
+
 def test_pixel_shift_noise_free_returns_truth_at_every_site() -> None:
     rgb = torch.as_tensor(textured_rgb(64, 64, seed=11)).float()  # (3, H, W), periodic
     offsets = [(0, 0), (0, 1), (1, 1), (1, 0)]

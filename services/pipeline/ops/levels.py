@@ -11,12 +11,14 @@ from services.pipeline.ops._checks import small
 from services.pipeline.ops.cfa import site_map
 
 
-def normalize_levels(raw: Tensor, black: Sequence[float], white: float) -> Tensor:
+def normalize_levels(raw: Tensor, black: Sequence[float], white: float, *, clip_black: bool = True) -> Tensor:
     """(H, W) raw counts (any int/float dtype) -> float32 ``(raw - black) / (white - black)`` in [0, 1].
 
     ``black`` holds the black levels of the four 2x2 CFA sites, row-major. The tensor must start at an even
     row and column of the frame so that its sites line up with ``black``. Values below black clip to 0 and
-    above white to 1 (saturated).
+    above white to 1 (saturated). ``clip_black=False`` keeps values below black (negative, at most 1): the noise
+    of a dark sample averages out only unclipped (a stack's merged Bayer mosaic,
+    :func:`services.pipeline.ops.merge.accumulate_frames`).
     """
     if not isinstance(raw, Tensor) or raw.ndim != 2:
         shape = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
@@ -27,7 +29,8 @@ def normalize_levels(raw: Tensor, black: Sequence[float], white: float) -> Tenso
         raise ValueError(f"white level {white} must exceed every black level {tuple(black)}")
     b = small([float(v) for v in black], raw.device, torch.float32).view(2, 2)
     black_map = site_map(b, *raw.shape)  # (H, W)
-    return ((raw.to(torch.float32) - black_map) / (float(white) - black_map)).clamp_(0.0, 1.0)
+    out = (raw.to(torch.float32) - black_map) / (float(white) - black_map)
+    return out.clamp_(0.0, 1.0) if clip_black else out.clamp_(max=1.0)
 
 
 def normalize_linear(raw: Tensor, black: Sequence[float], white: float) -> Tensor:

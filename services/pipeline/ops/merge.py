@@ -223,7 +223,7 @@ def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params
 class _Reference:
     """What every frame of a group is compared with: the reference mosaic, its camera RGB, its grey pyramid."""
 
-    mosaic: Tensor  # (H, W)
+    mosaic: Tensor  # (H, W), clipped at black (0) as the demosaic sees it
     rgb: Tensor  # (3, H, W)
     pyramid: list[Tensor]
     level: Tensor  # (1, 3, H, W) window means of rgb for the motion test
@@ -231,9 +231,10 @@ class _Reference:
 
 
 def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
-    """Demosaic the reference and build its alignment pyramid once per group."""
+    """Demosaic the reference and build its alignment pyramid once per group. ``reference`` may hold values below
+    black (negative, see :func:`accumulate_frames`); its demosaic sees them clipped to 0."""
     check_mosaic(reference, "reference", min_size=8)
-    ref = reference.to(torch.float32)
+    ref = reference.to(torch.float32).clamp(min=0.0)
     rgb = demosaic_camera(ref, params)  # (3, H, W)
     return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels),
                       *_window_moments(rgb, params.window_radius))
@@ -301,6 +302,15 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     demosaic (see the module doc): a frame contributes the same sums whichever group it is merged in.
     A frame equal to the reference (``torch.equal``) is the reference: weight 1 everywhere, no resampling.
     The reference is not added implicitly: include it in exactly one group's ``frames``.
+
+    Frames may hold values below black (negative: ``normalize_levels(..., clip_black=False)``): each frame's
+    demosaic (and so the alignment and the motion test) sees them clipped to 0, as the package was trained and
+    as a single frame renders, but the Bayer sums (and the raw-sample merge) add them unclipped. The mean of
+    clipped samples stays lifted by a share of one frame's noise however many frames are averaged (at high
+    noise several times the darkest greys' level, tinted by the white balance), and the renderer's pass over
+    the merged mosaic, told 1/frames of the noise, kept that lift as signal; the mean of unclipped samples
+    keeps the scene's level, and the renderer clips it at black (``stack._blend_bayer``) with the noise it is
+    told.
     """
     ref = reference if isinstance(reference, _Reference) else prepare_reference(reference, params)
     positions = range(len(frames)) if positions is None else positions
@@ -310,16 +320,17 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     acc = torch.zeros(5 + RAW_MERGE_CHANNELS * raw_merge, h, w, dtype=torch.int64, device=ref.mosaic.device)
     ones = torch.ones(3, h, w, dtype=torch.float32, device=ref.mosaic.device)  # (3, H, W)
     for frame, position in zip(frames, positions, strict=True):
-        f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
+        f = frame.to(device=ref.mosaic.device, dtype=torch.float32)  # may hold values below black (< 0)
         check_mosaic(f, "frame", min_size=8)
-        if torch.equal(f, ref.mosaic):
+        clipped = f.clamp(min=0.0)  # what the demosaic sees (a single frame's render clips at black too)
+        if torch.equal(clipped, ref.mosaic):
             acc[:3] += _fixed(ref.rgb)
             acc[3] += int(_ONE)
-            acc[4] += _fixed(ref.mosaic)
+            acc[4] += _fixed(f)
             if raw_merge:
                 acc[5:] += _fixed(raw_kernel_sums(f, None, params.cfa))
             continue
-        rgb = demosaic_camera(f, params, position % len(ORIENTATIONS))  # (3, H, W)
+        rgb = demosaic_camera(clipped, params, position % len(ORIENTATIONS))  # (3, H, W)
         flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align)  # (ny, nx, 2)
         # Bicubic: bilinear resampling at fractional offsets is a low-pass that differs from frame to frame; on
         # detailed photographs it cost up to 2.9 dB of the 8-frame gain (stack benchmark, docs/QUALITY.md).
@@ -366,7 +377,7 @@ def pixel_shift_accumulate(reference: Tensor | _Reference, frames: Sequence[Tens
     masks = cfa_masks(params.cfa, h + 4, w + 4, ref.mosaic.device)  # (3, H+4, W+4): index i is site i - 2
     acc = torch.zeros(6, h, w, dtype=torch.int64, device=ref.mosaic.device)  # (6, H, W)
     for frame, (dy, dx) in zip(frames, shifts, strict=True):
-        f = frame.to(device=ref.mosaic.device, dtype=torch.float32)
+        f = frame.to(device=ref.mosaic.device, dtype=torch.float32).clamp(min=0.0)  # samples clipped at black
         check_mosaic(f, "frame", min_size=8)
         if torch.equal(f, ref.mosaic):
             own = masks[:, 2 : 2 + h, 2 : 2 + w]  # (3, H, W)
