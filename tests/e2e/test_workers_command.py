@@ -24,10 +24,13 @@ def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -
     cli = [sys.executable, "-m", "cli.main"]
     waits = subprocess.Popen([*cli, "coordinator", "--data-dir", str(tmp_path / "var")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    time.sleep(20)  # an unmigrated database: it must not be ready (found from outside: it was, and failed every pass)
-    assert not [w for w in live_workers(redis_client(redis_url)) if w.name.endswith(node)]
-    os.killpg(waits.pid, signal.SIGTERM)
-    said = waits.communicate(timeout=60)[0].decode(errors="replace")
+    try:
+        time.sleep(20)  # an unmigrated database: not ready (found from outside: it was, and failed every pass)
+        ready = [w for w in live_workers(redis_client(redis_url)) if w.name.endswith(node)]
+    finally:
+        os.killpg(waits.pid, signal.SIGTERM)
+        said = waits.communicate(timeout=60)[0].decode(errors="replace")
+    assert not ready, said[-3000:]
     assert f"coordinator@{node} waits for its database: not migrated (no Strata tables): run `strata db upgrade`" in \
         said, said[-3000:]
     assert "Traceback" not in said, said[-3000:]
