@@ -46,8 +46,8 @@ def _tiff(data: np.ndarray, photometric: int, tags: list[TagTuple], compression:
     return buf.getvalue()
 
 
-def _mosaic(h: int = 48, w: int = 72) -> np.ndarray:
-    return np.random.default_rng(3).integers(256, 16000, (h, w), dtype=np.uint16)
+def _mosaic(h: int = 48, w: int = 72, seed: int = 3) -> np.ndarray:
+    return np.random.default_rng(seed).integers(256, 16000, (h, w), dtype=np.uint16)
 
 
 def xtrans_dng() -> bytes:
@@ -112,10 +112,11 @@ def linear_dng(h: int = 48, w: int = 72) -> bytes:
         return path.read_bytes()
 
 
-def bayer_dng(h: int = 48, w: int = 72, pattern: str = "RGGB", compression: str | None = None) -> bytes:
-    """A Bayer DNG of the given size and 2x2 pattern (random content); ``compression`` as tifffile names it
-    ("zlib", "lzw", "zstd": codes the DNG specification does not allow for integer raw data)."""
-    return _tiff(_mosaic(h, w), PHOTOMETRIC_CFA, _tags([
+def bayer_dng(h: int = 48, w: int = 72, pattern: str = "RGGB", compression: str | None = None,
+              seed: int = 3) -> bytes:
+    """A Bayer DNG of the given size and 2x2 pattern (random content from ``seed``); ``compression`` as tifffile
+    names it ("zlib", "lzw", "zstd": codes the DNG specification does not allow for integer raw data)."""
+    return _tiff(_mosaic(h, w, seed), PHOTOMETRIC_CFA, _tags([
         (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
         (TAG_CFA_PATTERN, "B", 4, tuple("RGB".index(c) for c in pattern), True),
         (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]), compression)

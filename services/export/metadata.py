@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata as importlib_metadata
 
-from PIL import Image, TiffImagePlugin
+from PIL import Image, TiffImagePlugin, TiffTags
 
 from services.raw.dng import (
     TAG_DATETIME_ORIGINAL,
@@ -91,6 +91,10 @@ def _decimal(value: float) -> tuple[int, int]:
 TAG_YCBCR_POSITIONING, TAG_EXIF_VERSION, TAG_COMPONENTS, TAG_FLASHPIX_VERSION = 0x0213, 0x9000, 0x9101, 0xA000
 TAG_COLOR_SPACE, TAG_PIXEL_X, TAG_PIXEL_Y = 0xA001, 0xA002, 0xA003
 COLOR_SPACE_SRGB, COLOR_SPACE_UNCALIBRATED = 1, 0xFFFF  # EXIF ColorSpace: other spaces are told by the ICC profile
+# Pillow's tables lack ComponentsConfiguration's type (UNDEFINED, 4 bytes): unregistered, its bytes were written as
+# BYTE, which exiftool -validate calls non-standard.
+TiffTags.TAGS_V2_GROUPS.setdefault(EXIF_IFD, {}).setdefault(
+    TAG_COMPONENTS, TiffTags.TagInfo(TAG_COMPONENTS, "ComponentsConfiguration", TiffTags.UNDEFINED, 4))
 
 
 def pillow_exif(meta: OutputMetadata, colour_space: str = "srgb", jpeg_size: tuple[int, int] | None = None

@@ -222,6 +222,7 @@ def create_job(
             if want.strip().lower() != got.sha256:
                 raise ChecksumMismatch(f"frame {i} ({got.name}): sha256 {got.sha256} does not match {want.strip()}")
     profile = resolve_camera(camera, [f.model for f in files], len(files))
+    _refuse_repeated_frames(files)
     job = Job(id=job_id, station_id=station.id, status=JobStatus.QUEUED, camera=profile.name,
               recipe=chosen[0].name, recipes=[r.name for r in chosen], priority=priority, stage=Stage.QUEUED,
               params={"source_camera": source_camera(files), RECIPE_DEFS: recipe_snapshot(chosen),
@@ -232,6 +233,18 @@ def create_job(
     session.add(job)
     session.commit()
     return job
+
+
+def _refuse_repeated_frames(files: Sequence[ReceivedFile]) -> None:
+    """A stack's frames are separate exposures: one file sent twice (the same bytes) would count its noise twice
+    and be rendered told of less noise than it has, so it is refused (``BadInput``) naming both frames."""
+    first: dict[str, int] = {}
+    for i, f in enumerate(files):
+        j = first.setdefault(f.sha256, i)
+        if j != i:
+            raise BadInput(f"frames {j} ({files[j].original_name or files[j].name}) and {i} "
+                           f"({f.original_name or f.name}) are the same file (sha256 {f.sha256[:16]}…): a stack's "
+                           "frames are separate exposures; send each once")
 
 
 def get_job(session: Session, station: Station, job_id: str) -> Job:

@@ -169,6 +169,8 @@ BAD_UPLOADS = {
     "stack for single-frame camera": (lambda d: [("frames", ("a.dng", d)), ("frames", ("b.dng", d))],
                                       {"camera": "IQ3_S"}, 422, "invalid_input"),
     "no frames": (lambda d: [("other", ("a.dng", d))], {}, 422, "invalid_input"),
+    "one file twice in a stack": (lambda d: [("frames", ("a.dng", d)), ("frames", ("b.dng", d))], {}, 422,
+                                  "invalid_input"),
 }
 
 
@@ -279,7 +281,7 @@ def test_a_stack_whose_frames_differ_is_refused_at_upload(client: TestClient, au
     assert phrase in r.json()["detail"]
     assert _storage_files() == [] and _job_count(client, auth) == 0
     ok = client.post("/v1/jobs", headers=auth, data={"camera": "IQ2_XS"},
-                     files=[("frames", ("a.dng", bayer_dng())), ("frames", ("b.dng", bayer_dng()))])
+                     files=[("frames", ("a.dng", bayer_dng())), ("frames", ("b.dng", bayer_dng(seed=4)))])
     assert ok.status_code == 202, ok.text
 
 

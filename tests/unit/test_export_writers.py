@@ -78,6 +78,32 @@ def test_jpeg_proof_and_png16(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.vstack(list(rows)).reshape(900, 2000, 3), rgb)
 
 
+def _exif_ifd_types(app1: bytes) -> dict[int, int]:
+    """Tag -> TIFF type of the EXIF IFD in a JPEG's APP1 payload ("Exif\\0\\0" + a TIFF header and IFDs)."""
+    import struct
+
+    tiff = app1[6:]
+    end = ">" if tiff[:2] == b"MM" else "<"
+
+    def entries(offset: int) -> list[tuple[int, int, int]]:
+        (n,) = struct.unpack(end + "H", tiff[offset:offset + 2])
+        return [struct.unpack(end + "HHII", tiff[offset + 2 + 12 * i:offset + 14 + 12 * i])[:2]
+                + struct.unpack(end + "I", tiff[offset + 10 + 12 * i:offset + 14 + 12 * i]) for i in range(n)]
+
+    (ifd0,) = struct.unpack(end + "I", tiff[4:8])
+    exif_ifd = next(value for tag, _, value in entries(ifd0) if tag == 0x8769)
+    return {tag: type_ for tag, type_, _ in entries(exif_ifd)}
+
+
+def test_jpeg_exif_version_tags_are_undefined_bytes(tmp_path: Path) -> None:
+    """ExifVersion, ComponentsConfiguration and FlashpixVersion are UNDEFINED (7) as EXIF defines them: Pillow
+    wrote ComponentsConfiguration as BYTE (1), which exiftool -validate calls non-standard."""
+    files = _write(tmp_path, _image(300, 400))
+    with Image.open(files["jpeg-proof"]) as im:
+        types = _exif_ifd_types(im.info["exif"])
+    assert {tag: types[tag] for tag in (0x9000, 0x9101, 0xA000)} == {0x9000: 7, 0x9101: 7, 0xA000: 7}
+
+
 def test_resize_fits_the_long_edge_in_linear_light() -> None:
     assert fit_long_edge(900, 1200, 600) == (450, 600) and fit_long_edge(100, 50, 600) == (100, 50)
     # Alternating black and white columns: the linear-light mean is 0.5, which sRGB encodes as ~0.735; a
