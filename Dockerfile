@@ -7,9 +7,13 @@
 # TORCH_INDEX_URL: when set, torch is installed from that package index first (any PyTorch wheel index:
 # .../whl/cpu, .../whl/cu124, ...); every other dependency comes from PyPI. Empty = `pip install .` pulls
 # torch from PyPI like any other dependency.
+# EXTRAS (default "gpu"): the optional dependency groups of pyproject.toml installed too; "gpu" brings nvCOMP (the
+# GPU's TIFF tiles, STRATA_GPU_DEFLATE; built for CUDA 13: with another torch CUDA build the service falls back to
+# the CPU's deflate and says so) and NVML. A CPU image: --build-arg EXTRAS= .
 FROM python:3.11-slim
 
 ARG TORCH_INDEX_URL=""
+ARG EXTRAS="gpu"
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -21,8 +25,9 @@ WORKDIR /app
 
 # Dependencies in their own layer (read from pyproject.toml), so code changes do not reinstall torch.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
+RUN python -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + [d for e in sys.argv[1:] for d in p['optional-dependencies'][e]]))" \
+        $(echo "$EXTRAS" | tr ',' ' ') > /tmp/requirements.txt \
  && if [ -n "$TORCH_INDEX_URL" ]; then \
         pip install --index-url "$TORCH_INDEX_URL" "$(grep -E '^torch([<>=!~ ]|$)' /tmp/requirements.txt)"; \
     fi \
@@ -34,6 +39,7 @@ COPY api ./api
 COPY cli ./cli
 COPY lab ./lab
 COPY migrations ./migrations
+COPY scripts ./scripts
 COPY services ./services
 COPY workers ./workers
 RUN pip install --no-deps . \

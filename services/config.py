@@ -63,6 +63,9 @@ class Settings(BaseSettings):
         default=False, description="Create the bucket of STRATA_STORAGE_URL where it does not exist (MinIO in "
         "docker-compose, tests); off, a missing bucket is an error (a typo is not silently a new, empty bucket).")
     s3_presign_s: int = Field(default=900, description="Lifetime of a pre-signed download URL.")
+    s3_public_endpoint: str = Field(
+        default="", description="The object store's address as stations reach it (redirect downloads are signed for "
+        "it, e.g. http://hosta:9000 where the service reaches MinIO as http://minio:9000); empty: the service's own.")
     node_name: str | None = Field(default=None, description="This host's name in worker names; default hostname.")
 
     # Retention

@@ -49,6 +49,7 @@ class WorkerInfo:
     strip_budget_mb: int = 0  # GPU memory a strip may plan for (0: unknown, a CPU worker)
     instance: str = ""  # this process's start (a random id): tells two processes of one name apart
     machine: str = ""  # the machine's own hostname (``host`` is STRATA_NODE_NAME where set)
+    pid_space: str = ""  # which process IDs ``pid`` is among (:func:`pid_space`): containers share hostnames
 
     @property
     def busy(self) -> bool:
@@ -72,11 +73,24 @@ def name_taken(client: redis.Redis, info: WorkerInfo) -> str | None:
     other = read_worker(client, info.name)
     if other is None or not other.instance or other.instance == info.instance:
         return None
-    if other.machine == info.machine and not _pid_alive(other.pid):
+    if other.machine == info.machine and other.pid_space == info.pid_space and not _pid_alive(other.pid):
         return None  # this machine's earlier process of that name, dead: its key has not expired yet
     return (f"another process already runs as {info.name} (pid {other.pid} on {other.machine or other.host}, "
             f"heartbeat {max(0.0, time.time() - other.beat_at):.0f} s ago): two workers of one name overwrite each "
             f"other's heartbeat and run shards twice; give each host its own STRATA_NODE_NAME")
+
+
+def pid_space() -> str:
+    """This process's PID namespace on this boot of its kernel ("" where Linux does not say): two containers of one
+    hostname (the compose file's `hostname: strata-gpu0` on two hosts) see each other's pids as dead, so a heartbeat
+    from another namespace is never taken for a dead process of this one. Found from outside: two hosts' gpu
+    containers ran as one name, took over each other's shards and rendered frame groups twice."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 def _pid_alive(pid: int) -> bool:

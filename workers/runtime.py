@@ -25,7 +25,7 @@ from services.errors import StorageUnavailable
 from services.export import recipes
 from services.jobs.storage_identity import wait_for_storage
 from services.pipeline import gate
-from workers.registry import Heartbeat, WorkerInfo, live_workers, name_taken, redis_client, this_host
+from workers.registry import Heartbeat, WorkerInfo, live_workers, name_taken, pid_space, redis_client, this_host
 
 log = logging.getLogger(__name__)
 # What a periodic pass meets while a service it needs is away: logged as an outage, not a failure (OutageLog)
@@ -149,7 +149,7 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
                       lane=settings.coordinator_lane if kind == "coordinator" else "all",
                       strip_budget_mb=_strip_memory_mb(device, settings.gpu_memory_fraction
                                                        / max(1, settings.workers_per_gpu) / slots),
-                      instance=uuid.uuid4().hex, machine=socket.gethostname())
+                      instance=uuid.uuid4().hex, machine=socket.gethostname(), pid_space=pid_space())
     _heartbeat = Heartbeat(broker_url(settings), info, settings.worker_heartbeat_s,
                            memory_mb=lambda: memory_mb(device))
     taken = name_taken(_heartbeat.client, info)

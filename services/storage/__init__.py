@@ -20,7 +20,7 @@ def storage_from_settings(settings: Settings) -> Storage:
         bucket, prefix = parse_s3_url(url)
         scratch = ScratchCache(settings.resolved_scratch_dir, settings.scratch_mb << 20)
         return S3Storage(bucket, prefix, scratch, part_size=settings.s3_part_mb << 20,
-                         create_bucket=settings.s3_create_bucket)
+                         create_bucket=settings.s3_create_bucket, public_endpoint=settings.s3_public_endpoint)
     if url.startswith("file://"):
         return LocalStorage(Path(url.removeprefix("file://")), settings.early_sync_s)
     if url:

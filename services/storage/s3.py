@@ -121,7 +121,7 @@ class GuardedClient:
 
 class S3Storage(Storage):
     def __init__(self, bucket: str, prefix: str, scratch: ScratchCache, part_size: int = 16 * MiB,
-                 client: Any = None, create_bucket: bool = False) -> None:
+                 client: Any = None, create_bucket: bool = False, public_endpoint: str = "") -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.scratch = scratch
@@ -131,6 +131,8 @@ class S3Storage(Storage):
         self.transfer = TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=self.part_size,
                                        max_concurrency=4)
         self.create_bucket = create_bucket
+        self.public_endpoint = public_endpoint.strip()
+        self._presigner: Any = None
         self._ensure_bucket()
 
     def _ensure_bucket(self) -> None:
@@ -312,7 +314,19 @@ class S3Storage(Storage):
             params["ResponseContentDisposition"] = disposition
         if content_type:
             params["ResponseContentType"] = content_type
-        return cast(str, self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s))
+        return cast(str, self._signer().generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s))
+
+    def _signer(self) -> Any:
+        """The client that signs download URLs: for STRATA_S3_PUBLIC_ENDPOINT where set (a signature covers the
+        host, so a URL signed for the service's own endpoint, e.g. ``http://minio:9000`` inside docker-compose,
+        cannot be rewritten for stations), else the service's own. Signing is local: no request is made."""
+        if not self.public_endpoint:
+            return self.client
+        if self._presigner is None:
+            own = self.client.meta
+            self._presigner = boto3.client("s3", endpoint_url=self.public_endpoint, region_name=own.region_name,
+                                           config=own.config)
+        return self._presigner
 
     def abort_stale_uploads(self, older_than_s: float) -> int:
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)

@@ -190,6 +190,25 @@ def test_presigned_url(storage: Storage) -> None:
     assert r.headers["content-type"] == "image/tiff" and r.headers["content-disposition"] == disposition
 
 
+def test_presigned_urls_are_signed_for_the_public_endpoint(s3_server: S3Server, tmp_path: Path) -> None:
+    """STRATA_S3_PUBLIC_ENDPOINT: the service reaches the store at one address (docker-compose: http://minio:9000),
+    stations at another; a signature covers the host, so the URL is signed for the stations' address."""
+    import httpx
+
+    from services.storage.s3 import S3Storage
+    from services.storage.scratch import ScratchCache
+
+    public = s3_server.endpoint.replace("127.0.0.1", "localhost")
+    storage = S3Storage(f"public-{uuid.uuid4().hex[:8]}", "p", ScratchCache(tmp_path / "scratch", 1 << 20),
+                        part_size=PART, create_bucket=True, public_endpoint=public)
+    with storage.writer("jobs/h/out/x.tif") as f:
+        f.write(b"tiff bytes")
+    url = storage.presigned_url("jobs/h/out/x.tif", 60)
+    assert url is not None and url.startswith(public + "/")
+    r = httpx.get(url)
+    assert r.status_code == 200 and r.content == b"tiff bytes"  # (moto does not check signatures; MinIO does)
+
+
 def test_scratch_cache_is_bounded(s3_server: S3Server, tmp_path: Path) -> None:
     """Objects read as files land in the scratch cache once; least recently used ones go past the cap."""
     from services.storage.s3 import S3Storage

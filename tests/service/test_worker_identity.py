@@ -15,12 +15,13 @@ from dataclasses import asdict, replace
 import redis
 
 from workers import runtime
-from workers.registry import PREFIX, Heartbeat, WorkerInfo, name_taken
+from workers.registry import PREFIX, Heartbeat, WorkerInfo, name_taken, pid_space
 
 
 def _info(name: str, **kw: object) -> WorkerInfo:
     return replace(WorkerInfo(name=name, kind="gpu", gpu="cpu", device="cpu", queue=f"gpu.{name}", host="h", pid=1,
-                              instance=uuid.uuid4().hex, machine=socket.gethostname(), beat_at=time.time()), **kw)
+                              instance=uuid.uuid4().hex, machine=socket.gethostname(), pid_space=pid_space(),
+                              beat_at=time.time()), **kw)
 
 
 def test_a_name_another_live_process_holds_is_refused(redis_url: str) -> None:
@@ -32,6 +33,8 @@ def test_a_name_another_live_process_holds_is_refused(redis_url: str) -> None:
                           check=True).stdout.strip()
     for other, taken in ((_info(name, machine="another-host", pid=4242), True),  # another machine: live by its key
                          (_info(name, pid=int(dead)), False),  # this machine, its process gone: a restart
+                         # one hostname, another PID namespace (a container of that hostname on another host)
+                         (_info(name, pid=int(dead), pid_space="another-boot/pid:[1]"), True),
                          (_info(name, pid=os.getpid()), True),  # this machine, running
                          (replace(me, beat_at=time.time()), False)):  # my own key
         client.set(PREFIX + name, json.dumps(asdict(other)), ex=30)
