@@ -234,6 +234,33 @@ def _capture(raw_path: Path, is_tiff: bool, libraw: dict[str, Any], make: str, m
     return replace(info, **missing, make=info.make or make, model=info.model or model)
 
 
+def _correct_mosaic(raw_path: Path, out_npy: Path, blacks: tuple[float, ...], margins: tuple[int, int]) -> None:
+    """Apply the DNG's black level deltas and OpcodeList2 gain maps (:mod:`services.raw.corrections`) to the saved
+    visible mosaic, where the file has them (rarely: the saved array is read back and saved again only then)."""
+    import tifffile
+
+    from services.raw.corrections import apply_corrections, read_corrections
+    from services.raw.dng import TAG_ACTIVE_AREA, TAG_DNG_VERSION
+
+    with tifffile.TiffFile(raw_path) as tif:
+        ifd0 = tif.pages.first
+        pages = [ifd0] + [p for p in (ifd0.pages or []) if isinstance(p, tifffile.TiffPage)]
+        raw = next((p for p in pages if int(p.photometric) == 32803 and int(p.subfiletype) == 0), None)
+        if raw is None or TAG_DNG_VERSION not in ifd0.tags:
+            return
+        corrections = read_corrections(raw)
+        if not corrections.any:
+            return
+        h, w = raw.shape[:2]
+        top, left, bottom, right = (int(v) for v in (raw.tags.valueof(TAG_ACTIVE_AREA) or (0, 0, h, w)))
+    pixels = np.load(out_npy)
+    site = np.asarray(blacks, np.float32).reshape(2, 2)
+    black = np.tile(site, ((pixels.shape[0] + 1) // 2, (pixels.shape[1] + 1) // 2))[:pixels.shape[0], :pixels.shape[1]]
+    corrected = apply_corrections(pixels, corrections, black, (margins[0] - top, margins[1] - left),
+                                  (bottom - top, right - left))
+    _save_npy_atomic(out_npy, corrected)
+
+
 def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
     """Decode ``raw_path`` with LibRaw, save its visible mosaic to ``out_npy``, return RawMeta as a dict."""
     from services.raw.colour import CameraProfile
@@ -248,6 +275,8 @@ def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
     tags = read_dng_tags(raw_path) if is_tiff else None
     if tags is not None:
         profile_fields = _apply_dng_tags(fields, tags, margins)
+        if fields["layout"] == "bayer":
+            _correct_mosaic(raw_path, out_npy, fields["black_levels"], margins)
     fields["capture"] = _capture(raw_path, is_tiff, fields.pop("capture"), fields["make"], fields["model"])
     c0, c1, c2 = fields.pop("color_matrix")
     profile = CameraProfile(color_matrix_1=(tuple(c0), tuple(c1), tuple(c2)), **profile_fields)

@@ -29,6 +29,7 @@ TAG_CFA_PLANE_COLOR = 50710
 TAG_LINEARIZATION_TABLE = 50712
 TAG_ACTIVE_AREA = 50829
 _OPCODE_LISTS = (51008, 51009, 51022)
+_BLACK_DELTAS = (50715, 50716)  # BlackLevelDeltaH/V: LibRaw's path applies them (services/raw/corrections.py)
 _COLOURS = "RGB"
 _BAND_BYTES = 1 << 21  # bytes of mosaic per band of the copy (without a binner)
 LIBRAW_MIN_SIDE = 22  # LibRaw refuses smaller images; so does this path (the same answer for every file)
@@ -46,14 +47,16 @@ def _raw_page(tif: tifffile.TiffFile) -> tifffile.TiffPage | None:
 
 
 def _plain(page: tifffile.TiffPage) -> bool:
-    """16-bit, one sample, uncompressed, contiguous, 2x2 RGB CFA, nothing LibRaw would apply on top."""
+    """16-bit, one sample, uncompressed, contiguous, 2x2 RGB CFA, no linearization, black deltas or opcodes (the
+    LibRaw path applies what of those the render needs)."""
     tags = page.tags
     plane = tags.get(TAG_CFA_PLANE_COLOR)
     return (page.compression == 1 and page.bitspersample == 16 and page.samplesperpixel == 1
             and bool(page.is_contiguous) and len(page.shape) == 2
             and tuple(tags.valueof(TAG_CFA_REPEAT_PATTERN_DIM) or ()) == (2, 2)
             and (plane is None or tuple(plane.value) == (0, 1, 2))
-            and TAG_LINEARIZATION_TABLE not in tags and not any(code in tags for code in _OPCODE_LISTS))
+            and TAG_LINEARIZATION_TABLE not in tags and not any(code in tags for code in _OPCODE_LISTS)
+            and not any(code in tags for code in _BLACK_DELTAS))
 
 
 def _active_area(page: tifffile.TiffPage) -> tuple[int, int, int, int]:
