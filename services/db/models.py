@@ -15,8 +15,9 @@ def utcnow() -> dt.datetime:
 
 
 def as_utc(value: dt.datetime) -> dt.datetime:
-    """A timestamp as an aware UTC datetime (SQLite hands them back naive)."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+    """A timestamp as an aware UTC datetime (SQLite hands them back naive; an aware one of another offset, as a
+    hand-made cursor may hold, is converted: SQLite compares the stored text, so 01:06+01:00 must be 00:06)."""
+    return value.astimezone(dt.UTC) if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
 def new_id() -> str:

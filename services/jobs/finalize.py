@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from services.config import Settings
 from services.db.models import Job, Output, Shard, Station, as_utc, job_recipes, utcnow
+from services.db.session import execute_update
 from services.errors import IntermediateLost, NotFound
 from services.export.derive import ProofSpec, box_factor, fit_long_edge, proof_spec
 from services.export.metadata import OutputMetadata
@@ -107,6 +108,25 @@ def _record_outputs(session: Session, job_id: str, outs: list[WrittenOutput]) ->
             row.recipe, row.media_type = out.recipe, out.media_type
 
 
+def _mark_done(session: Session, storage: Storage, job: Job, outs: list[WrittenOutput], timings: dict) -> bool:
+    """Record the outputs and mark the job done, unless it ended meanwhile: a job cancelled (or failed) while its
+    outputs were written gets none (they are removed; found from outside: a job cancelled while encoding read
+    ``cancelled`` yet listed and served every output). A re-run finalize of a job already done records them again."""
+    done = execute_update(session, update(Job).where(Job.id == job.id, Job.status.in_(ACTIVE)).values(
+        status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow(),
+        params={**job.params, "timings": timings}))
+    if not done and session.scalar(select(Job.status).where(Job.id == job.id)) != JobStatus.DONE:
+        session.rollback()
+        for out in outs:
+            storage.delete_prefix(out.storage_key)
+        drop_intermediates(storage, job.id)
+        log.info("job %s ended while its outputs were written: %d output(s) removed", job.id, len(outs))
+        return False
+    _record_outputs(session, job.id, outs)
+    session.commit()
+    return True
+
+
 def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe], found: _Strips) -> None:
     """A recipe that needs the full rows of a space the workers rendered lean, or the bins of one whose worker
     finished other resized outputs instead (a studio's recipe changed after the job was planned): the job starts
@@ -157,12 +177,9 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
                                                      prebinned=found.prebinned, proofs=found.proofs, pause=pause),
                                settings.batch_encode_nice if batch_lane else 0)
         t_written = time.perf_counter()
-        _record_outputs(session, job_id, outs)
         timings = {**job.params.get("timings", {}), "encode_s": round(t_written - t0, 4)}
-        session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE)).values(
-            status=JobStatus.DONE, stage=Stage.DONE, progress=1.0, finished_at=utcnow(),
-            params={**job.params, "timings": timings}))
-        session.commit()
+        if not _mark_done(session, storage, job, outs, timings):
+            return
     t1 = time.perf_counter()
     final_preview(session, storage, job_id, spaces.get("srgb"), nice=settings.batch_encode_nice if batch_lane else 0,
                   premade=found.preview, orientation=capture.orientation)

@@ -337,18 +337,38 @@ CHANGE_OVERLAP = dt.timedelta(seconds=2)
 def job_changes(session: Session, principal: Station, since: str | None, where: JobFilter, limit: int = 200
                 ) -> tuple[list[Job], str]:
     """Jobs changed since the cursor (all matching ones, newest first, when there is none) and the next cursor:
-    what a dashboard polls instead of reloading its whole list."""
+    what a dashboard polls instead of reloading its whole list.
+
+    Since a cursor the changes come oldest change first; an answer cut at ``limit`` returns a continuation cursor
+    (``TIME|ID``: after that change, no overlap) so the next poll goes on where it stopped. Found from outside: the
+    answer was cut newest-created first and the cursor was always "now", so past ``limit`` changes (a night batch
+    cancelled) the rest were never delivered."""
     now = utcnow()
     stmt = _filtered(session, principal, where)
-    if since:
-        try:
-            stamp = dt.datetime.fromisoformat(since)
-        except ValueError as exc:
-            raise BadInput(f"invalid since cursor {since!r}") from exc
+    if not since:
+        return list(session.scalars(stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit))), now.isoformat()
+    stamp, after_id = _change_cursor(since)
+    if after_id is None:
         with contextlib.suppress(OverflowError):  # a cursor at the start of year 1: every job has changed since
-            stmt = stmt.where(Job.updated_at >= as_utc(stamp) - CHANGE_OVERLAP)
-    jobs = list(session.scalars(stmt.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)))
-    return jobs, now.isoformat()
+            stmt = stmt.where(Job.updated_at >= stamp - CHANGE_OVERLAP)
+    else:
+        stmt = stmt.where(or_(Job.updated_at > stamp, and_(Job.updated_at == stamp, Job.id > after_id)))
+    jobs = list(session.scalars(stmt.order_by(Job.updated_at, Job.id).limit(limit)))
+    if len(jobs) < limit:
+        return jobs, now.isoformat()
+    last = jobs[-1]
+    return jobs, f"{as_utc(last.updated_at).isoformat()}|{last.id}"
+
+
+def _change_cursor(since: str) -> tuple[dt.datetime, str | None]:
+    """A change cursor's time (UTC) and, for a continuation, the id of the last change delivered."""
+    text, _, after_id = since.partition("|")
+    try:
+        stamp = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise BadInput(f"invalid since cursor {since[:100]!r}") from exc
+    stamp = stamp.replace(tzinfo=dt.UTC) if stamp.tzinfo is None else stamp.astimezone(dt.UTC)
+    return as_utc(stamp), (after_id or None)
 
 
 def cancel_job(session: Session, storage: Storage, station: Station, job_id: str) -> Job:

@@ -120,6 +120,61 @@ def test_search_and_the_change_feed(client: TestClient, synth_dir: Path) -> None
     assert client.get("/v1/jobs/changes?since=0001-01-01T00:00:00", headers=a).status_code == 200  # was a 500
 
 
+def test_changes_past_the_limit_are_delivered_on_the_next_polls(client: TestClient, synth_dir: Path) -> None:
+    """Found from outside: an answer cut at ``limit`` returned "now" as its cursor, so the changes past it (a night
+    batch cancelled at once: one statement, one timestamp) were never delivered."""
+    import datetime as dt
+
+    from sqlalchemy import update
+
+    from services.db.models import Job
+
+    a = _token("station-c")
+    ids = {_submit(client, a, synth_dir, f"s{i}.dng")["id"] for i in range(5)}
+    cursor = client.get("/v1/jobs/changes", headers=a, params={"limit": 1}).json()["cursor"]
+    same = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5)
+    with session_scope() as session:  # what a bulk cancel does: every row one updated_at
+        session.execute(update(Job).where(Job.id.in_(ids)).values(updated_at=same))
+        session.commit()
+    seen: list[str] = []
+    for _ in range(6):
+        page = client.get("/v1/jobs/changes", headers=a, params={"since": cursor, "limit": 2}).json()
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["cursor"]
+        if len(page["jobs"]) < 2:
+            break
+    assert set(seen) == ids and len(seen) == len(ids)  # each once, and the polls came to an end
+    # A cursor written with another offset means the same instant (SQLite compared its text: 18 jobs instead of 8).
+    utc = client.get("/v1/jobs/changes", headers=a, params={"since": "2020-01-01T10:00:00+00:00"}).json()["jobs"]
+    other = client.get("/v1/jobs/changes", headers=a, params={"since": "2020-01-01T11:00:00+01:00"}).json()["jobs"]
+    assert len(utc) == len(other) == 5
+
+
+def test_a_job_cancelled_while_its_outputs_are_written_gets_none(client: TestClient, synth_dir: Path,
+                                                               monkeypatch) -> None:
+    """Found from outside: cancelled during ``encoding``, a job read ``cancelled`` yet listed (and served) every
+    output, and kept its final preview and files."""
+    from services.jobs import finalize
+    from services.storage import get_storage
+
+    a = _token("station-d")
+    job = _submit(client, a, synth_dir)
+    written = finalize.write_outputs
+    keys: list[str] = []
+
+    def write_then_cancel(*args, **kwargs):  # type: ignore[no-untyped-def]
+        outs = written(*args, **kwargs)
+        keys.extend(o.storage_key for o in outs)
+        assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=a).status_code == 200
+        return outs
+
+    monkeypatch.setattr(finalize, "write_outputs", write_then_cancel)
+    _run(job["id"])
+    got = client.get(f"/v1/jobs/{job['id']}", headers=a).json()
+    assert got["status"] == "cancelled" and got["outputs"] == [] and got["preview_kind"] != "final"
+    assert keys and not any(get_storage().exists(k) for k in keys)
+
+
 def test_tokens_over_the_api(client: TestClient) -> None:
     admin = _token("boss", "admin")
     made = client.post("/v1/tokens", headers=admin, json={"name": "studio-2"})
