@@ -357,7 +357,7 @@ def job_changes(session: Session, principal: Station, since: str | None, where: 
     if len(jobs) < limit:
         return jobs, now.isoformat()
     last = jobs[-1]
-    return jobs, f"{as_utc(last.updated_at).isoformat()}|{last.id}"
+    return jobs, f"{as_utc(last.updated_at or now).isoformat()}|{last.id}"
 
 
 def _change_cursor(since: str) -> tuple[dt.datetime, str | None]:
