@@ -7,6 +7,7 @@ asking for another station's work gets the same 404 as for work that does not ex
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -100,9 +101,14 @@ class TokenInfo:
     revoked: bool
 
 
+def utc_text(value: dt.datetime) -> str:
+    """A time as the API writes every time: ISO 8601 in UTC with ``Z`` (job objects, CSV, webhooks)."""
+    return as_utc(value).isoformat().replace("+00:00", "Z")
+
+
 def list_tokens(session: Session) -> list[TokenInfo]:
     """Every principal, by name (no token: only its hash is stored)."""
-    return [TokenInfo(s.name, s.role, as_utc(s.created_at).isoformat(), s.revoked_at is not None)
+    return [TokenInfo(s.name, s.role, utc_text(s.created_at), s.revoked_at is not None)
             for s in session.scalars(select(Station).order_by(Station.name))]
 
 

@@ -33,7 +33,7 @@ from workers.tasks import send_ingest
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict] = {
-    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 410, 413, 416, 422, 429)
+    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 410, 413, 416, 422, 429, 503)
 }
 
 UPLOAD_BODY = {
@@ -223,7 +223,8 @@ def get_preview(job_id: str, session: SessionDep, station: StationDep,
                 if_none_match: Annotated[str | None, Header()] = None) -> Response:
     preview = service.preview_of(session, get_storage(), station, job_id)
     headers = {"ETag": f'"{preview.etag}"', "Cache-Control": f"private, max-age={PREVIEW_MAX_AGE_S}"}
-    if if_none_match and preview.etag in {t.strip().strip('"').removeprefix('W/"') for t in if_none_match.split(",")}:
+    tags = {t.strip().strip('"').removeprefix('W/"') for t in (if_none_match or "").split(",")}
+    if if_none_match and (preview.etag in tags or "*" in tags):  # "*": any current representation (RFC 9110)
         return Response(status_code=304, headers=headers)
     return Response(get_storage().open(preview.key).read(), media_type="image/jpeg", headers=headers)
 
@@ -267,7 +268,9 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
 
 
 @router.get("/{job_id}/outputs/{name}",
-            responses={**ERRORS, 200: {"content": {"image/tiff": {}, "image/jpeg": {}, "image/png": {}}}},
+            responses={**ERRORS, 200: {"content": {"image/tiff": {}, "image/jpeg": {}, "image/png": {}}},
+                       206: {"description": "The bytes of a `Range` request (Content-Range)."},
+                       307: {"description": "STRATA_S3_DOWNLOADS=redirect: to a pre-signed URL (Location)."}},
             response_class=Response, summary="Download an output (Range supported; HEAD answers the headers)")
 @router.head("/{job_id}/outputs/{name}", include_in_schema=False)
 def download_output(

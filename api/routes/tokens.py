@@ -8,7 +8,7 @@ from fastapi.responses import Response
 from api.deps import SessionDep, StationDep
 from api.schemas import ErrorOut, TokenCreate, TokenCreated, TokenOut
 from services import stations
-from services.db.models import as_utc
+from services.stations import utc_text
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
 ERRORS: dict[int | str, dict] = {code: {"model": ErrorOut} for code in (401, 403, 404, 409, 422)}
@@ -44,5 +44,5 @@ me_router = APIRouter(prefix="/v1", tags=["tokens"])
 
 @me_router.get("/me", response_model=TokenOut, responses=ERRORS, summary="Who this token is (name and role)")
 def who_am_i(principal: StationDep) -> TokenOut:
-    return TokenOut(name=principal.name, role=principal.role, created_at=as_utc(principal.created_at).isoformat(),
+    return TokenOut(name=principal.name, role=principal.role, created_at=utc_text(principal.created_at),
                     revoked=False)

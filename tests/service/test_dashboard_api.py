@@ -229,6 +229,7 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     assert client.get(f"/v1/jobs/{job['id']}", headers=a).json()["preview_kind"] == "fast"
     again = client.get(f"/v1/jobs/{job['id']}/preview", headers={**a, "If-None-Match": fast.headers["etag"]})
     assert again.status_code == 304 and again.headers["etag"] == fast.headers["etag"]
+    assert client.get(f"/v1/jobs/{job['id']}/preview", headers={**a, "If-None-Match": "*"}).status_code == 304
     _run(job["id"])
     done = client.get(f"/v1/jobs/{job['id']}", headers=a).json()
     assert done["status"] == "done" and done["preview_kind"] == "final"
