@@ -85,7 +85,13 @@ class JobRequest:
 
     @classmethod
     def from_form(cls, fields: Mapping[str, Sequence[str]]) -> JobRequest:
-        """Single-valued fields once at most; ``recipe`` and ``sha256`` repeated or comma-separated."""
+        """Single-valued fields once at most; ``recipe`` and ``sha256`` repeated or comma-separated. A field of
+        another name is refused: a misspelt one (``recipes``, ``Priority``) was ignored, and the shot rendered with
+        the defaults instead of what the station asked for."""
+        unknown = sorted(set(fields) - FORM_FIELDS)
+        if unknown:
+            raise BadInput(f"unknown form field(s) {', '.join(repr(f[:40]) for f in unknown[:5])}; expected "
+                           f"{', '.join(sorted(FORM_FIELDS))} and the files under 'frames'")
         sha = tuple(v for raw in fields.get("sha256", []) for v in raw.split(",") if v.strip())
         recipes = tuple(v.strip() for raw in fields.get("recipe", []) for v in raw.split(",") if v.strip())
         return cls(camera=_one(fields, "camera"), priority=_one(fields, "priority"), sha256=sha, recipes=recipes,
@@ -94,6 +100,9 @@ class JobRequest:
     @property
     def recipe_names(self) -> tuple[str, ...]:
         return self.recipes or ((self.recipe,) if self.recipe else ())
+
+
+FORM_FIELDS = frozenset({"camera", "priority", "recipe", "sha256", "naming"})
 
 
 def _one(fields: Mapping[str, Sequence[str]], name: str) -> str | None:

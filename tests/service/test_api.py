@@ -169,6 +169,7 @@ BAD_UPLOADS = {
     "stack for single-frame camera": (lambda d: [("frames", ("a.dng", d)), ("frames", ("b.dng", d))],
                                       {"camera": "IQ3_S"}, 422, "invalid_input"),
     "no frames": (lambda d: [("other", ("a.dng", d))], {}, 422, "invalid_input"),
+    "misspelt field": (lambda d: [("frames", ("a.dng", d))], {"recipes": "jpeg-proof"}, 422, "invalid_input"),
     "one file twice in a stack": (lambda d: [("frames", ("a.dng", d)), ("frames", ("b.dng", d))], {}, 422,
                                   "invalid_input"),
 }
