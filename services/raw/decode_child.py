@@ -112,7 +112,6 @@ def _bayer_pattern(raw: Any) -> tuple[str, np.ndarray]:
     """The 2x2 CFA pattern name and LibRaw's colour index of the four sites; UnsupportedSensor otherwise."""
     import rawpy
 
-    from services.raw.meta import CFA_PATTERNS
 
     pattern = raw.raw_pattern
     desc = raw.color_desc.decode("ascii", "replace")
@@ -121,11 +120,29 @@ def _bayer_pattern(raw: Any) -> tuple[str, np.ndarray]:
         raise UnsupportedSensor(f"unsupported sensor layout ({raw.raw_type.name}, CFA {layout}, {desc})")
     if raw.num_colors != 3 or desc[:3] != "RGB":
         raise UnsupportedSensor(f"unsupported sensor layout (colours {desc!r}); only RGB Bayer is supported")
-    sites = raw.raw_colors_visible[:2, :2]  # colour index 3 is the second green
+    return _pattern_name(raw, raw.raw_colors_visible[:2, :2])  # colour index 3 is the second green
+
+
+def _pattern_name(raw: Any, sites: np.ndarray) -> tuple[str, np.ndarray]:
+    from services.raw.meta import CFA_PATTERNS
+
+    desc = raw.color_desc.decode("ascii", "replace")
     cfa = "".join(desc[int(c)] for c in sites.ravel())
     if cfa not in CFA_PATTERNS:
         raise UnsupportedSensor(f"unsupported sensor layout (2x2 pattern {cfa})")
     return cfa, sites
+
+
+def _odd_active_area(raw: Any, area: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] | None:
+    """A DNG's ActiveArea where its origin is odd (LibRaw rounds such margins up to even, losing the first row or
+    column the file says is image: found from outside, a 600 x 400 area came out 599 x 399) and it lies inside
+    the raw image; else None (LibRaw's visible area is the file's)."""
+    if area is None or not (area[0] % 2 or area[1] % 2):
+        return None
+    top, left, bottom, right = area
+    height, width = raw.raw_image.shape[:2]
+    return area if 0 <= top < bottom <= height and 0 <= left < right <= width and min(bottom - top,
+                                                                                      right - left) >= 2 else None
 
 
 def _attr(obj: Any, *names: str) -> Any:
@@ -160,17 +177,25 @@ def _libraw_capture(raw: Any) -> dict[str, Any]:
     return fields
 
 
-def _libraw_fields(raw_path: Path, out_npy: Path) -> tuple[dict[str, Any], tuple[int, int]]:
-    """Decode with LibRaw and save the visible mosaic; the RawMeta fields as LibRaw reports them (the colour
-    matrix as ``color_matrix``) and the visible area's (top, left) margins."""
+def _libraw_fields(raw_path: Path, out_npy: Path, area: tuple[int, int, int, int] | None = None
+                   ) -> tuple[dict[str, Any], tuple[int, int]]:
+    """Decode with LibRaw and save the visible mosaic (``area``: a DNG's ActiveArea, used where LibRaw would round
+    it); the RawMeta fields as LibRaw reports them (the colour matrix as ``color_matrix``) and the visible area's
+    (top, left) margins."""
     import rawpy
 
     with rawpy.imread(str(raw_path)) as raw:
         linear = _linear_image(raw)
         per_channel = raw.black_level_per_channel  # LibRaw's black + cblack[c]
+        margins = (raw.sizes.top_margin, raw.sizes.left_margin)
         if linear is None:
             cfa, sites = _bayer_pattern(raw)
             pixels = raw.raw_image_visible
+            odd = _odd_active_area(raw, area)
+            if odd is not None:
+                top, left, bottom, right = odd
+                cfa, sites = _pattern_name(raw, raw.raw_colors[top:top + 2, left:left + 2])
+                pixels, margins = raw.raw_image[top:bottom, left:right], (top, left)
             blacks = tuple(float(per_channel[int(c)]) for c in sites.ravel())
         else:  # R, G, B and the second green, as LibRaw orders its channels
             cfa, pixels, blacks = "", linear, tuple(float(per_channel[c]) for c in (0, 1, 2, 1))
@@ -188,7 +213,7 @@ def _libraw_fields(raw_path: Path, out_npy: Path) -> tuple[dict[str, Any], tuple
             "as_shot_neutral": _neutral_from_wb(list(raw.camera_whitebalance)),
             "capture": _libraw_capture(raw),
         }
-        return fields, (raw.sizes.top_margin, raw.sizes.left_margin)
+        return fields, margins
 
 
 def _apply_dng_tags(fields: dict[str, Any], tags: dict[str, Any], margins: tuple[int, int]) -> dict[str, Any]:
@@ -267,12 +292,12 @@ def extract(raw_path: Path, out_npy: Path) -> dict[str, Any]:
     from services.raw.dng import read_dng_tags
     from services.raw.meta import RawMeta
 
-    fields, margins = _libraw_fields(raw_path, out_npy)
-    fields.update(make="", model="", noise_profile=None)
-    profile_fields: dict[str, Any] = {}  # non-DNG: LibRaw's cam_xyz is a D65 matrix (the profile's default)
     with raw_path.open("rb") as f:
         is_tiff = f.read(4) in (b"II*\x00", b"MM\x00*")
     tags = read_dng_tags(raw_path) if is_tiff else None
+    fields, margins = _libraw_fields(raw_path, out_npy, None if tags is None else tags["active_area"])
+    fields.update(make="", model="", noise_profile=None)
+    profile_fields: dict[str, Any] = {}  # non-DNG: LibRaw's cam_xyz is a D65 matrix (the profile's default)
     if tags is not None:
         profile_fields = _apply_dng_tags(fields, tags, margins)
         if fields["layout"] == "bayer":

@@ -380,7 +380,8 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
     ``camera_calibration_1/2`` (9 floats or None), ``analog_balance``, ``as_shot_white_xy`` (floats or None),
     ``calibration_illuminants`` ((code1, code2), 0 where absent), ``baseline_exposure`` (float, 0 if absent),
     ``black_level`` (floats), ``black_level_repeat`` ((rows, cols)),
-    ``white_level`` (float or None), ``active_area_origin`` ((top, left), the origin of the black pattern).
+    ``white_level`` (float or None), ``active_area_origin`` ((top, left), the origin of the black pattern),
+    ``active_area`` ((top, left, bottom, right) or None).
     Optional tags holding values no render can use (non-finite, a zero denominator, singular matrices, a white or
     balance of 0) read as absent (see :data:`MAX_BASELINE_EXPOSURE`); ColorMatrix1 is as stored (the upload's
     probe refuses a DNG without a usable one).
@@ -410,6 +411,7 @@ def read_dng_tags(path: Path) -> dict[str, Any] | None:
             "black_level_repeat": (int(repeat[0]), int(repeat[-1])),
             "white_level": None if white is None else white[0],
             "active_area_origin": (int(active[0]), int(active[1])),
+            "active_area": tuple(int(v) for v in active) if len(active) == 4 else None,
             "color_matrix_2": _matrix_or_none(tag_floats(find_tag(pages, TAG_COLOR_MATRIX_2))),
             "forward_matrix_1": _matrix_or_none(tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_1))),
             "forward_matrix_2": _matrix_or_none(tag_floats(find_tag(pages, TAG_FORWARD_MATRIX_2))),

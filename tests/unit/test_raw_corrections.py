@@ -62,3 +62,17 @@ def test_a_gain_map_is_applied_above_black(tmp_path: Path) -> None:
     raw = np.rint(BLACK + (scene.astype(np.float64) - BLACK) / field).astype(np.uint16)
     out = _decode(tmp_path, raw, [(51009, 7, None, _gain_map_list(shading, (0, 0, 48, 72)), True)])
     assert np.abs(out - scene).max() <= 2
+
+
+def test_an_odd_active_area_origin_keeps_its_first_row_and_column(tmp_path: Path) -> None:
+    """Found from outside: LibRaw rounds an odd ActiveArea origin up to even, so a 600 x 400 area (the size the
+    upload reported) came out 599 x 399, shifted by a pixel. The file's area is taken as it states it."""
+    raw = _mosaic(404, 606, seed=7)
+    area = (1, 1, 401, 601)
+    path = tmp_path / "f.dng"
+    path.write_bytes(_tiff(raw, PHOTOMETRIC_CFA, _cfa_tags() + [(50829, "I", 4, area, True)]))
+    meta = decode_raw(path, tmp_path / "f.npy")
+    out = np.load(tmp_path / "f.npy")
+    assert out.shape == (400, 600) and (meta.height, meta.width) == (400, 600)
+    np.testing.assert_array_equal(out, raw[1:401, 1:601])
+    assert meta.cfa == "RGGB"  # the pattern as the file states it, from the area's corner
