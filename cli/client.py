@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -27,9 +29,15 @@ T = TypeVar("T")
 
 
 class SubmitError(Exception):
-    """A request or a job that did not succeed (exit code 1)."""
+    """A request or a job that did not succeed (exit code 1). ``status`` and ``api_type``: the HTTP status and the
+    API's error ``type`` where the API answered (``422``, ``not_a_raw_file``), so callers can tell whose fault a
+    refusal is."""
 
     exit_code = 1
+
+    def __init__(self, message: str, status: int | None = None, api_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.api_type = status, api_type
 
 
 class Unreachable(SubmitError):
@@ -48,6 +56,26 @@ class BadUsage(SubmitError):
     """A value the service does not offer, e.g. an unknown recipe (exit code 2, as for typer's usage errors)."""
 
     exit_code = 2
+
+
+class FileGone(SubmitError):
+    """A file to send was deleted or moved after it was found (a reject deleted from the hot folder): that shot is
+    not sent, the others go on (exit code 1 at the end, as for a refused shot)."""
+
+
+@contextmanager
+def still_there() -> Iterator[None]:
+    """Turns a file that vanished under the block (hashing, measuring, opening it) into :class:`FileGone`."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise FileGone(f"{exc.filename}: gone before it was sent (deleted or moved)") from exc
+
+
+def upload_name(path: Path) -> str:
+    """The file name sent with an upload: the name's bytes read as UTF-8, bytes that are not UTF-8 replaced (a
+    Latin-1 ``café.dng`` from an old share became a str that httpx cannot encode, and the upload crashed)."""
+    return os.fsencode(path.name).decode("utf-8", "replace")
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH = 0, 1, 2, 3, 4
@@ -95,9 +123,9 @@ def _error(resp: httpx.Response) -> SubmitError:
         kind = Unreachable  # a retry while the first try is still being recorded: retried like a 5xx
     try:
         body = resp.json()
-        return kind(f"{resp.status_code} {body.get('type')}: {body.get('detail')}")
+        return kind(f"{resp.status_code} {body.get('type')}: {body.get('detail')}", resp.status_code, body.get("type"))
     except ValueError:
-        return kind(f"{resp.status_code}: {resp.text[:200]}")
+        return kind(f"{resp.status_code}: {resp.text[:200]}", resp.status_code)
 
 
 def unreachable(client: httpx.Client, exc: Exception) -> Unreachable:
@@ -117,7 +145,7 @@ def submit_shot(api: str, token: str, files: list[Path], *, camera: str | None, 
     ) as progress:
         task = progress.add_task("upload", total=total)
         readers = [_ProgressReader(p, progress, task) for p in files]
-        uploads: list[tuple[str, Any]] = [("frames", (p.name, reader, "application/octet-stream"))
+        uploads: list[tuple[str, Any]] = [("frames", (upload_name(p), reader, "application/octet-stream"))
                                           for p, reader in zip(files, readers, strict=True)]
         try:
             resp = client.post("/v1/jobs", data=data, files=uploads)
@@ -202,8 +230,13 @@ def wait_for_job(client: httpx.Client, job: dict[str, Any], timeout: float, cons
                 continue
             rendering.update(bar, description=f"render: {job['stage']}", completed=100 * job["progress"])
     if job["status"] != "done":
-        raise SubmitError(f"job {job['id']} {job['status']}: {job.get('error')}")
+        raise SubmitError(job_ended(job))
     return job
+
+
+def job_ended(job: dict[str, Any]) -> str:
+    """``job ID failed: <error>``, or ``job ID cancelled`` where the job has no error to tell."""
+    return f"job {job['id']} {job['status']}" + (f": {job['error']}" if job.get("error") else "")
 
 
 MAX_LOCAL_NAME = 200  # bytes: with a "_2" and ".part" still under the 255 of common file systems
@@ -222,32 +255,31 @@ def local_name(content_disposition: str | None, name: str) -> str:
     return offered if plain and PurePosixPath(offered).suffix == PurePosixPath(name).suffix else name
 
 
-def unique_path(dest: Path, taken: set[str] | None) -> Path:
-    """``dest``, or ``<stem>_2<ext>``, ``_3``, ... when an earlier download of the same run took it (compared
-    case-insensitively, as macOS and Windows disks do); records the path taken. ``taken`` None: ``dest``."""
-    if taken is None:
-        return dest
-    candidate, n = dest, 1
-    while str(candidate).casefold() in taken:
-        n += 1
-        candidate = dest.with_name(f"{dest.stem}_{n}{dest.suffix}")
-    taken.add(str(candidate).casefold())
-    return candidate
+def path_key(path: Path) -> str:
+    """One spelling per file, to compare paths by: absolute, symlinks resolved, case folded (macOS and Windows disks
+    ignore case). ``hot/shot.tif`` and ``/data/hot/shot.tif`` are one file."""
+    return str(path.resolve()).casefold()
 
 
-def destination(name: Path, taken: set[str] | None, kept: dict[str, Any] | None) -> tuple[Path, bool]:
-    """Where an output named ``name`` is saved: :func:`unique_path`'s choice, and with ``kept`` (the output, a
-    download run again) a path that already holds it (then True: nothing to fetch) or one that is free: a file
-    there with other bytes is another shot's from an earlier run (shots finish in any order), never overwritten."""
-    if kept is None:
-        return unique_path(name, taken), False
-    seen = taken if taken is not None else set()
+def destination(name: Path, output: dict[str, Any], taken: set[str], own: set[str]) -> tuple[Path, bool]:
+    """Where an output named ``name`` is saved (``<stem>_2<ext>``, ``_3``, ... when ``name`` is not free), and
+    True where that file holds the output already (nothing to fetch). Not free: a path taken by another output of
+    the run (``taken``, of :func:`path_key`; the choice is added to it), or a file on disk with other bytes: a
+    photographer's own ``look.tif``, another shot's output of an earlier run, never overwritten. ``own``: the paths
+    this very file's earlier job saved, which it may rewrite (a changed hot-folder file sent again)."""
     dest, n = name, 1
-    while str(dest).casefold() in seen or (dest.exists() and not same_file(dest, kept["bytes"], kept["sha256"])):
+    while True:
+        key = path_key(dest)
+        if key not in taken:
+            if not dest.exists() or key in own:
+                break
+            if same_file(dest, output["bytes"], output["sha256"]):
+                taken.add(key)
+                return dest, True
         n += 1
         dest = name.with_name(f"{name.stem}_{n}{name.suffix}")
-    seen.add(str(dest).casefold())
-    return dest, dest.exists()
+    taken.add(key)
+    return dest, False
 
 
 def same_file(path: Path, size: int, sha256: str) -> bool:
@@ -262,18 +294,19 @@ def same_file(path: Path, size: int, sha256: str) -> bool:
 
 
 def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, console: Console,
-                     taken: set[str] | None = None, keep_same: bool = False) -> list[Path]:
+                     taken: set[str] | None = None, own: set[str] | None = None) -> list[Path]:
     """Download a done job's outputs into ``out_dir`` with a progress bar: each into a .part file, hashed while
     streaming, renamed only once it matches the job's sha256. Each is saved under the shot's own spelling where
-    the service offers it (:func:`local_name`); ``taken``: the paths saved earlier in the same run (``strata
-    submit``), never overwritten by another shot's output (:func:`unique_path`); ``keep_same``: a file already
-    there with the output's sha256 is kept, not fetched again, and one with other bytes is never overwritten
-    (``strata batch download`` run again: the output takes the next ``_N`` name)."""
+    the service offers it (:func:`local_name`), never over a file it did not write (:func:`destination`): a file
+    already there with the output's sha256 is kept, not fetched again (a download run again fetches only what is
+    new), one with other bytes makes the output take the next ``_N`` name. ``taken``: the paths saved earlier in
+    the same run; ``own``: paths that may be rewritten."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SubmitError(f"cannot save outputs in {out_dir}: {exc.strerror or exc}") from exc
     saved = []
+    taken = set() if taken is None else taken
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=console) as downloading:
         for o in job["outputs"]:
@@ -286,7 +319,7 @@ def download_outputs(client: httpx.Client, job: dict[str, Any], out_dir: Path, c
                         r.read()
                         raise _error(r)
                     name = out_dir / local_name(r.headers.get("content-disposition"), o["name"])
-                    dest, same = destination(name, taken, o if keep_same else None)
+                    dest, same = destination(name, o, taken, own or set())
                     if same:
                         downloading.update(bar, completed=o["bytes"])
                         saved.append(dest)

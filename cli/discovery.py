@@ -126,5 +126,5 @@ def plan_shots(inputs: list[Path], *, stack: bool = False, stacks_by_name: bool 
     return [Shot((path,), rel) for path, rel in files]
 
 
-__all__ = ["MAX_STACK", "RAW_EXTENSIONS", "Shot", "discover", "find_raw_files", "group_by_name", "is_candidate",
-           "plan_shots"]
+__all__ = ["MAX_STACK", "MIN_STACK", "RAW_EXTENSIONS", "Shot", "discover", "find_raw_files", "group_by_name",
+           "is_candidate", "plan_shots"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -462,8 +463,16 @@ class Priority(StrEnum):
 CameraOpt = Annotated[Camera | None, typer.Option(help="Camera (default: detect from the files).",
                                                   case_sensitive=False)]
 PriorityOpt = Annotated[Priority | None, typer.Option(help="Queue lane (default: interactive).")]
+
+
+def _split_recipes(values: list[str] | None) -> list[str] | None:
+    """``--recipe tiff16,jpeg-proof`` is two recipes, as the API reads the field (it was checked as one name)."""
+    return None if values is None else [r.strip() for v in values for r in v.split(",") if r.strip()]
+
+
 RecipeOpt = Annotated[list[str] | None, typer.Option(
-    "--recipe", help="Output recipe, repeatable (checked against GET /v1/recipes; default: the service's).")]
+    "--recipe", callback=_split_recipes,
+    help="Output recipe, repeatable or comma-separated (checked against GET /v1/recipes; default: the service's).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON on stdout instead of a table.")]
 
 
@@ -498,15 +507,15 @@ def _exit_for(exc: Exception) -> typer.Exit:
 
 
 def _shots_or_exit(inputs: list[Path], stack: bool, stacks_by_name: bool) -> list[Any]:
-    from cli.discovery import MAX_STACK, plan_shots
+    from cli.discovery import MAX_STACK, MIN_STACK, plan_shots
 
     if stack and stacks_by_name:
         raise _fail("--stack and --stacks-by-name exclude each other", 2)
     shots = plan_shots(inputs, stack=stack, stacks_by_name=stacks_by_name)
     if not shots:
         raise _fail(f"no RAW files in {', '.join(map(str, inputs))}", 2)
-    if stack and len(shots[0].files) > MAX_STACK:
-        raise _fail(f"a stack has at most {MAX_STACK} frames, not {len(shots[0].files)}", 2)
+    if stack and not MIN_STACK <= len(shots[0].files) <= MAX_STACK:  # one file went out as a single shot
+        raise _fail(f"--stack: a stack has {MIN_STACK}-{MAX_STACK} frames, not {len(shots[0].files)}", 2)
     return shots
 
 
@@ -590,6 +599,18 @@ def _check_recipes_if_up(client: Any, recipes: list[str], once: bool) -> None:
         console.print(f"[yellow]{exc}: recipes not checked; files stay pending until it answers[/yellow]")
 
 
+def _single_frame_camera(camera: Camera | None) -> None:
+    """The watcher sends each file alone: a camera whose shots are stacks (IQ2_XS) would have every file refused,
+    so it is refused up front (exit 2)."""
+    from services.jobs.cameras import PROFILES
+
+    if camera is not None and PROFILES[camera.value].min_frames > 1:
+        profile = PROFILES[camera.value]
+        raise _fail(f"--camera {camera.value} takes stacks of {profile.min_frames}-{profile.max_frames} frames; "
+                    "the watcher sends each file as one shot: leave --camera out, or send stacks with "
+                    "`strata submit --stack` / `--stacks-by-name`", 2)
+
+
 @app.command()
 def watch(
     folder: Annotated[Path, typer.Argument(help="The hot folder (searched recursively).", exists=True,
@@ -618,6 +639,7 @@ def watch(
     from cli.watch import Watcher, watch_forever, watch_once
 
     _writable_out(out)
+    _single_frame_camera(camera)
     stopping = threading.Event()
     # --once ends at once on SIGTERM; the hot folder finishes the step under way (a download, its state) first.
     signal.signal(signal.SIGTERM, _interrupt if once else lambda signum, frame: stopping.set())
@@ -627,8 +649,8 @@ def watch(
               "priority": priority.value if priority else None}
     try:
         with connect(url, tok) as client:
-            _check_recipes_if_up(client, recipe or [], once)
             watcher = Watcher(folder, client, console, fields=fields, out=out, settle=settle)
+            _check_recipes_if_up(client, recipe or [], once)
             console.print(f"watching {folder} every {interval:g} s (settle {settle:g} s); state in "
                           f"{watcher.state.path}")
             if once:
@@ -700,9 +722,13 @@ def _print_json(body: Any) -> None:
     print(json.dumps(body, indent=2))
 
 
+JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+
+
 @jobs_app.command("list")
 def jobs_list(
-    status: Annotated[str | None, typer.Option(help="queued, running, done, failed or cancelled.")] = None,
+    status: Annotated[str | None, typer.Option(help="queued, running, done, failed or cancelled (several: "
+                                                    "comma-separated).")] = None,
     limit: Annotated[int, typer.Option(min=1, max=200, help="How many, newest first.")] = 20,
     as_json: JsonOpt = False,
     api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
@@ -710,6 +736,9 @@ def jobs_list(
     """This station's jobs, newest first."""
     from rich.table import Table
 
+    unknown = [s for s in (status or "").split(",") if s.strip() and s.strip() not in JOB_STATUSES]
+    if unknown:  # the API's 422 exited 1, as if a job had failed
+        raise _fail(f"--status: unknown status {', '.join(unknown)}; choose from {', '.join(JOB_STATUSES)}", 2)
     params: dict[str, str | int] = {"limit": limit} | ({"status": status} if status else {})
     body = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params)
     if as_json:
@@ -1021,6 +1050,8 @@ def chaos(ctx: typer.Context) -> None:
 
 
 def main() -> None:  # pragma: no cover
+    if isinstance(sys.stdout, io.TextIOWrapper):  # a path that is not UTF-8 printed as its bytes, not a traceback
+        sys.stdout.reconfigure(errors="surrogateescape")
     level = settings_or_exit().log_level.upper()  # a bad STRATA_* variable: one line each, exit 2
     for line in unknown_variables():
         print(f"strata: warning: {line}", file=sys.stderr)

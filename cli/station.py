@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -25,6 +26,7 @@ from rich.progress import (
 
 from cli.client import (
     BadUsage,
+    FileGone,
     SubmitError,
     Unreachable,
     _error,
@@ -32,7 +34,9 @@ from cli.client import (
     _sha256,
     call,
     download_outputs,
+    still_there,
     unreachable,
+    upload_name,
     with_retry,
 )
 from cli.discovery import Shot
@@ -42,17 +46,19 @@ ENDED = ("done", "failed", "cancelled")
 
 @dataclass
 class ShotResult:
-    """What became of one shot: its job (as the API last answered), the files saved, an error."""
+    """What became of one shot: its job (as the API last answered), the files saved, an error; ``gone``: a file of
+    it vanished before it was sent."""
 
     shot: Shot
     job: dict[str, Any] | None = None
     paths: list[Path] = field(default_factory=list)
     error: str | None = None
+    gone: bool = False
 
     @property
     def status(self) -> str:
         if self.job is None:
-            return "refused" if self.error else "not_sent"
+            return "refused" if self.error and not self.gone else "not_sent"
         return "error" if self.error and self.job["status"] == "done" else str(self.job["status"])
 
     def to_json(self) -> dict[str, Any]:
@@ -86,8 +92,9 @@ def check_recipes(client: httpx.Client, recipes: list[str], console: Console, re
 
 def shot_fields(shot: Shot, *, camera: str | None, recipes: list[str], priority: str | None,
                 sha256: list[str] | None = None) -> dict[str, Any]:
-    """The multipart form fields of ``POST /v1/jobs`` for ``shot``."""
-    data: dict[str, Any] = {"sha256": sha256 or [_sha256(p) for p in shot.files]}
+    """The multipart form fields of ``POST /v1/jobs`` for ``shot``; :class:`FileGone` if a file vanished."""
+    with still_there():
+        data: dict[str, Any] = {"sha256": sha256 or [_sha256(p) for p in shot.files]}
     if recipes:
         data["recipe"] = list(recipes)
     if priority:
@@ -103,12 +110,19 @@ def post_shot(client: httpx.Client, endpoint: str, shot: Shot, data: dict[str, A
     advances ``overall``; the job. A try that will be retried (:class:`Unreachable`) takes its bytes back off the
     overall bar; a refused shot's bytes stay on it (they were sent, and the bar's speed stays positive).
     ``key``: the shot's Idempotency-Key, the same on every try, so a retry after a lost answer gets the job the
-    first try created instead of rendering the shot twice."""
-    total = sum(p.stat().st_size for p in shot.files)
+    first try created instead of rendering the shot twice. A file that vanished since it was found:
+    :class:`FileGone`, nothing sent."""
+    with still_there():
+        total = sum(p.stat().st_size for p in shot.files)
     task = progress.add_task(f"upload {shot.name}"[:40], total=total)
     tasks = [task] if overall is None else [task, overall]
-    readers = [_ProgressReader(p, progress, *tasks) for p in shot.files]
-    uploads = [("frames", (p.name, r, "application/octet-stream")) for p, r in zip(shot.files, readers, strict=True)]
+    try:
+        readers = _open_readers(shot.files, progress, tasks)
+    except FileGone:
+        progress.remove_task(task)
+        raise
+    uploads = [("frames", (upload_name(p), r, "application/octet-stream"))
+               for p, r in zip(shot.files, readers, strict=True)]
     try:
         resp = client.post(endpoint, data=data, files=uploads,  # type: ignore[arg-type]
                            headers={"Idempotency-Key": key} if key else None)
@@ -128,26 +142,54 @@ def post_shot(client: httpx.Client, endpoint: str, shot: Shot, data: dict[str, A
     raise error
 
 
+def _open_readers(files: tuple[Path, ...], progress: Progress, tasks: list[TaskID]) -> list[_ProgressReader]:
+    """A reader per file, all of them open or none (those opened already are closed): :class:`FileGone` if a file
+    vanished."""
+    readers: list[_ProgressReader] = []
+    try:
+        with still_there():
+            for path in files:
+                readers.append(_ProgressReader(path, progress, *tasks))
+    except FileGone:
+        for reader in readers:
+            reader.close()
+        raise
+    return readers
+
+
+def _size(path: Path) -> int:
+    """The file's size for the overall bar; 0 for one that vanished (its shot is then reported, not sent)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def upload_shots(client: httpx.Client, results: list[ShotResult], fields: dict[str, Any], console: Console, *,
                  endpoint: str = "/v1/jobs", retry_for: float | None = None) -> None:
     """Upload every shot, one at a time, filling in ``results``: a bar per shot and one overall. A shot the API
-    refuses (4xx) is recorded and the rest go on; an unreachable API is retried for ``retry_for``, then raises
-    :class:`Unreachable` (``results`` then tell which were sent)."""
-    total = sum(p.stat().st_size for r in results for p in r.shot.files)
+    refuses (4xx), or one with a file that vanished since it was found, is recorded and the rest go on; an
+    unreachable API is retried for ``retry_for``, then raises :class:`Unreachable` (``results`` then tell which
+    were sent)."""
+    total = sum(_size(p) for r in results for p in r.shot.files)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   console=console) as progress:
         overall = progress.add_task(f"upload {len(results)} shot(s)", total=total)
         for result in results:
-            data = shot_fields(result.shot, **fields)
-            send = functools.partial(post_shot, client, endpoint, result.shot, data, progress, overall,
-                                     f"strata-cli-{uuid.uuid4().hex}")  # one key per shot, kept across retries
             try:
+                data = shot_fields(result.shot, **fields)
+                send = functools.partial(post_shot, client, endpoint, result.shot, data, progress, overall,
+                                         f"strata-cli-{uuid.uuid4().hex}")  # one key per shot, kept across retries
                 result.job = with_retry(send, console, retry_for)
+            except FileGone as exc:
+                result.error, result.gone = str(exc), True
+                console.print(f"[red]{escape(result.shot.name)}: not sent: {escape(str(exc))}[/red]")
+                continue
             except SubmitError as exc:
                 if exc.exit_code != 1:  # unreachable, token refused: nothing else would get through either
                     raise
                 result.error = str(exc)
-                console.print(f"[red]{result.shot.name}: refused: {exc}[/red]")
+                console.print(f"[red]{escape(result.shot.name)}: refused: {escape(str(exc))}[/red]")
                 continue
             console.print(f"{result.shot.name}: job {result.job['id']} queued ({result.job['camera']}, "
                           f"{len(result.job['frames'])} frame(s))")
@@ -268,7 +310,7 @@ def download_batch(client: httpx.Client, shots: list[dict[str, Any]], out: Path,
             continue
         try:
             saved += download_outputs(client, {"outputs": shot["outputs"]}, out / shot_folder(shot["name"]), console,
-                                      taken, keep_same=True)
+                                      taken)
         except Unreachable:
             raise
         except SubmitError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -130,6 +131,11 @@ def test_watch_takes_a_slow_copy_once_complete_and_resends_nothing_after_a_resta
     assert _job_ids(stack) - before == {job_a, state["b.dng"]["job"]}, "a.dng must not be sent again"
 
 
+def _wide() -> dict[str, str]:
+    """The environment with a console wide enough that a message is not broken where a test looks for it."""
+    return {**os.environ, "COLUMNS": "300"}
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -214,3 +220,82 @@ def test_watch_rides_out_a_service_that_is_down_then_comes_up(stack: Stack, tmp_
     text = log.read_text()
     assert "files stay pending" in text and "the API answers again" in text
     assert json.loads((hot / ".strata-watch.json").read_text())["files"]["c.dng"]["status"] == "done"
+
+
+def test_watch_started_while_the_api_is_down_stops_on_a_bad_recipe_and_records_nothing(
+        stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    """Found from outside: `--recipe tif16` with the API down at start (recipes not checked) recorded the file as
+    refused (422 invalid_input); the restart with the right recipe sent nothing and exited 0."""
+    hot, log = tmp_path / "hot", tmp_path / "watch.log"
+    hot.mkdir()
+    shutil.copy(_shot(tmp_path / "src", seed=44), hot / "c.dng")
+    port = _closed_port()
+    cmd = _cli(stack, "watch", str(hot), "--interval", "0.3", "--settle", "0.5", "--recipe", "tif16")
+    cmd[cmd.index("--api") + 1] = f"http://127.0.0.1:{port}"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, text=True, env=_wide())
+    deadline = time.monotonic() + 60
+    while "recipes not checked" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop = threading.Event()
+    threading.Thread(target=_proxy, args=(port, int(stack.url.rsplit(":", 1)[1]), stop), daemon=True).start()
+    try:
+        assert proc.wait(timeout=120) == 2, log.read_text()
+    finally:
+        stop.set()
+    said = " ".join(log.read_text().split())
+    assert "refused the watcher's options: 422 invalid_input: unknown recipe" in said and "tif16" in said
+    state = hot / ".strata-watch.json"
+    assert not state.exists() or "c.dng" not in json.loads(state.read_text())["files"]
+    again = subprocess.run(_cli(stack, "watch", str(hot), "--once", "--settle", "0.5", "--recipe", "tiff16",
+                                "--timeout", "180"), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert tifffile.imread(hot / "c.tif").dtype.name == "uint16"
+
+
+def test_watch_ends_an_entry_whose_outputs_were_removed(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    """Found from outside: outputs removed (`strata jobs remove-files`) before the watcher collected them were asked
+    for again twice a second (410 gone) forever; `--once --timeout 15` ended with "1 job(s) still running"."""
+    hot = tmp_path / "hot"
+    hot.mkdir()
+    shutil.copy(_shot(tmp_path / "src", seed=45), hot / "d.dng")
+    first = subprocess.run(_cli(stack, "watch", str(hot), "--once", "--settle", "0.2", "--timeout", "0"),
+                           capture_output=True, text=True, timeout=120)  # sends it, does not wait for it
+    assert first.returncode == 1 and "still running" in first.stderr, first.stderr
+    job_id = json.loads((hot / ".strata-watch.json").read_text())["files"]["d.dng"]["job"]
+    deadline = time.monotonic() + 180
+    while httpx.get(f"{stack.url}/v1/jobs/{job_id}", headers=stack.headers, timeout=30).json()["status"] != "done":
+        assert time.monotonic() < deadline, "the job did not finish"
+        time.sleep(0.3)
+    removed = subprocess.run(_cli(stack, "jobs", "remove-files", job_id), capture_output=True, text=True, timeout=60)
+    assert removed.returncode == 0, removed.stderr
+    start = time.monotonic()
+    again = subprocess.run(_cli(stack, "watch", str(hot), "--once", "--settle", "0.2", "--timeout", "15"),
+                           capture_output=True, text=True, timeout=120, env=_wide())
+    said = " ".join(again.stderr.split())
+    assert again.returncode == 1 and time.monotonic() - start < 14, said
+    assert f"d.dng: the outputs of job {job_id} are gone from the service" in said and "still running" not in said
+    entry = json.loads((hot / ".strata-watch.json").read_text())["files"]["d.dng"]
+    assert entry["status"] == "gone" and "410 gone" in entry["error"] and not (hot / "d.tif").exists()
+
+
+def test_a_file_name_that_is_not_utf8_renders_through_submit_and_watch(
+        stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+    """Found from outside: `caf\\xe9.dng` (Latin-1 bytes) crashed both commands in httpx's multipart encoding; the
+    watcher, having recorded nothing, crashed on it at every restart."""
+    hot = tmp_path / "hot"
+    hot.mkdir()
+    raw = hot / os.fsdecode(b"caf\xe9.dng")
+    shutil.copy(_shot(tmp_path / "src", seed=46), raw)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}  # a UTF-8 locale's stdout
+    done = subprocess.run(_cli(stack, "submit", str(hot), "--json", "--out", str(tmp_path / "out"), "--timeout",
+                               "180"), capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    [shot] = json.loads(done.stdout)
+    assert shot["status"] == "done" and Path(shot["paths"][0]).parent == tmp_path / "out"
+    assert tifffile.imread(shot["paths"][0]).dtype.name == "uint16"
+    watched = subprocess.run(_cli(stack, "watch", str(hot), "--once", "--settle", "0.2", "--timeout", "180"),
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert watched.returncode == 0, watched.stderr
+    saved = json.loads((hot / ".strata-watch.json").read_text())["files"][raw.name]["saved"]
+    assert [Path(p).parent for p in saved] == [hot] and tifffile.imread(saved[0]).dtype.name == "uint16"

@@ -512,3 +512,285 @@ def test_a_database_that_cannot_be_reached_is_one_line_with_its_password_hidden(
     assert done.returncode == 2
     assert "the database postgresql+psycopg://strata:***@127.0.0.1:1/strata cannot be used: connection" in out
     assert "s3cret" not in out and "Traceback" not in out
+
+
+def _state(root: Path) -> dict[str, Any]:
+    return dict(json.loads((root / STATE_NAME).read_text())["files"])
+
+
+def _serve_outputs(api: FakeApi, bodies: dict[str, bytes]) -> None:
+    """POST /v1/jobs answers j1, j2, ... in turn; job ``jN`` is done with one output ``a.tif`` of ``bodies[jN]``."""
+    count = iter(range(1, 100))
+    api.route("POST", "/v1/jobs", lambda s: (202, job(f"j{next(count)}")))
+    for job_id, body in bodies.items():
+        out = {"name": "a.tif", "url": f"/v1/jobs/{job_id}/outputs/a.tif", "sha256": hashlib.sha256(body).hexdigest(),
+               "bytes": len(body)}
+        api.route("GET", f"/v1/jobs/{job_id}", (200, job(job_id, "done", outputs=[out])))
+        api.route("GET", f"/v1/jobs/{job_id}/outputs/a.tif", (200, body))
+
+
+def _delete_on_first_upload(api: FakeApi, victim: Path) -> None:
+    """The first upload deletes ``victim`` meanwhile (a photographer deleting a reject); uploads answer j1, j2, ..."""
+    count = iter(range(1, 100))
+
+    def post(seen: Seen) -> tuple[int, Any]:
+        n = next(count)
+        if n == 1:
+            victim.unlink()
+        return 202, job(f"j{n}")
+
+    api.route("POST", "/v1/jobs", post)
+
+
+def test_submit_reports_a_file_deleted_midway_as_not_sent_and_saves_the_others(api: FakeApi, tmp_path: Path
+                                                                               ) -> None:
+    """Found from outside: a file deleted while `strata submit dir/` ran was a FileNotFoundError traceback (exit 1),
+    and the shots already sent were never downloaded."""
+    for name in ("a", "b", "c"):
+        _raw(tmp_path / "in" / f"{name}.dng", f"II*\x00{name}".encode())
+    _serve_outputs(api, {"j1": TIFF, "j2": TIFF + b"2"})
+    _delete_on_first_upload(api, tmp_path / "in" / "b.dng")
+    done = runner.invoke(app, ["submit", str(tmp_path / "in"), "--json", "--out", str(tmp_path / "out"), *_auth(api)])
+    assert done.exit_code == 1, done.output
+    shots = json.loads(done.stdout)
+    assert [(s["job"], s["status"]) for s in shots] == [("j1", "done"), (None, "not_sent"), ("j2", "done")]
+    assert "b.dng: gone before it was sent" in shots[1]["error"]
+    assert [Path(s["paths"][0]).read_bytes() for s in (shots[0], shots[2])] == [TIFF, TIFF + b"2"]
+
+
+def test_an_upload_whose_file_is_gone_sends_nothing_and_leaves_no_bar(api: FakeApi, tmp_path: Path) -> None:
+    from rich.progress import Progress
+
+    from cli.client import FileGone
+    from cli.discovery import Shot
+    from cli.station import post_shot
+
+    shot = Shot((_raw(tmp_path / "a.dng"), tmp_path / "b.dng"))  # b.dng deleted after it was found
+    with httpx.Client(base_url=api.url) as client, Progress(console=Console(file=io.StringIO())) as progress:
+        with pytest.raises(FileGone, match="b.dng: gone before it was sent"):
+            post_shot(client, "/v1/jobs", shot, {}, progress)
+        assert progress.tasks == []
+    assert api.seen == []
+
+
+def test_watch_says_a_file_deleted_before_it_was_sent_is_gone_and_goes_on(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: a file deleted between the listing and its upload stopped `strata watch` with a
+    FileNotFoundError traceback. It is not recorded: if it comes back, it is sent."""
+    _raw(tmp_path / "a.dng")
+    _raw(tmp_path / "b.dng", b"II*\x00b")
+    _delete_on_first_upload(api, tmp_path / "b.dng")
+    clock = [1000.0]
+    w = _watcher(api, tmp_path, clock)
+    assert _settle(w, clock) == 1
+    assert "b.dng: gone before it was sent" in w.console.file.getvalue()  # type: ignore[attr-defined]
+    assert list(_state(tmp_path)) == ["a.dng"]
+    _raw(tmp_path / "b.dng", b"II*\x00b")
+    assert _settle(w, clock) == 1 and sorted(_state(tmp_path)) == ["a.dng", "b.dng"]
+
+
+def test_a_file_name_that_is_not_utf8_is_sent_with_its_bad_bytes_replaced(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: a Latin-1 ``caf\\xe9.dng`` stopped `strata watch` and `strata submit` with a
+    UnicodeEncodeError in httpx's multipart before anything was recorded, so every restart crashed on it again. It
+    is sent as ``caf\\ufffd.dng``, its output saved beside it; stdout prints its name as its bytes (a UTF-8
+    locale's strict stdout crashed on it)."""
+    import subprocess
+    import sys
+
+    name = os.fsdecode(b"caf\xe9.dng")
+    hot = tmp_path / "hot"
+    _raw(hot / name)
+    _serve_outputs(api, {"j1": TIFF})
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "COLUMNS": "200"}
+    for args in (["watch", str(hot), "--once", "--settle", "0.1"], ["submit", str(hot), "--no-wait"]):
+        done = subprocess.run([sys.executable, "-m", "cli.main", *args, *_auth(api)], capture_output=True, env=env,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert done.stdout == b"caf\xe9.dng\tj2\tqueued\t\n"
+    posted = [s.body for s in api.calls("POST", "/v1/jobs")]
+    assert len(posted) == 2 and all(b'filename="caf\xef\xbf\xbd.dng"' in body for body in posted)
+    assert (hot / "a.tif").read_bytes() == TIFF and _state(hot)[name]["status"] == "done"
+
+
+def _read_only(folder: Path, cmd: list[str]) -> list[str]:
+    """``cmd`` run where ``folder`` cannot be written, as on a read-only share: under root (which writes whatever
+    the modes say) in a mount namespace of its own where the folder is a read-only bind mount; else by its modes."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return cmd
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("root without mount namespaces: no way to make a folder read-only")
+    script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
+    return ["unshare", "-m", "sh", "-c", script, str(folder), *cmd]
+
+
+def test_watch_refuses_a_hot_folder_it_cannot_write_before_sending_anything(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: on a read-only share with --out elsewhere, the shot was uploaded, then writing the state
+    file failed with a traceback, and every restart uploaded it again."""
+    import subprocess
+    import sys
+
+    hot = _raw(tmp_path / "hot" / "a.dng").parent
+    _serve_outputs(api, {"j1": TIFF})
+    cmd = [sys.executable, "-m", "cli.main", "watch", str(hot), "--once", "--settle", "0.1", "--out",
+           str(tmp_path / "out"), *_auth(api)]
+    try:
+        done = subprocess.run(_read_only(hot, cmd), capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "COLUMNS": "300"})
+    finally:
+        hot.chmod(0o755)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, said
+    assert f"the hot folder {hot} cannot be written" in said and "keeps its state file .strata-watch.json" in said
+    assert api.calls("POST", "/v1/jobs") == [] and "Traceback" not in said
+
+
+def test_watch_stops_on_a_refusal_of_its_options_and_records_nothing(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: `--recipe tif16` started while the API was down (recipes not checked) recorded every
+    file as refused; a restart with the right recipe then sent nothing and exited 0. A refusal of the options
+    stops the watcher (exit 2) with nothing recorded; another one not of the file's making exits 1, likewise."""
+    _raw(tmp_path / "a.dng")
+    watch = ["watch", str(tmp_path), "--once", "--settle", "0.1", *_auth(api)]
+    api.route("POST", "/v1/jobs", (422, {"type": "invalid_input", "detail": "unknown recipe 'tif16'"}))
+    bad = runner.invoke(app, [*watch, "--recipe", "tif16"])
+    said = " ".join(bad.output.split())
+    assert bad.exit_code == 2 and "refused the watcher's options: 422 invalid_input: unknown recipe 'tif16'" in said
+    api.route("POST", "/v1/jobs", (404, {"type": "not_found", "detail": "no such route"}))  # a proxy's wrong path
+    lost = runner.invoke(app, watch)
+    assert lost.exit_code == 1 and "nothing was recorded" in " ".join(lost.output.split())
+    assert not (tmp_path / STATE_NAME).exists()
+    _serve_outputs(api, {"j1": TIFF})
+    good = runner.invoke(app, [*watch, "--recipe", "tiff16"])
+    assert good.exit_code == 0, good.output
+    assert (tmp_path / "a.tif").read_bytes() == TIFF and _state(tmp_path)["a.dng"]["status"] == "done"
+
+
+def test_watch_sends_again_a_file_recorded_as_refused_for_the_options_by_an_earlier_release(api: FakeApi,
+                                                                                          tmp_path: Path) -> None:
+    files = {}
+    for name, error in (("a.dng", "422 invalid_input: unknown recipe 'tif16'"),
+                        ("b.dng", "422 not_a_raw_file: b.dng: not a RAW file")):
+        st = _raw(tmp_path / name, name.encode()).stat()
+        files[name] = {"size": st.st_size, "mtime": st.st_mtime, "mtime_ns": st.st_mtime_ns, "sha256": "0" * 64,
+                       "job": None, "status": "refused", "error": error, "saved": [], "sent_at": "2026-12-01T10:00Z"}
+    (tmp_path / STATE_NAME).write_text(json.dumps({"version": 1, "files": files}))
+    _serve_outputs(api, {"j1": TIFF})
+    done = runner.invoke(app, ["watch", str(tmp_path), "--once", "--settle", "0.1", *_auth(api)])
+    assert done.exit_code == 0, done.output
+    state = _state(tmp_path)
+    assert state["a.dng"]["status"] == "done" and state["b.dng"]["status"] == "refused"
+    assert len(api.calls("POST", "/v1/jobs")) == 1
+
+
+def test_watch_refuses_a_stack_camera_up_front(api: FakeApi, tmp_path: Path) -> None:
+    """The watcher sends each file alone; `--camera IQ2_XS` (2-16 frames) had every file refused."""
+    _raw(tmp_path / "a.dng")
+    done = runner.invoke(app, ["watch", str(tmp_path), "--once", "--camera", "IQ2_XS", *_auth(api)])
+    said = " ".join(done.output.split())
+    assert done.exit_code == 2 and "--camera IQ2_XS takes stacks of 2-16 frames" in said and api.seen == []
+
+
+def test_watch_ends_an_entry_whose_outputs_are_gone(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: after `strata jobs remove-files`, the watcher tried the download again twice a second
+    (410 gone) forever, and `--once --timeout 15` ended with "1 job(s) still running"."""
+    _raw(tmp_path / "a.dng")
+    _serve_outputs(api, {"j1": TIFF})
+    api.route("GET", "/v1/jobs/j1/outputs/a.tif", (410, {"type": "gone", "detail": "the files of job j1 were removed"}))
+    start = time.monotonic()
+    done = runner.invoke(app, ["watch", str(tmp_path), "--once", "--settle", "0.1", "--timeout", "15", *_auth(api)])
+    said = " ".join(done.output.split())
+    assert done.exit_code == 1 and time.monotonic() - start < 10, said
+    assert "a.dng: the outputs of job j1 are gone from the service" in said and "still running" not in said
+    assert _state(tmp_path)["a.dng"]["status"] == "gone" and "410 gone" in _state(tmp_path)["a.dng"]["error"]
+    again = runner.invoke(app, ["watch", str(tmp_path), "--once", "--settle", "0.1", *_auth(api)])
+    assert again.exit_code == 0 and len(api.calls("GET", "/v1/jobs/j1/outputs/a.tif")) == 1
+
+
+def test_submit_never_overwrites_an_earlier_runs_output(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: `strata submit A.dng --out o1` then `strata submit other/A.dng --out o1` replaced the
+    first shot's render with the second's. The second takes the next free name."""
+    _raw(tmp_path / "A.dng")
+    _raw(tmp_path / "other" / "A.dng", b"II*\x00other")
+    _serve_outputs(api, {"j1": TIFF, "j2": TIFF + b"2"})
+    first = runner.invoke(app, ["submit", str(tmp_path / "A.dng"), "--out", str(tmp_path / "o1"), *_auth(api)])
+    second = runner.invoke(app, ["submit", str(tmp_path / "other" / "A.dng"), "--out", str(tmp_path / "o1"),
+                                 *_auth(api)])
+    assert first.exit_code == second.exit_code == 0, second.output
+    assert second.stdout.strip() == str(tmp_path / "o1" / "a_2.tif")
+    assert (tmp_path / "o1" / "a.tif").read_bytes() == TIFF and (tmp_path / "o1" / "a_2.tif").read_bytes() == \
+        TIFF + b"2"
+
+
+def test_watch_never_overwrites_a_file_it_did_not_save_for_that_file(api: FakeApi, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside: the watcher replaced a photographer's own look.tif beside look.dng; and one restarted
+    with DIR spelled another way (relative, then absolute) saved shot.IIQ's output over shot.dng's shot.tif."""
+    hot = tmp_path / "hot"
+    _raw(hot / "a.dng")
+    (hot / "a.tif").write_bytes(b"the photographer's own")
+    _serve_jobs(api, {"j1": "done", "j2": "done"})
+    clock = [1000.0]
+    monkeypatch.chdir(tmp_path)
+    w = _watcher(api, Path("hot"), clock)
+    assert _settle(w, clock) == 1
+    w.collect()
+    assert (hot / "a.tif").read_bytes() == b"the photographer's own" and (hot / "a_2.tif").read_bytes() == TIFF
+    _raw(hot / "a.IIQ", b"II*\x00second")  # its output has the same name (and here the same bytes)
+    restarted = _watcher(api, hot, clock)
+    assert _settle(restarted, clock) == 1
+    restarted.collect()
+    assert _state(hot)["a.IIQ"]["saved"] == [str(hot / "a_3.tif")]
+
+
+@pytest.mark.parametrize("body", ['{"version": 1, "files": {"c.dng": {}}}', '{"version": 1, "files": {"c.dng": "x"}}',
+                                  '{"version": 1, "files": {"c.dng": {"size": 7, "mtime_ns": "1"}}}', "[]"])
+def test_watch_refuses_a_state_file_with_a_broken_entry(api: FakeApi, tmp_path: Path, body: str) -> None:
+    """Found from outside: an entry without "size" was a KeyError traceback (exit 1), a string entry a TypeError."""
+    _raw(tmp_path / "c.dng")
+    (tmp_path / STATE_NAME).write_text(body)
+    done = runner.invoke(app, ["watch", str(tmp_path), "--once", "--settle", "0.1", *_auth(api)])
+    assert done.exit_code == 2 and "is not a watch state file" in " ".join(done.output.split()), done.output
+    assert api.calls("POST", "/v1/jobs") == []
+
+
+def test_watch_refuses_a_state_file_of_a_newer_release_and_leaves_it_as_it_is(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: version 99 was read as if it were 1, and rewritten as version 1."""
+    _raw(tmp_path / "c.dng")
+    body = '{"version": 99, "files": {}, "what_99_adds": true}'
+    (tmp_path / STATE_NAME).write_text(body)
+    done = runner.invoke(app, ["watch", str(tmp_path), "--once", "--settle", "0.1", *_auth(api)])
+    assert done.exit_code == 2 and "written by a newer strata (state version 99" in " ".join(done.output.split())
+    assert (tmp_path / STATE_NAME).read_text() == body and api.seen == []
+
+
+def test_a_stack_of_one_file_is_bad_usage(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: `strata submit x.dng --stack` went out as a single shot, exit 0."""
+    done = runner.invoke(app, ["submit", str(_raw(tmp_path / "x.dng")), "--stack", *_auth(api)])
+    assert done.exit_code == 2 and "a stack has 2-16 frames, not 1" in done.output and api.seen == []
+
+
+def test_jobs_list_refuses_an_unknown_status_as_bad_usage(api: FakeApi) -> None:
+    api.route("GET", "/v1/jobs", (200, {"jobs": [], "next_cursor": None}))
+    bad = runner.invoke(app, ["jobs", "list", "--status", "bogus", *_auth(api)])
+    assert bad.exit_code == 2 and "unknown status bogus" in bad.output and api.seen == []
+    several = runner.invoke(app, ["jobs", "list", "--status", "done,failed", "--json", *_auth(api)])
+    assert several.exit_code == 0 and api.calls("GET", "/v1/jobs")[0].query == "limit=20&status=done%2Cfailed"
+
+
+def test_comma_separated_recipes_are_several_recipes(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: `--recipe tiff16,jpeg-proof` was refused as one unknown recipe (the API splits it)."""
+    api.route("GET", "/v1/recipes", (200, {"recipes": [{"name": "tiff16"}, {"name": "jpeg-proof"}]}))
+    _serve_jobs(api, {})
+    done = runner.invoke(app, ["submit", str(_raw(tmp_path / "a.dng")), "--recipe", "tiff16,jpeg-proof", "--no-wait",
+                               *_auth(api)])
+    assert done.exit_code == 0, done.output
+    body = api.calls("POST", "/v1/jobs")[0].body
+    assert b'name="recipe"\r\n\r\ntiff16\r\n' in body and b'name="recipe"\r\n\r\njpeg-proof\r\n' in body
+
+
+def test_a_cancelled_job_is_said_to_be_cancelled_without_a_none(api: FakeApi, tmp_path: Path) -> None:
+    api.route("GET", "/v1/jobs/j1", (200, job("j1", "cancelled")))
+    done = runner.invoke(app, ["jobs", "download", "j1", "--out", str(tmp_path), *_auth(api)])
+    assert done.exit_code == 1 and "error: job j1 cancelled" in done.output and "None" not in done.output
