@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Batch, Job, utcnow
@@ -165,7 +166,13 @@ def discard(session: Session, storage: Storage, job: Job, now: dt.datetime | Non
     job.pruned_at = now
     for out in job.outputs:
         out.deleted_at = now
-    session.commit()  # marked first: a download answers 410 rather than a storage error
+    try:
+        session.commit()  # marked first: a download answers 410 rather than a storage error
+    except OperationalError as exc:
+        if "full" not in str(exc).lower():
+            raise
+        _discard_on_a_full_disk(session, storage, job, now)
+        return
     try:
         storage.delete_prefix(job_prefix(job.id))
     except Exception:
@@ -176,6 +183,19 @@ def discard(session: Session, storage: Storage, job: Job, now: dt.datetime | Non
             out.deleted_at = None
         session.commit()
         raise
+
+
+def _discard_on_a_full_disk(session: Session, storage: Storage, job: Job, now: dt.datetime) -> None:
+    """The database shares a full disk and cannot commit the marks (SQLite: "database or disk is full"): the files
+    go first, which gives it the room, then the marks. Found from outside: removing a done job's files, the way
+    the docs give to free space, answered 503 for as long as the disk was full. (A crash between the two leaves
+    the files gone and the job unmarked; its downloads then fail, and removing its files again marks it.)"""
+    session.rollback()
+    storage.delete_prefix(job_prefix(job.id))
+    job.pruned_at = now
+    for out in job.outputs:
+        out.deleted_at = now
+    session.commit()
 
 
 def drop_if_removed(session: Session, storage: Storage, job_id: str) -> bool:

@@ -47,6 +47,11 @@ class Storage(ABC):
     def size(self, key: str) -> int: ...
 
     @abstractmethod
+    def room_for(self, key: str, nbytes: int) -> None:
+        """StorageUnavailable unless ``nbytes`` more fit where ``key`` would be written on this host (local disk,
+        scratch cache); checked before a memory map, whose writes past a full disk are a SIGBUS, not an error."""
+
+    @abstractmethod
     def local_path(self, key: str) -> Path:
         """A filesystem path holding the object (for memory mapping and LibRaw)."""
 
@@ -102,6 +107,7 @@ class Storage(ABC):
         rest unwritten on purpose (a lean strip): only those are sampled (touching the holes of a sparse file cost
         a GPU worker about 0.2 s a strip), and the reader samples the same rows (None: the whole array).
         """
+        self.room_for(key, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
         with self.path_writer(key) as tmp:
             array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
             yield array

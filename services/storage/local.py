@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 from services.errors import StorageUnavailable
 from services.storage.base import Storage
+from services.storage.space import check_room, full, is_full
 
 
 class LocalStorage(Storage):
@@ -33,12 +34,18 @@ class LocalStorage(Storage):
 
     @contextmanager
     def path_writer(self, key: str) -> Iterator[Path]:
+        """A temporary path renamed to ``key`` when the block exits without error; a full disk, met by the block
+        or here, is :class:`StorageUnavailable` (:mod:`services.storage.space`)."""
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".part-{uuid.uuid4().hex[:8]}-{path.name}")  # same suffix: tools append none
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             yield tmp
             os.replace(tmp, path)
+        except OSError as exc:
+            if is_full(exc, self.root):
+                raise full(self.root) from exc
+            raise
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -68,6 +75,10 @@ class LocalStorage(Storage):
     def check(self) -> None:
         if not (self.root.is_dir() and os.access(self.root, os.W_OK | os.X_OK)):
             raise StorageUnavailable(f"storage unavailable: {self.root} is not a writable directory")
+        check_room(self.root, 0)  # /readyz said "ok" on a full disk
+
+    def room_for(self, key: str, nbytes: int) -> None:
+        check_room(self.root, nbytes)
 
     def shared_between_hosts(self) -> bool:
         """True when the root is on a network filesystem (NFS, SMB, Ceph, Lustre, FUSE ...), from /proc/mounts;

@@ -39,6 +39,7 @@ from urllib3.exceptions import HTTPError as URLLib3Error
 from services.errors import StorageUnavailable
 from services.storage.base import Storage
 from services.storage.scratch import ScratchCache
+from services.storage.space import check_room, full, is_full
 
 MiB = 1 << 20
 
@@ -192,9 +193,17 @@ class S3Storage(Storage):
 
     @contextmanager
     def path_writer(self, key: str) -> Iterator[Path]:
-        with self.scratch.temp_file(key) as tmp:
-            yield tmp
-            self.scratch.publish(tmp, key, self._upload_file(tmp, key))  # this host's later reads: no download
+        try:
+            with self.scratch.temp_file(key) as tmp:
+                yield tmp
+                self.scratch.publish(tmp, key, self._upload_file(tmp, key))  # this host's later reads: no download
+        except OSError as exc:  # the scratch disk full: StorageUnavailable, as a full local storage
+            if is_full(exc, self.scratch.root):
+                raise full(self.scratch.root) from exc
+            raise
+
+    def room_for(self, key: str, nbytes: int) -> None:
+        check_room(self.scratch.root, nbytes)
 
     def _upload_file(self, path: Path, key: str) -> str:
         """Upload a local file (one PUT up to a part, else boto3's multipart transfer); returns its ETag."""

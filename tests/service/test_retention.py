@@ -188,6 +188,37 @@ def test_files_written_after_a_removal_are_dropped_again(db: str) -> None:
     assert _keys(storage, removed) == [] and _keys(storage, kept) == ["out/frame_00.tif"]
 
 
+def test_files_are_removed_when_the_database_shares_a_full_disk(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside: with SQLite on the full disk, marking the job before deleting could not commit, so the
+    documented way to free space (DELETE /v1/jobs/{id}/files) answered 503 for as long as the disk was full. The
+    files go first there, which gives the database room, then the marks."""
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    storage = get_storage()
+    with session_scope() as session:
+        station = Station(name="full", token_hash="full")
+        session.add(station)
+        session.flush()
+        job_id = _job(session, station, "done", 0).id
+    _store(storage, job_id, "out")
+    real, failures = Session.commit, iter([True])
+
+    def commit(self: Session) -> None:
+        if next(failures, False):  # the first commit: the disk is full
+            raise OperationalError("COMMIT", {}, Exception("database or disk is full"))
+        real(self)
+
+    monkeypatch.setattr(Session, "commit", commit)
+    with session_scope() as session:
+        retention.discard(session, storage, session.get(Job, job_id))
+    monkeypatch.undo()
+    assert _keys(storage, job_id) == []
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.pruned_at is not None
+
+
 def test_a_half_written_upload_without_a_job_is_swept(db: str, tmp_path: Path) -> None:
     """Found from outside: the API killed mid-upload left jobs/<id>/frames/.part-…-<name> with no job row, never
     swept (retention goes by job rows). The retention pass removes half-written files untouched for an hour."""
