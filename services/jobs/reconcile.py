@@ -92,7 +92,12 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
             cutoff = grace if leases is not None and coordinator_backlog == 0 and not held_job else stale
             if dropped:  # its coordinator died while advancing it: no advance message is on its way
                 cutoff = now
-            if last is not None and as_utc(last) <= cutoff:
+            # Not again until another cutoff has passed since the last re-send (the touch below): found from outside,
+            # for the seconds after Redis came back empty no lease could be read, every pass of every coordinator
+            # re-sent the advance, and one job was finalized nine times.
+            touched = as_utc(job.updated_at or job.created_at) <= cutoff or dropped
+            if last is not None and as_utc(last) <= cutoff and touched:
+                execute_update(session, update(Job).where(Job.id == job.id).values(updated_at=utcnow()))
                 repairs.advance.append((job.id, job.priority))
             continue
         lost = [s for s in shards if _lost_shard(session, s, job, alive_workers, leases, stale, grace)]

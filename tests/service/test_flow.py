@@ -751,3 +751,21 @@ def test_an_interactive_finalize_holds_the_disk_and_a_batch_lane_one_yields(
     with session_scope() as session:
         assert session.get(Job, batch).status == "done"
         assert session.get(Job, interactive).status == "done"
+
+
+def test_a_stalled_advance_is_sent_again_once_while_leases_cannot_be_read(db: str) -> None:
+    """Found from outside: for the seconds after Redis came back empty no lease could be read (``held`` None), and
+    every pass of every coordinator re-sent the advance of a job whose phase had ended long before: it was
+    finalized nine times. One re-send, then another only a cutoff later."""
+    old = utcnow() - dt.timedelta(seconds=600)
+    with session_scope() as session:
+        stalled = _job(session)
+        session.add(Shard(job_id=stalled.id, phase=0, index=0, kind="strip", status="done", finished_at=old))
+        session.execute(update(Job).where(Job.id == stalled.id).values(updated_at=old))
+        job_id = stalled.id
+    with session_scope() as session:
+        first = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=0, stale_after_s=30,
+                          held=lambda: None)
+        again = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=0, stale_after_s=30,
+                          held=lambda: None)
+    assert first.advance == [(job_id, "batch")] and again.advance == []
