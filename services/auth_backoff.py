@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 from dataclasses import dataclass
 
 import redis
@@ -19,6 +21,18 @@ from services.errors import TooManyRequests
 
 log = logging.getLogger(__name__)
 COUNT_TTL_S = 3600  # a run of failures is forgotten an hour after the last one
+WARN_EVERY_S = 60.0  # Redis away: one warning a minute per kind, not one per request (a poller made six a second)
+_warned: dict[str, float] = {}
+_warned_lock = threading.Lock()
+
+
+def _warn(what: str, exc: Exception) -> None:
+    now = time.monotonic()
+    with _warned_lock:
+        if now - _warned.get(what, -WARN_EVERY_S) < WARN_EVERY_S:
+            return
+        _warned[what] = now
+    log.warning("auth back-off %s (Redis unreachable: %s; said once a minute while it lasts)", what, exc)
 
 
 @dataclass(frozen=True)
@@ -48,7 +62,7 @@ class AuthBackoff:
         try:
             ttl_ms = int(self.client.pttl(block))
         except redis.RedisError as exc:
-            log.warning("auth back-off skipped (Redis unreachable: %s)", exc)
+            _warn("skipped", exc)
             return
         if ttl_ms > 0:
             raise TooManyRequests("too many wrong tokens from this address; wait before trying again",
@@ -63,10 +77,10 @@ class AuthBackoff:
             if period > 0:
                 self.client.set(block, b"1", px=max(1, int(period * 1000)))
         except redis.RedisError as exc:
-            log.warning("auth back-off not recorded (Redis unreachable: %s)", exc)
+            _warn("not recorded", exc)
 
     def succeeded(self, address: str) -> None:
         try:
             self.client.delete(*self._keys(address))
         except redis.RedisError as exc:
-            log.warning("auth back-off not reset (Redis unreachable: %s)", exc)
+            _warn("not reset", exc)
