@@ -171,19 +171,18 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     timings["decode"] = time.perf_counter() - t0
     truth = tifffile.imread(shot.ground_truth)
     own = shot_render_params(frames[0][1], frames[0][0])  # the reference frame as the service renders a single shot
-    params = replace(stack_params(own, len(frames)), raw_merge=raw_merge and not case.pixel_shift)
+    t0 = time.perf_counter()
+    shifts = frame_shifts(frames[0], frames)  # as the coordinator measures them: the frames' package, pixel shift
+    timings["shifts"] = time.perf_counter() - t0
+    params = replace(stack_params(own, len(frames), shifts), raw_merge=raw_merge and not case.pixel_shift)
 
     t0 = time.perf_counter()
     single = render_mosaic(frames[0][0], own, device)  # a clean frame turned twice, as the best tier does
     timings["render_single"] = time.perf_counter() - t0
 
-    offsets = None
-    if case.pixel_shift:
-        t0 = time.perf_counter()
-        offsets = pixel_shift_offsets(frame_shifts(frames[0], frames))
-        timings["detect_pixel_shift"] = time.perf_counter() - t0
-        if offsets is None:
-            raise RuntimeError("pixel-shift pattern not detected")
+    offsets = pixel_shift_offsets(shifts) if case.pixel_shift else None
+    if case.pixel_shift and offsets is None:
+        raise RuntimeError("pixel-shift pattern not detected")
     fused = _merge(frames[0], frames, params, 1, device, offsets, timings)
     t0 = time.perf_counter()
     stacked = render_rgb(fused, params, device, stack_noise_factors(case.pixel_shift))

@@ -145,16 +145,19 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
         check_not_blank(storage.load_array(raw_key(job_id, i)), i, len(metas))
     decode_s = time.perf_counter() - t0
     ref = storage.load_array(raw_key(job_id, 0))
+    shifts = None
+    if len(metas) > 1:  # the frames' global shifts: the frames' package (stack_params) and pixel shift (below)
+        frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]
+        shifts = frame_shifts(frames[0], frames)
     try:
         params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
                                             extra_spaces=extra_spaces, tier=model_tier), frames=len(metas))
-        if len(metas) > 1:  # one orientation, the frames' package (stack.stack_params)
-            params = stack_params(params, len(metas))
+        if shifts is not None:  # one orientation, the frames' package (stack.stack_params)
+            params = stack_params(params, len(metas), shifts)
     except ValueError as exc:  # the file's levels or colour tags are unusable (white under black, zero gains ...)
         raise BadRawFile(f"implausible RAW metadata: {exc}") from exc
     offsets = None
-    if stack and len(metas) == 4:  # a 4-shot one-pixel pattern is combined without demosaicing (pixel shift)
-        frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]
-        found = pixel_shift_offsets(frame_shifts(frames[0], frames))
+    if stack and shifts is not None and len(metas) == 4:  # a 4-shot one-pixel pattern: no demosaic (pixel shift)
+        found = pixel_shift_offsets(shifts)
         offsets = None if found is None else tuple((int(a), int(b)) for a, b in found)
     return PreparedShot(tuple(metas), params, offsets, decode_s, binner if binner.ready else None)

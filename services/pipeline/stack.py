@@ -113,12 +113,43 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
                        demosaic=demosaic)
 
 
-def stack_params(params: RenderParams, frames: int) -> RenderParams:
+# The frames' companion package (models.registry.FRAMES_PACKAGES, strata_jdd_v2_frames 2.2.0) was trained on the
+# average of a stack's renders at whole-pixel offsets, so nothing held its single renders' false colour on fine detail
+# down: on a test chart one frame renders 23.1 dB through it against 27.6 through the shot's package (zone plate false
+# colour 43 against 27). Averaging takes that out only where the frames sample the scene at different places: a
+# tripod stack kept it all (8 frames, low noise: 24.04 dB against 28.37 for frame 0 alone, 29.01 through the shot's
+# package), frames at whole-pixel offsets much of it (zone plate, siren, text 2-3.5 dB below the shot's package), while
+# the companion's gain on smooth photographs (+0.05..+0.5 dB, whatever the shifts) is small. So a stack whose
+# frames' sampling positions concentrate above this (:func:`sampling_concentration`) renders its frames through the
+# shot's package (docs/QUALITY.md): a tripod jittering by 0.1 px is at 0.94-0.98, 4 frames shifted at random by up to
+# 1.5 px are below 0.9 nine times in ten, 8 frames always.
+FRAMES_PACKAGE_MAX_CONCENTRATION = 0.9
+
+
+def sampling_concentration(shifts: Sequence[tuple[float, float]]) -> float:
+    """How much the frames' sampling positions (their global shifts (dy, dx), px; frame 0 first) coincide, 0..1:
+    the largest magnitude of the frames' mean phasor ``exp(2 pi i f . shift)`` over the mosaic's periods, the CFA's
+    (f = (1/2, 0), (0, 1/2), (1/2, 1/2)) and the pixel grid's (f = (1, 0), (0, 1)). 1: every frame samples the scene
+    at the same places (no shift, or whole-pixel offsets: the same grid); near 0: the positions spread evenly."""
+    if not shifts:
+        raise ValueError("no shifts")
+    ys = np.array([s[0] for s in shifts], dtype=np.float64)
+    xs = np.array([s[1] for s in shifts], dtype=np.float64)
+    phases = (np.pi * ys, np.pi * xs, np.pi * (ys + xs), 2 * np.pi * ys, 2 * np.pi * xs)
+    return float(max(abs(np.exp(1j * p).mean()) for p in phases))
+
+
+def stack_params(params: RenderParams, frames: int,
+                 shifts: Sequence[tuple[float, float]] | None = None) -> RenderParams:
     """A shot's render parameters for a stack of ``frames``: its size, one orientation (the frames are averaged
     across orientations already, :mod:`services.pipeline.ops.merge`) and the package its frames' model pass uses
     (:func:`~services.pipeline.models.registry.frames_package`, decided here once for every group; a package that
-    cannot be read fails here, at ingest, as the shot's own would: ``ModelPackageError``)."""
-    chosen = frames_package(params.model)
+    cannot be read fails here, at ingest, as the shot's own would: ``ModelPackageError``). ``shifts``: the frames'
+    global shifts (:func:`frame_shifts`); where their sampling positions concentrate
+    (:data:`FRAMES_PACKAGE_MAX_CONCENTRATION`) the frames render through the shot's package, not the companion.
+    None: not measured (the companion where the setting picks it)."""
+    static = shifts is not None and sampling_concentration(shifts) > FRAMES_PACKAGE_MAX_CONCENTRATION
+    chosen = frames_package(params.model, companion=not static)
     package_manifest(chosen)
     return replace(params, frames=frames, orientations=1, frames_model=chosen)
 
@@ -520,6 +551,7 @@ __all__ = [
     "Accumulator",
     "BLEND_RADIUS",
     "BLEND_TOLERANCE",
+    "FRAMES_PACKAGE_MAX_CONCENTRATION",
     "FUSED_CHANNELS",
     "MERGE_NOISE_CAP",
     "MERGE_NOISE_FACTOR",
@@ -542,6 +574,7 @@ __all__ = [
     "render_fused_spaces",
     "render_rgb",
     "render_stack_strip",
+    "sampling_concentration",
     "stack_params",
     "render_stack_strip_spaces",
     "stack_noise_factors",

@@ -555,7 +555,9 @@ def test_a_stack_renders_several_spaces_in_its_strips(db: str, tmp_path: Path) -
 
         render = RenderOut.of(job.params["render"])  # what GET /v1/jobs/{id} says: a 2-frame stack, turned once
         assert render is not None and render.frames == 2 and render.orientations == 1
-        assert render.package == "strata_jdd_v2.strata" and render.frames_package == "strata_jdd_v2_frames.strata"
+        # its two frames sample the scene in step on the CFA's diagonal (shifts -0.74, -1.28): the shot's package
+        # renders them (stack.sampling_concentration), not the companion
+        assert render.package == "strata_jdd_v2.strata" and render.frames_package == "strata_jdd_v2.strata"
 
 
 def test_work_of_an_older_version_is_rerendered_not_failed(db: str, tmp_path: Path) -> None:

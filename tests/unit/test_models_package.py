@@ -267,6 +267,7 @@ def test_stack_frames_take_the_best_packages_shipped_companion(tmp_path: Path, m
     assert shipped.receptive_field == best.receptive_field  # the merge's margins hold for either
     monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(stack_frames_package="auto"))
     assert registry.frames_package(registry.BEST_PACKAGE) == frames
+    assert registry.frames_package(registry.BEST_PACKAGE, companion=False) == registry.BEST_PACKAGE  # a static stack
     assert registry.frames_package("strata_jdd_v1.strata") == "strata_jdd_v1.strata"  # no companion: itself
     own = _write_jdd(tmp_path / registry.BEST_PACKAGE)  # a package of that name that is not the shipped one
     assert registry.frames_package(str(own)) == str(own)
@@ -274,6 +275,7 @@ def test_stack_frames_take_the_best_packages_shipped_companion(tmp_path: Path, m
     assert registry.frames_package(registry.BEST_PACKAGE) == registry.BEST_PACKAGE
     monkeypatch.setattr(services.config, "get_settings", lambda: SimpleNamespace(stack_frames_package=str(own)))
     assert registry.frames_package(registry.BEST_PACKAGE) == str(own)
+    assert registry.frames_package(registry.BEST_PACKAGE, companion=False) == str(own)  # a named package: always
     monkeypatch.setattr(services.config, "get_settings",
                         lambda: SimpleNamespace(stack_frames_package="strata_jdd_v1"))
     assert registry.frames_package(registry.BEST_PACKAGE) == "strata_jdd_v1.strata"  # a shipped name, as recorded

@@ -63,6 +63,31 @@ def test_identical_frames_average_exactly() -> None:
     torch.testing.assert_close(_merged(acc).float(), demosaic_camera(reference, PARAMS), atol=1e-6, rtol=0)
 
 
+def test_identical_frames_are_demosaiced_in_their_own_orientation() -> None:
+    """A noise-free static stack (every frame equal to the reference) is the orientations' ensemble of its one
+    mosaic, not the reference's demosaic counted N times (which rendered below the single frame's two orientations)."""
+    reference = _noisy(mosaic_of(textured_rgb(64, 96, seed=6), "RGGB"), seed=3)
+    seen: list[str] = []
+
+    def spy(balanced: torch.Tensor, cfa: str) -> torch.Tensor:  # orientation-dependent: each site its own colour
+        seen.append(cfa)
+        return cfa_masks(cfa, *balanced.shape[-2:])[None] * balanced
+
+    params = replace(PARAMS, demosaic=spy)
+    ref = prepare_reference(reference, params)
+    seen.clear()
+    acc = accumulate_frames(ref, [reference] * 3, params, positions=[0, 1, 2])
+    assert seen == [oriented_cfa("RGGB", 1), oriented_cfa("RGGB", 2)]  # frame 0 reuses the reference's demosaic
+    assert bool((acc[3] == 3 * ONE).all())  # weight 1 each, nothing resampled
+    torch.testing.assert_close(acc[4].double() / acc[3].double(), reference.double(), atol=1e-6, rtol=0)
+    expected = sum(acc_k for acc_k in (demosaic_camera(reference, params, k) for k in range(3))) / 3
+    torch.testing.assert_close(_merged(acc).float(), expected, atol=1e-6, rtol=0)
+    # the same sums whichever group a frame is merged in (frame 0 counted once)
+    split = accumulate_frames(ref, [reference], params, positions=[0]) + accumulate_frames(
+        ref, [reference] * 2, params, positions=[1, 2])
+    assert torch.equal(split, acc)
+
+
 def test_unshifted_noisy_frames_merge_to_their_average() -> None:
     clean = mosaic_of(textured_rgb(96, 96, seed=8), "RGGB")
     frames = [_noisy(clean, seed=s) for s in range(4)]

@@ -360,6 +360,26 @@ def test_stack_frames_render_with_the_shots_frames_package(stack: list[Frame]) -
     np.testing.assert_array_equal(_fused(stack[:2], 1, params=replace(params, frames_model=params.model)), own)
 
 
+def test_static_stacks_render_their_frames_with_the_shots_package(stack: list[Frame]) -> None:
+    """The companion's single renders carry false colour on fine detail that only frames sampling the scene at
+    different places average out: a tripod stack (or whole-pixel offsets) uses the shot's package."""
+    from services.pipeline.stack import FRAMES_PACKAGE_MAX_CONCENTRATION, sampling_concentration, stack_params
+
+    tripod = [(0.0, 0.0), (0.01, -0.02), (-0.03, 0.0), (0.02, 0.01)]
+    grid = [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)]  # four CFA phases, one pixel grid
+    spread = [(0.0, 0.0), (-1.2, 0.4), (0.09, 1.24), (0.86, 0.03)]  # the stack benchmark's 4 frames (seed 3)
+    assert sampling_concentration(tripod) > 0.99 and sampling_concentration(grid) == pytest.approx(1.0)
+    assert sampling_concentration(spread) < FRAMES_PACKAGE_MAX_CONCENTRATION
+    lattice = [(a / 2, b / 2) for a in range(4) for b in range(4)]  # half-pixel steps over a whole CFA cell
+    assert sampling_concentration(lattice) == pytest.approx(0.0, abs=1e-12)
+    params = shot_render_params(stack[0][1], stack[0][0])
+    companion = stack_params(params, 4).frames_model
+    assert companion != params.model
+    assert stack_params(params, 4, tripod).frames_model == params.model
+    assert stack_params(params, 4, grid).frames_model == params.model
+    assert stack_params(params, 4, spread).frames_model == companion
+
+
 def test_a_frames_package_that_cannot_be_read_fails_at_ingest(stack: list[Frame],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import services.pipeline.models.registry as registry

@@ -133,21 +133,23 @@ def tier_orientations(tier: str | None, package: str | Path | None = None, snr: 
     return 1
 
 
-def frames_package(package: str) -> str:
+def frames_package(package: str, companion: bool = True) -> str:
     """The package (a ref, as :func:`package_ref` records it) a stack's frames' model pass uses when the shot
     renders with ``package``: the setting ``stack_frames_package`` ("same": ``package`` itself; a name or path),
-    else ("auto") the shipped companion in :data:`FRAMES_PACKAGES`, else ``package``. Chosen once per shot (every
-    frame group must use the same package for the groups' sums to fuse exactly)."""
+    else ("auto") the shipped companion in :data:`FRAMES_PACKAGES` where ``companion`` allows it, else ``package``.
+    ``companion=False``: the stack's frames sample the scene at one place (a tripod, whole-pixel offsets), where the
+    companion renders fine detail worse than the shot's package (:func:`services.pipeline.stack.stack_params`).
+    Chosen once per shot (every frame group must use the same package for the groups' sums to fuse exactly)."""
     wanted = _setting("stack_frames_package") or "auto"
-    if wanted == "same":
+    if wanted == "same" or (wanted == "auto" and not companion):
         return package
     if wanted != "auto":
         return package_ref(resolve_package(wanted))
     path = resolve_package(package)
-    companion = FRAMES_PACKAGES.get(path.name) if path.parent == PACKAGES_DIR else None
-    if companion is None or _shipped_learned(companion, "a stack") is None:
+    shipped = FRAMES_PACKAGES.get(path.name) if path.parent == PACKAGES_DIR else None
+    if shipped is None or _shipped_learned(shipped, "a stack") is None:
         return package
-    return companion
+    return shipped
 
 
 def package_manifest(package: str | Path) -> Manifest:
