@@ -50,9 +50,10 @@ def create_app() -> FastAPI:
         summary="Asynchronous RAW render service: upload shots, poll jobs, download 16-bit TIFFs.",
         lifespan=_lifespan,
         dependencies=[Depends(refuse_token_in_query)],
-        # Any route may refuse a malformed request (400), a client in failed-auth back-off (429) or oversized
-        # headers (431), always with the {"type", "detail"} shape.
-        responses={code: {"model": ErrorOut} for code in (400, 429, 431)},
+        # Any route may refuse a malformed request (400), a chunked or over-1-MiB body other than an upload (411,
+        # 413), a client in failed-auth back-off (429) or oversized headers (431), always with the {"type", "detail"}
+        # shape.
+        responses={code: {"model": ErrorOut} for code in (400, 411, 413, 429, 431)},
     )
     install_error_handlers(app)
     app.add_middleware(HeaderLimits)

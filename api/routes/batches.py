@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from api.deps import SessionDep, StationDep
 from api.routes.jobs import ERRORS, UPLOAD_BODY, IdempotencyKeyH, Shot, receive_shot
-from api.schemas import BatchCreate, BatchList, BatchOut, BatchReport, JobOut, ShotOut
+from api.schemas import BatchCreate, BatchList, BatchOut, BatchReport, ErrorOut, JobOut, ShotOut
 from services import idempotency
 from services.batches import report as reports
 from services.batches import service
@@ -19,6 +19,7 @@ from services.db.models import Batch
 from services.storage import get_storage
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
+SHOT_ERRORS: dict[int | str, dict] = {**ERRORS, 403: {"model": ErrorOut}}  # another station's batch
 
 
 def _out(session: SessionDep, batch: Batch) -> BatchOut:
@@ -60,7 +61,7 @@ def _create_batch(body: BatchCreate, session: SessionDep, station: StationDep) -
     return out
 
 
-@router.post("/{batch_id}/shots", status_code=202, response_model=JobOut, responses=ERRORS,
+@router.post("/{batch_id}/shots", status_code=202, response_model=JobOut, responses=SHOT_ERRORS,
              openapi_extra=UPLOAD_BODY, summary="Upload a shot into a batch (same multipart as POST /v1/jobs)")
 async def add_shot(batch_id: str, request: Request, response: Response, session: SessionDep,
                    station: StationDep, idempotency_key: IdempotencyKeyH = None) -> JobOut:

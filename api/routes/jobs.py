@@ -207,7 +207,7 @@ def job_changes(
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="Job status (HEAD: its headers)")
-@router.head("/{job_id}", include_in_schema=False)
+@router.head("/{job_id}", responses=ERRORS, summary="Job status headers (no body)")
 def get_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
     return JobOut.of(service.get_job(session, station, job_id))
 
@@ -218,7 +218,8 @@ PREVIEW_MAX_AGE_S = 5  # short: a fast preview is replaced by the render's when 
 @router.get("/{job_id}/preview", response_class=Response, responses={**ERRORS, 200: {"content": {"image/jpeg": {}}},
                                                                      304: {"description": "Not modified"}},
             summary="The job's JPEG preview (ETag; If-None-Match answers 304; HEAD: its headers)")
-@router.head("/{job_id}/preview", include_in_schema=False)
+@router.head("/{job_id}/preview", responses={**ERRORS, 304: {"description": "Not modified"}},
+             summary="The preview's headers (no body)")
 def get_preview(job_id: str, session: SessionDep, station: StationDep,
                 if_none_match: Annotated[str | None, Header()] = None) -> Response:
     preview = service.preview_of(session, get_storage(), station, job_id)
@@ -272,7 +273,7 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
                        206: {"description": "The bytes of a `Range` request (Content-Range)."},
                        307: {"description": "STRATA_S3_DOWNLOADS=redirect: to a pre-signed URL (Location)."}},
             response_class=Response, summary="Download an output (Range supported; HEAD answers the headers)")
-@router.head("/{job_id}/outputs/{name}", include_in_schema=False)
+@router.head("/{job_id}/outputs/{name}", responses=ERRORS, summary="An output's headers (no body)")
 def download_output(
     job_id: str, name: str, request: Request, session: SessionDep, station: StationDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,
