@@ -6,15 +6,20 @@ rotated, viewers and DAMs turn them); plus XResolution/YResolution (the recipe's
 ("Strata <version>") and the first frame's file name (DocumentName and ImageDescription).
 
 TIFF: tifffile writes no EXIF sub-IFD, so the capture fields go into IFD0 as TIFF/EP tags (as a DNG has them;
-exiftool and DAMs read them there). JPEG and PNG: Pillow's :class:`PIL.Image.Exif`, with the capture fields in
-a proper EXIF IFD.
+exiftool reads them there), and again as an XMP packet (tag 700: the tiff/exif/exifEX/aux/xmp properties), which is
+where Adobe's readers (Lightroom, Bridge) and DAMs that ignore TIFF/EP tags in IFD0 take them from. JPEG and PNG:
+Pillow's :class:`PIL.Image.Exif`, with the capture fields in a proper EXIF IFD.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from importlib import metadata as importlib_metadata
+from math import gcd
+from xml.sax.saxutils import quoteattr
 
 from PIL import Image, TiffImagePlugin, TiffTags
 
@@ -39,6 +44,7 @@ TAG_DOCUMENT_NAME = 269
 TAG_IMAGE_DESCRIPTION = 270
 TAG_X_RESOLUTION, TAG_Y_RESOLUTION, TAG_RESOLUTION_UNIT = 282, 283, 296
 TAG_SOFTWARE = 305
+TAG_XMP = 700
 EXIF_IFD = 0x8769
 RESOLUTION_INCH = 2
 
@@ -74,7 +80,56 @@ def tiff_tags(meta: OutputMetadata) -> list[TagTuple]:
         tags.append((TAG_MAKE, "s", 0, ascii_text(meta.capture.make), True))
     if meta.capture.model:
         tags.append((TAG_MODEL, "s", 0, ascii_text(meta.capture.model), True))
-    return tags + capture_tags(meta.capture)
+    tags.append((TAG_XMP, "B", 0, xmp_packet(meta), True))
+    return sorted(tags + capture_tags(meta.capture), key=lambda t: t[0])
+
+
+_XMP_NAMESPACES = {"x": "adobe:ns:meta/", "rdf": "http://www.w3.org/1999/02/22-rdf-syntax-ns#",
+                   "tiff": "http://ns.adobe.com/tiff/1.0/", "exif": "http://ns.adobe.com/exif/1.0/",
+                   "exifEX": "http://cipa.jp/exif/1.0/", "aux": "http://ns.adobe.com/exif/1.0/aux/",
+                   "xmp": "http://ns.adobe.com/xap/1.0/"}
+
+
+def _xmp_ratio(value: float | None, encode: Callable[[float], tuple[int, int]]) -> str | None:
+    try:
+        if value is None:
+            return None
+        num, den = encode(value)
+        return f"{num // gcd(num, den)}/{den // gcd(num, den)}" if num else "0/1"
+    except (ValueError, OverflowError):  # not finite, negative, too large: left out, as in the TIFF/EP tags
+        return None
+
+
+def _xmp_date(exif_date: str | None) -> str | None:
+    """EXIF's ``YYYY:MM:DD HH:MM:SS`` as XMP's ISO 8601 date; None where it is not such a date."""
+    try:
+        return datetime.strptime((exif_date or "").strip(), "%Y:%m:%d %H:%M:%S").isoformat()
+    except ValueError:
+        return None
+
+
+def _xml_text(text: str) -> str:
+    """``text`` without what XML 1.0 cannot hold (control characters, lone surrogates), trimmed."""
+    return "".join(ch for ch in text if ch in "\t\n" or (ch >= " " and not "\ud800" <= ch <= "\udfff"
+                                                          and ch not in "\ufffe\uffff")).strip()
+
+
+def xmp_packet(meta: OutputMetadata) -> bytes:
+    """An XMP packet of the capture fields (UTF-8: names beyond ASCII keep their letters here)."""
+    c = meta.capture
+    props = {"tiff:Make": c.make, "tiff:Model": c.model, "tiff:Orientation": str(int(c.orientation)),
+             "exif:DateTimeOriginal": _xmp_date(c.datetime_original),
+             "exif:ExposureTime": _xmp_ratio(c.exposure_time, exposure_rational),
+             "exif:FNumber": _xmp_ratio(c.f_number, _decimal), "exif:FocalLength": _xmp_ratio(c.focal_length, _decimal),
+             "exifEX:PhotographicSensitivity": str(min(int(c.iso), 65535)) if c.iso is not None and c.iso > 0 else None,
+             "exifEX:LensModel": c.lens, "aux:Lens": c.lens, "xmp:CreatorTool": meta.software_text}
+    attrs = "".join(f"\n   {k}={quoteattr(_xml_text(v))}" for k, v in props.items() if v and _xml_text(v))
+    iso = props["exifEX:PhotographicSensitivity"]
+    seq = f"\n   <exif:ISOSpeedRatings><rdf:Seq><rdf:li>{iso}</rdf:li></rdf:Seq></exif:ISOSpeedRatings>" if iso else ""
+    names = " ".join(f'xmlns:{k}="{v}"' for k, v in _XMP_NAMESPACES.items() if k not in ("x", "rdf"))
+    return (f'<?xpacket begin="\ufeff" id="W5M0MpCehiHzreSzNTczkc9d"?>\n<x:xmpmeta xmlns:x="{_XMP_NAMESPACES["x"]}">'
+            f'<rdf:RDF xmlns:rdf="{_XMP_NAMESPACES["rdf"]}">\n  <rdf:Description rdf:about="" {names}{attrs}>'
+            f'{seq}\n  </rdf:Description>\n</rdf:RDF></x:xmpmeta>\n<?xpacket end="w"?>').encode()
 
 
 def _rational(value: float) -> TiffImagePlugin.IFDRational:

@@ -192,3 +192,27 @@ def test_resize_bins_by_an_integer_factor_before_the_filter_and_reads_bands() ->
     flat = np.full((300, 200, 3), 30000, np.uint16)
     out = resize_linear(flat, 50, "srgb")
     assert torch.allclose(out, torch.full_like(out, 30000 / 65535), atol=2e-5)
+
+
+def test_tiffs_carry_the_capture_fields_as_xmp_too(tmp_path: Path) -> None:
+    """A TIFF's capture fields sit in IFD0 (TIFF/EP: tifffile writes no EXIF IFD), which Adobe's readers skip, so
+    they are also in an XMP packet (tag 700), parsed here as XML and, where installed, by exiftool's XMP reader."""
+    import xml.etree.ElementTree as ET
+
+    files = _write(tmp_path, _image(200, 260), ["tiff16"])
+    with tifffile.TiffFile(files["tiff16"]) as tif:
+        packet = bytes(tif.pages[0].tags[700].value)
+    rdf = "{http://www.w3.org/1999/02/22-rdf-syntax-ns#}"
+    desc = ET.fromstring(packet.split(b"?>", 1)[1].rsplit(b"<?xpacket", 1)[0]).find(f"{rdf}RDF/{rdf}Description")
+    assert desc is not None
+    exif = "{http://ns.adobe.com/exif/1.0/}"
+    assert desc.get(f"{exif}ExposureTime") == "1/125" and desc.get(f"{exif}FNumber") == "8/1"
+    assert desc.get(f"{exif}DateTimeOriginal") == "2026-11-30T14:05:09"
+    assert desc.get("{http://ns.adobe.com/tiff/1.0/}Model") == "IQ3_S"
+    if shutil.which("exiftool") is None:
+        return
+    tags = json.loads(subprocess.run(["exiftool", "-j", "-n", "-XMP:all", str(files["tiff16"])], capture_output=True,
+                                     text=True, check=True).stdout)[0]
+    assert tags["Make"] == "Phase One" and tags["ExposureTime"] == pytest.approx(1 / 125) and tags["FNumber"] == 8
+    assert tags["ISO"] == 100 and tags["FocalLength"] == 80 and tags["LensModel"].startswith("Schneider")
+    assert tags["CreatorTool"].startswith("Strata") and tags["DateTimeOriginal"] == "2026:11:30 14:05:09"
