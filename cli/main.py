@@ -238,7 +238,7 @@ def serve(
     workers: Annotated[bool, typer.Option(help="Also start the coordinator and GPU workers.")] = True,
 ) -> None:
     """Run everything on this machine: API, coordinator, one worker per GPU, and Redis if none is configured."""
-    from workers.launcher import ProcSpec, Supervisor, free_port, lease_releaser, redis_spec, worker_specs
+    from workers.launcher import ProcSpec, Supervisor, free_port, hang_watch, lease_releaser, redis_spec, worker_specs
 
     _check_port(host, port)  # before anything starts: else the API child fails alone, /readyz asks the other program
     data = _private(_use_data_dir(data_dir).resolve())
@@ -256,6 +256,7 @@ def serve(
         _wait_redis(settings.redis_url or "", 15)
         console.print(f"started a private Redis on 127.0.0.1:{rport} (data in {data / 'redis'}, AOF on)")
     sup.on_exit = lease_releaser(settings)  # a dead worker's work is re-dispatched at once, not when its beat ends
+    sup.hang_check = hang_watch(settings)  # a worker alive but silent (SIGSTOPped, stuck) is killed and restarted
     _upgrade(stop=sup)
     token_path = ensure_local_token()
     instance = uuid.uuid4().hex  # /readyz names it: the API answering is this serve's, not one that took the port
@@ -356,7 +357,7 @@ def workers_cmd(
     data_dir: DataDir = None,
 ) -> None:
     """Start one Celery worker per GPU (pinned with CUDA_VISIBLE_DEVICES), supervised; CPU worker(s) without GPUs."""
-    from workers.launcher import Supervisor, lease_releaser, worker_specs
+    from workers.launcher import Supervisor, hang_watch, lease_releaser, worker_specs
 
     _use_data_dir(data_dir)
     settings = get_settings()
@@ -378,7 +379,7 @@ def workers_cmd(
 
         serve_folder(settings.metrics_port)
         console.print(f"metrics of this host's workers on :{settings.metrics_port}/metrics")
-    Supervisor(specs, on_exit=lease_releaser(settings)).run_forever()
+    Supervisor(specs, on_exit=lease_releaser(settings), hang_check=hang_watch(settings)).run_forever()
 
 
 @app.command()

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(
         default=2.0, description="Heartbeat period; a worker is dead (its shard or job re-dispatched) after 3 missed."
     )
+    worker_hung_after_s: float = Field(
+        default=60.0, description="A supervised worker that is alive but has not beaten for this long (SIGSTOPped, "
+        "stuck in a call that holds the interpreter) is SIGKILLed and restarted; at least 4 heartbeats; 0 = never.")
     lost_message_after_s: float = Field(
         default=30.0, description="A queued job whose ingest message no worker holds is re-sent after this long."
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shutil
@@ -128,23 +130,32 @@ def _die_with_parent() -> None:
         pass
 
 
+# hang_check(children): given the live worker children (name -> pid), the (name, seconds silent) of those that hang
+HangCheck = Callable[[dict[str, int]], list[tuple[str, float]]]
+
+
 class Supervisor:
     """Runs child processes, restarts one that dies (with back-off), stops them all on request.
 
     ``on_exit(spec, pid)`` is called once for each child found dead (before its restart), e.g.
-    :func:`lease_releaser`: a dead worker's leases are handed back at once instead of when its heartbeat expires."""
+    :func:`lease_releaser`: a dead worker's leases are handed back at once instead of when its heartbeat expires.
+    ``hang_check`` (e.g. :class:`HangWatch`) names worker children that are alive but hang: each is SIGKILLed, then
+    handed back and restarted like any dead child."""
 
     def __init__(self, specs: list[ProcSpec], env: dict[str, str] | None = None, log_dir: Path | None = None,
-                 restart: bool = True, on_exit: Callable[[ProcSpec, int], None] | None = None) -> None:
+                 restart: bool = True, on_exit: Callable[[ProcSpec, int], None] | None = None,
+                 hang_check: HangCheck | None = None) -> None:
         self.specs = specs
         self.env = dict(env or {})  # over os.environ as it is when a child starts (see _start)
         self.log_dir = log_dir
         self.restart = restart
         self.on_exit = on_exit
+        self.hang_check = hang_check
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, list[float]] = {}
         self._reported: set[int] = set()  # pids whose exit on_exit has seen
         self._held_back: set[int] = set()  # pids whose restart waits for the limit (logged once)
+        self._killed: set[int] = set()  # pids SIGKILLed for hanging (killed once, logged once)
         self._stopping = False
 
     def _start(self, spec: ProcSpec) -> None:
@@ -170,7 +181,9 @@ class Supervisor:
         self.start()
 
     def poll(self) -> None:
-        """Restart children that exited (at most 5 times a minute each)."""
+        """Kill worker children that hang (:meth:`kill_hung`), restart children that exited (at most 5 times a minute
+        each)."""
+        self.kill_hung()
         for spec in self.specs:
             proc = self.procs.get(spec.name)
             if proc is None or proc.poll() is None or self._stopping:
@@ -194,6 +207,37 @@ class Supervisor:
             log.warning("%s exited with %s; restarting", spec.name, proc.returncode)
             self.restarts[spec.name] = [*recent, now]
             self._start(spec)
+
+    def kill_hung(self) -> None:
+        """SIGKILL (its whole process group) each worker child that ``hang_check`` says is alive but silent: a
+        SIGSTOPped process, or one stuck in a call that never lets its heartbeat thread run, holds its shard or job
+        and its slot forever (found from outside: the heartbeat expired, the shard was re-dispatched to a queue only
+        that worker reads, and the job waited for good). :meth:`poll` then hands it back and restarts it."""
+        if self.hang_check is None or self._stopping:
+            return
+        alive = {s.name: p.pid for s in self.specs if s.worker and (p := self.procs.get(s.name)) is not None
+                 and p.poll() is None and p.pid not in self._killed}
+        if not alive:
+            return
+        try:
+            hung = self.hang_check(alive)
+        except Exception:  # noqa: BLE001 - the supervision of dead children matters more
+            log.exception("checking the workers' heartbeats failed")
+            return
+        for name, silent in hung:
+            proc = self.procs[name]
+            self._killed.add(proc.pid)
+            log.warning("%s (pid %d) is alive but its heartbeat stopped %.0f s ago (STRATA_WORKER_HUNG_AFTER_S): "
+                        "stopped, or stuck in a call that holds the interpreter; killing it (SIGKILL) to restart "
+                        "it, its work is handed back", name, proc.pid, silent)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:  # SIGKILL is pending until an uninterruptible call returns
+                log.error("%s (pid %d) has not died 5 s after SIGKILL (in an uninterruptible kernel or driver call?): "
+                          "it is restarted once it has; its work is re-dispatched to the other workers meanwhile",
+                          name, proc.pid)
 
     def run_forever(self, interval: float = 1.0) -> None:
         def _stop(signum: int, _frame: object) -> None:
@@ -259,6 +303,65 @@ def lease_releaser(settings: Settings) -> Callable[[ProcSpec, int], None]:
                         ", ".join(jobs) or "-", ", ".join(map(str, shards)) or "-")
 
     return release
+
+
+class HangWatch:
+    """A ``hang_check`` for :class:`Supervisor`: reads the heartbeat keys of the worker children
+    (:class:`workers.registry.Heartbeat`, a thread of its own that beats every STRATA_WORKER_HEARTBEAT_S while the
+    worker computes) and names the children whose own heartbeat (the key's pid is the child's) has not changed for
+    ``after_s`` seconds of this supervisor's clock. A child that has not beaten yet (starting: waiting for the
+    database, warming up) is not watched. While Redis does not answer nothing is judged, and the clocks start again
+    once it does: a worker whose beats failed because Redis was away is not hung."""
+
+    def __init__(self, redis_url: str, after_s: float) -> None:
+        import redis
+
+        self.after_s = after_s
+        self.client = redis.Redis.from_url(redis_url, socket_timeout=1, socket_connect_timeout=1)
+        self._seen: dict[str, tuple[int, float, float]] = {}  # name -> (pid, its last beat_at, when that was seen)
+
+    def __call__(self, children: dict[str, int]) -> list[tuple[str, float]]:
+        import redis
+
+        from workers.registry import PREFIX
+
+        now = time.monotonic()
+        names = list(children)
+        try:
+            raws = self.client.mget([PREFIX + n for n in names])
+        except redis.RedisError:
+            self._seen = {n: (pid, beat, now) for n, (pid, beat, _) in self._seen.items()}
+            return []
+        self._seen = {n: seen for n, seen in self._seen.items() if children.get(n) == seen[0]}
+        hung = []
+        for name, raw in zip(names, raws, strict=True):
+            beat = _beat_at(raw, children[name])
+            seen = self._seen.get(name)
+            if beat is not None and (seen is None or beat != seen[1]):
+                self._seen[name] = (children[name], beat, now)
+            elif seen is not None and now - seen[2] >= self.after_s:
+                hung.append((name, now - seen[2]))
+        return hung
+
+
+def _beat_at(raw: bytes | str | None, pid: int) -> float | None:
+    """The ``beat_at`` of a heartbeat key's value when the process ``pid`` wrote it, else None."""
+    try:
+        fields = json.loads(raw) if raw else {}
+        return float(fields["beat_at"]) if int(fields.get("pid", -1)) == pid else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def hang_watch(settings: Settings) -> HangWatch | None:
+    """The :class:`HangWatch` of STRATA_WORKER_HUNG_AFTER_S (at least four heartbeats: the key itself lives three),
+    None when it is 0 (off)."""
+    from workers.registry import heartbeat_ttl
+
+    if settings.worker_hung_after_s <= 0:
+        return None
+    after = max(settings.worker_hung_after_s, heartbeat_ttl(settings.worker_heartbeat_s) + settings.worker_heartbeat_s)
+    return HangWatch(settings.redis_url or "redis://127.0.0.1:6379/0", after)  # workers.app.broker_url
 
 
 def redis_server_binary() -> str | None:

