@@ -4,14 +4,21 @@ Every process (API, coordinator, GPU workers) writes its counters and histograms
 folder (``PROMETHEUS_MULTIPROC_DIR``; default ``<data_dir>/metrics``, set here before prometheus_client is
 imported, emptied by the launcher when the service starts). The API's ``/metrics`` adds them up and adds gauges
 read at scrape time from the database and Redis (jobs by status, queue depths): see :func:`render_metrics`.
+The value files are memory maps whose blocks are allocated before they are mapped (:class:`AllocatedValues`): a
+full disk under the folder is a logged ENOSPC, never a SIGBUS.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import socket
+import time
 
 from services.config import get_settings
+
+log = logging.getLogger(__name__)
 
 
 def _multiproc_dir() -> str:
@@ -26,6 +33,77 @@ def _multiproc_dir() -> str:
 MULTIPROC_DIR = _multiproc_dir()
 
 from prometheus_client import Counter, Histogram, values  # noqa: E402 - after the folder is chosen
+from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict  # noqa: E402
+
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+_warned_at = [-float("inf")]  # when a full disk was last said (once a minute at most)
+
+
+def _no_room(exc: OSError, what: str) -> None:
+    """A value file that found no room: said once a minute, and the caller carries on without it."""
+    if exc.errno not in _FULL:
+        raise exc
+    if time.monotonic() - _warned_at[0] >= 60:
+        _warned_at[0] = time.monotonic()
+        log.warning("metrics: the disk under %s is full (%s): %s", MULTIPROC_DIR, exc.strerror, what)
+
+
+def _allocated(filename: str) -> str:
+    """``filename`` with its first blocks allocated, or, where the disk has none left, an in-memory file
+    (``/proc/self/fd/N`` of a memfd) that no scrape reads: this process's metrics are missing, the process lives."""
+    try:
+        fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)  # as open() makes it: umask decides
+    except OSError as exc:
+        _no_room(exc, "this process's metrics are kept in memory, not in /metrics, until it restarts")
+        return f"/proc/self/fd/{os.memfd_create('strata-metrics')}"
+    try:
+        if os.fstat(fd).st_size < _INITIAL_MMAP_SIZE:
+            os.posix_fallocate(fd, 0, _INITIAL_MMAP_SIZE)
+        return filename
+    except OSError as exc:
+        os.unlink(filename)  # an empty value file would break the scrape that reads it
+        _no_room(exc, "this process's metrics are kept in memory, not in /metrics, until it restarts")
+        return f"/proc/self/fd/{os.memfd_create('strata-metrics')}"
+    finally:
+        os.close(fd)
+
+
+class AllocatedValues(MmapedDict):
+    """prometheus_client's value file with its disk blocks allocated (``posix_fallocate``) before they are mapped.
+    The library sizes the file with ``truncate``, which leaves it sparse: the first write into a page that a full
+    disk has no block for killed the process with SIGBUS (the folder is under the data dir, which outputs can fill;
+    found from outside). Now a full disk is ENOSPC: a file that cannot be made is kept in memory instead, a value
+    that finds no room to grow into is not recorded, both said in the log; the process goes on."""
+
+    def __init__(self, filename: str, read_mode: bool = False) -> None:
+        super().__init__(filename if read_mode else _allocated(filename), read_mode)
+
+    def _init_value(self, key: str) -> None:
+        size = len(key.encode("utf-8"))
+        size = 4 + size + (8 - (size + 4) % 8) + 16  # the library's entry: length, padded key, value, timestamp
+        capacity = self._capacity
+        while self._used + size > capacity:
+            capacity *= 2
+        if capacity > self._capacity:  # allocated first: a full disk is an error here, not a SIGBUS later
+            os.posix_fallocate(self._f.fileno(), 0, capacity)
+        super()._init_value(key)
+
+    def read_value(self, key: str) -> tuple[float, float]:
+        try:
+            value, timestamp = super().read_value(key)
+            return float(value), float(timestamp)
+        except OSError as exc:
+            _no_room(exc, "a new metric value is not recorded")
+            return 0.0, 0.0
+
+    def write_value(self, key: str, value: float, timestamp: float) -> None:
+        try:
+            super().write_value(key, value, timestamp)
+        except OSError as exc:
+            _no_room(exc, "a new metric value is not recorded")
+
+
+values.MmapedDict = AllocatedValues  # type: ignore[misc]  # what MultiProcessValue opens its value files with
 
 
 def _process_id() -> str:
