@@ -103,6 +103,9 @@ class RenderParams:
     orientations: int = 1
     # The package a stack's frames' model pass uses ("": ``model``); chosen once per shot (models.frames_package)
     frames_model: str = ""
+    # A stack's frames' global shifts (dy, dx) against frame 0, px, measured once at ingest (stack.frame_shifts): the
+    # priors of their tile alignment (ops.align.align_frame); () = not measured (older plans: no prior)
+    shifts: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -131,6 +134,7 @@ class RenderParams:
         d["gains"] = list(self.gains)
         d["rgb_cam"] = [list(row) for row in self.rgb_cam]
         d["extra_spaces"] = [s.to_dict() for s in self.extra_spaces]
+        d["shifts"] = [list(v) for v in self.shifts]
         return d
 
     @property
@@ -155,6 +159,7 @@ class RenderParams:
             noise_read=float(d["noise_read"]),
             space=str(d.get("space", d.get("transfer", "srgb"))),  # older rows: the transfer names its space
             extra_spaces=tuple(SpaceColour.from_dict(s) for s in d.get("extra_spaces", ())),
+            shifts=tuple((float(dy), float(dx)) for dy, dx in d.get("shifts", ())),
             **optional,
         )
 

@@ -147,11 +147,15 @@ def stack_params(params: RenderParams, frames: int,
     cannot be read fails here, at ingest, as the shot's own would: ``ModelPackageError``). ``shifts``: the frames'
     global shifts (:func:`frame_shifts`); where their sampling positions concentrate
     (:data:`FRAMES_PACKAGE_MAX_CONCENTRATION`) the frames render through the shot's package, not the companion.
-    None: not measured (the companion where the setting picks it)."""
+    None: not measured (the companion where the setting picks it). The shifts are kept (``RenderParams.shifts``, one
+    per frame) as the priors of the frames' tile alignment (:func:`~services.pipeline.ops.align.align_frame`)."""
+    if shifts is not None and len(shifts) != frames:
+        raise ValueError(f"need one shift per frame, got {len(shifts)} for {frames} frames")
     static = shifts is not None and sampling_concentration(shifts) > FRAMES_PACKAGE_MAX_CONCENTRATION
     chosen = frames_package(params.model, companion=not static)
     package_manifest(chosen)
-    return replace(params, frames=frames, orientations=1, frames_model=chosen)
+    kept = () if shifts is None else tuple((float(dy), float(dx)) for dy, dx in shifts)
+    return replace(params, frames=frames, orientations=1, frames_model=chosen, shifts=kept)
 
 
 def _centre(raw: np.ndarray, size: int) -> np.ndarray:
@@ -278,7 +282,9 @@ def merge_group_tensor(
         ref = prepare_reference(_normalised(*reference, dev, clip_black=False), mp)
         mosaics = [_normalised(raw, meta, dev, clip_black=False) for raw, meta in frames]
         if pixel_shift is None:
-            acc = accumulate_frames(ref, mosaics, mp, positions, raw_merge=shared.raw_merge)  # (5|11, H, W)
+            priors = [shared.shifts[p] for p in positions] if len(shared.shifts) == stack_size else None
+            acc = accumulate_frames(ref, mosaics, mp, positions, raw_merge=shared.raw_merge,
+                                    shifts=priors)  # (5|11, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
         return acc.to(torch.int32)

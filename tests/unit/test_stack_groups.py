@@ -55,6 +55,22 @@ def test_group_count_does_not_change_the_fused_image(stack: list[Frame]) -> None
     np.testing.assert_array_equal(render_rgb(_fused(stack, 2, params=params), params), render_rgb(one, params))
 
 
+def test_measured_shifts_seed_the_alignment_and_groups_still_fuse_exactly(stack: list[Frame]) -> None:
+    """stack_params keeps the frames' global shifts (measured once at ingest) for every group: each frame's
+    alignment starts from its own, so any grouping still adds up to the same bits."""
+    from services.pipeline.render import RenderParams
+    from services.pipeline.stack import frame_shifts, stack_params
+
+    shifts = frame_shifts(stack[0], stack)
+    params = stack_params(shot_render_params(stack[0][1], stack[0][0]), 4, shifts)
+    assert params.shifts == tuple(shifts) and RenderParams.from_dict(params.to_dict()) == params
+    one = _fused(stack, 1, params=params)
+    for n in (2, 4):
+        np.testing.assert_array_equal(_fused(stack, n, params=params), one)
+    with pytest.raises(ValueError, match="one shift per frame"):
+        stack_params(params, 3, shifts)
+
+
 def test_groups_share_the_reference_parameters(stack: list[Frame]) -> None:
     # White balance and noise come from the reference only (the coordinator's RenderParams, or recomputed
     # from frame 0 identically in every group); a frame's own metadata cannot leak into its group.

@@ -7,7 +7,9 @@ the coarsest level down: each tile tests integer displacements within ``search_r
 handed down from the level above (L2 cost, a 3x3 median over tiles removes isolated wrong vectors); the
 finest level is searched +-1 px and refined to sub-pixel precision with damped, symmetric-gradient
 Lucas-Kanade iterations whose normal equations are pooled over each tile's 3x3 tile neighbourhood (robust to
-noise, still local). Memory: a few full-size float32 planes plus (T+2r)^2/T^2 of one per search level.
+noise, still local). Given the frame's global shift (a prior), the search starts from it and a tile keeps
+another displacement only where that matches clearly better. Memory: a few full-size float32 planes plus
+(T+2r)^2/T^2 of one per search level.
 
 :func:`estimate_shift` measures one global translation by phase correlation of the 2x2-binned luma (stacks
 use it to recognise pixel-shift patterns and as a first look at the shifts).
@@ -34,6 +36,10 @@ _PYRAMID_TAPS = (1.0 / 16, 4.0 / 16, 6.0 / 16, 4.0 / 16, 1.0 / 16)  # binomial ~
 _MIN_LEVEL_SIZE = 32  # stop the pyramid when a level gets this small (pixels)
 _DAMPING = 0.05  # LK damping, fraction of the median tile texture
 _ZERO_BIAS = 1e-4  # relative cost penalty per squared pixel of displacement: ties resolve to no motion
+# With a global shift (align_frame's prior), a tile's own best displacement must cost less than this share of the
+# global one's: a repeat of a periodic texture matches about as well as the right place (the chart's red weave at
+# whole-pixel offsets locked onto another repeat, docs/QUALITY.md); a moving object's tiles are far below it.
+_PRIOR_MARGIN = 0.75
 
 _SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above it CFA aliasing grows)
 _SLOPE_ITERATIONS = 3
@@ -96,8 +102,9 @@ def _pad_to_tiles(image: Tensor, tile: int) -> Tensor:
     return F.pad(image[None, None], pad, mode="replicate")[0, 0]  # (ny*T, nx*T)
 
 
-def _search(reference: Tensor, frame: Tensor, init: Tensor, tile: int, radius: int) -> Tensor:
-    """Best integer displacement per tile within ``radius`` of ``init`` (ny, nx, 2) long; returns (ny, nx, 2)."""
+def _tile_costs(reference: Tensor, frame: Tensor, init: Tensor, tile: int, radius: int) -> Tensor:
+    """L2 cost (ny, nx, (2r+1)^2) of every integer displacement within ``radius`` of ``init`` (ny, nx, 2) long,
+    row-major from (-r, -r), for each tile of ``reference``."""
     ref = _pad_to_tiles(reference, tile)
     ny, nx = ref.shape[0] // tile, ref.shape[1] // tile
     ref_tiles = ref.reshape(ny, tile, nx, tile).permute(0, 2, 1, 3)  # [ny, nx, T, T]
@@ -113,13 +120,31 @@ def _search(reference: Tensor, frame: Tensor, init: Tensor, tile: int, radius: i
     for i in range(side):  # one row of candidates at a time: side kernels, not side^2 (coarse levels are tiny)
         candidates = windows[:, :, i : i + tile, :].unfold(-1, tile, 1)  # [ny, nx, T, side, T] (a view)
         costs[:, :, i] = (candidates - ref_tiles[:, :, :, None, :]).square().sum(dim=(2, 4))  # [ny, nx, side]
-    costs = costs.view(ny, nx, side * side)
+    return costs.view(ny, nx, side * side)
+
+
+def _search(reference: Tensor, frame: Tensor, init: Tensor, tile: int, radius: int,
+            prior: Tensor | None = None) -> Tensor:
+    """Best integer displacement per tile within ``radius`` of ``init`` (ny, nx, 2) long; returns (ny, nx, 2).
+
+    ``prior`` (2,) long: the frame's global displacement at this level. A tile keeps its best displacement only
+    where that costs less than :data:`_PRIOR_MARGIN` times the prior's; elsewhere it takes the prior (a periodic
+    texture matches another repeat of itself about as well as the right one, see :func:`align_frame`)."""
+    costs = _tile_costs(reference, frame, init, tile, radius)  # (ny, nx, side^2)
+    side = 2 * radius + 1
     offsets = torch.arange(-radius, radius + 1, device=frame.device)
     oy, ox = torch.meshgrid(offsets, offsets, indexing="ij")  # (side, side)
     penalty = (oy.square() + ox.square()).flatten().to(costs.dtype) * _ZERO_BIAS  # (side^2,)
     costs = costs * (1.0 + penalty)
     best = costs.argmin(dim=-1)  # (ny, nx)
-    return init + torch.stack([best // side - radius, best % side - radius], dim=-1)  # (ny, nx, 2)
+    found = init + torch.stack([best // side - radius, best % side - radius], dim=-1)  # (ny, nx, 2)
+    if prior is None:
+        return found
+    at_prior = prior.view(1, 1, 2).expand_as(init)  # (ny, nx, 2)
+    prior_cost = _tile_costs(reference, frame, at_prior, tile, 0)[..., 0]  # (ny, nx)
+    best_cost = costs.gather(-1, best[..., None])[..., 0]  # (ny, nx)
+    keep = best_cost < _PRIOR_MARGIN * prior_cost  # (ny, nx): clearly better than the global displacement
+    return torch.where(keep[..., None], found, at_prior)
 
 
 def _upsample_tiles(flow: Tensor, fine_grid: tuple[int, int]) -> Tensor:
@@ -222,11 +247,16 @@ def _refine(reference: Tensor, frame: Tensor, flow: Tensor, tile: int, iteration
     return flow
 
 
-def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignParams | None = None) -> Tensor:
+def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignParams | None = None,
+                prior: tuple[float, float] | None = None) -> Tensor:
     """Per-tile flow (ny, nx, 2) float32 in pixels that maps grey ``frame`` (H, W) onto ``reference``.
 
     ``reference`` is a (H, W) grey image or its :func:`grey_pyramid` (build it once per group); tiles are
     ``params.tile_size`` pixels. Use :func:`tiles_to_pixels` for a dense, smooth (2, H, W) field.
+    ``prior``: the frame's global shift (dy, dx) in pixels (:func:`estimate_shift`), when known: the search
+    starts from it and, at every level, a tile takes it (rounded to that level's pixels) unless its own best
+    displacement is clearly better (:data:`_PRIOR_MARGIN`). Without it a fine periodic texture, flat on the
+    coarse levels, locked onto another repeat of itself (docs/QUALITY.md).
     """
     p = params or AlignParams()
     check_mosaic(frame, "frame", min_size=16)
@@ -235,13 +265,17 @@ def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignPa
         raise ValueError(f"frame shape {tuple(frame.shape)} differs from the reference's {tuple(ref_pyr[0].shape)}")
     frame_pyr = grey_pyramid(frame.to(ref_pyr[0].device), len(ref_pyr))
     top = len(ref_pyr) - 1
-    flow = torch.zeros(*_tile_grid(ref_pyr[top].shape, p.tile_size), 2, dtype=torch.long,
-                       device=ref_pyr[0].device)  # (ny, nx, 2)
+    dev = ref_pyr[0].device
+    shift = None if prior is None else torch.tensor(prior, dtype=torch.float64, device=dev)  # (2,)
+    flow = torch.zeros(*_tile_grid(ref_pyr[top].shape, p.tile_size), 2, dtype=torch.long, device=dev)  # (ny, nx, 2)
+    if shift is not None:
+        flow += torch.round(shift / 2**top).long()
     for level in range(top, -1, -1):
         if level < top:
             flow = _upsample_tiles(flow, _tile_grid(ref_pyr[level].shape, p.tile_size))
         radius = p.search_radius if level > 0 else 1
-        flow = _median3(_search(ref_pyr[level], frame_pyr[level], flow, p.tile_size, radius))
+        at_level = None if shift is None else torch.round(shift / 2**level).long()  # (2,)
+        flow = _median3(_search(ref_pyr[level], frame_pyr[level], flow, p.tile_size, radius, at_level))
     return _refine(ref_pyr[0], frame_pyr[0], flow.to(torch.float32), p.tile_size, p.lk_iterations)
 
 

@@ -10,7 +10,8 @@ Malvar, on the white-balanced mosaic, then divided back by the gains, so results
 orientation its position in the stack picks (:data:`~services.pipeline.ops.cfa.ORIENTATIONS`, position modulo 8:
 frame 0 upright, frame 1 turned 180 degrees, ...; the result is turned back), so the model's direction-dependent
 errors differ from frame to frame and average out like the noise does (docs/QUALITY.md), aligned
-to the reference with :mod:`.align`, warped (bicubic) to the reference geometry and added with a per-pixel
+to the reference with :mod:`.align` (from its global shift, measured once per stack), warped (bicubic) to the
+reference geometry and added with a per-pixel
 weight in [0, 1] from a Poisson-Gaussian test of its local difference to the reference (:func:`motion_weights`).
 Averaging demosaiced frames also averages their demosaicing errors, which differ from frame to frame (each frame
 samples the scene at another CFA phase).
@@ -292,7 +293,8 @@ def raw_kernel_sums(frame: Tensor, pixels: Tensor | None, cfa: str, sigma: float
 
 
 def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], params: MergeParams,
-                      positions: Sequence[int] | None = None, raw_merge: bool = False) -> Tensor:
+                      positions: Sequence[int] | None = None, raw_merge: bool = False,
+                      shifts: Sequence[tuple[float, float]] | None = None) -> Tensor:
     """Align, warp and robustly accumulate ``frames`` onto the reference: (5, H, W) int64 fixed point
     [sum R, G, B, weight, sum of the warped Bayer mosaic] (the mosaic's CFA planes are warped by half the flow,
     bicubic, and weighted like the frame's RGB). With ``raw_merge``, (11, H, W): then the 6 channels of
@@ -305,6 +307,9 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     noise-free static stack is then the orientations' ensemble, which beats one orientation (it rendered below the
     single frame, which averages two: 27.58 against 28.52 dB on a test chart, docs/QUALITY.md).
     The reference is not added implicitly: include it in exactly one group's ``frames``.
+    ``shifts``: each frame's global shift (dy, dx) against the reference, measured once for the whole stack
+    (:func:`services.pipeline.stack.frame_shifts`), the alignment's prior (:func:`~.align.align_frame`); None:
+    none.
 
     Frames may hold values below black (negative: ``normalize_levels(..., clip_black=False)``): each frame's
     demosaic (and so the alignment and the motion test) sees them clipped to 0, as the package was trained and
@@ -319,10 +324,12 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     positions = range(len(frames)) if positions is None else positions
     if len(positions) != len(frames) or min(positions, default=0) < 0:
         raise ValueError(f"need one stack position >= 0 per frame, got {list(positions)} for {len(frames)} frames")
+    if shifts is not None and len(shifts) != len(frames):
+        raise ValueError(f"need one shift per frame, got {len(shifts)} for {len(frames)} frames")
+    priors: Sequence[tuple[float, float] | None] = [None] * len(frames) if shifts is None else shifts
     h, w = ref.mosaic.shape
     acc = torch.zeros(5 + RAW_MERGE_CHANNELS * raw_merge, h, w, dtype=torch.int64, device=ref.mosaic.device)
-    ones = torch.ones(3, h, w, dtype=torch.float32, device=ref.mosaic.device)  # (3, H, W)
-    for frame, position in zip(frames, positions, strict=True):
+    for frame, position, prior in zip(frames, positions, priors, strict=True):
         f = frame.to(device=ref.mosaic.device, dtype=torch.float32)  # may hold values below black (< 0)
         check_mosaic(f, "frame", min_size=8)
         clipped = f.clamp(min=0.0)  # what the demosaic sees (a single frame's render clips at black too)
@@ -334,21 +341,29 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
             if raw_merge:
                 acc[5:] += _fixed(raw_kernel_sums(f, None, params.cfa))
             continue
-        rgb = demosaic_camera(clipped, params, position % len(ORIENTATIONS))  # (3, H, W)
-        flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align)  # (ny, nx, 2)
-        # Bicubic: bilinear resampling at fractional offsets is a low-pass that differs from frame to frame; on
-        # detailed photographs it cost up to 2.9 dB of the 8-frame gain (stack benchmark, docs/QUALITY.md).
-        pixels = tiles_to_pixels(flow, params.align.tile_size, (h, w))  # (2, H, W)
-        moved, valid = warp(rgb, pixels, mode="bicubic")
-        weight = motion_weights(ref.rgb, moved, ones * valid, params, level=ref.level,
-                                spread=ref.spread) * valid  # (H, W)
-        acc[:3] += _fixed(moved * weight)
-        acc[3] += _fixed(weight)
-        bayer = join_sites(warp(split_sites(f), pixels[:, ::2, ::2] / 2.0, mode="bicubic")[0])  # (H, W), sites kept
-        acc[4] += _fixed(bayer * weight)
-        if raw_merge:
-            acc[5:] += _fixed(raw_kernel_sums(f, pixels, params.cfa) * weight)
+        _add_aligned(acc, ref, f, params, position, prior)
     return acc
+
+
+def _add_aligned(acc: Tensor, ref: _Reference, frame: Tensor, params: MergeParams, position: int,
+                 prior: tuple[float, float] | None) -> None:
+    """Add one frame other than the reference to ``acc`` (5|11, H, W) (:func:`accumulate_frames`): demosaiced in
+    its position's orientation, aligned (``prior``: its global shift), warped and weighted by the motion test."""
+    h, w = ref.mosaic.shape
+    rgb = demosaic_camera(frame.clamp(min=0.0), params, position % len(ORIENTATIONS))  # (3, H, W)
+    flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align, prior)  # (ny, nx, 2)
+    # Bicubic: bilinear resampling at fractional offsets is a low-pass that differs from frame to frame; on
+    # detailed photographs it cost up to 2.9 dB of the 8-frame gain (stack benchmark, docs/QUALITY.md).
+    pixels = tiles_to_pixels(flow, params.align.tile_size, (h, w))  # (2, H, W)
+    moved, valid = warp(rgb, pixels, mode="bicubic")
+    weight = motion_weights(ref.rgb, moved, valid.expand(3, h, w), params, level=ref.level,
+                            spread=ref.spread) * valid  # (H, W)
+    acc[:3] += _fixed(moved * weight)
+    acc[3] += _fixed(weight)
+    bayer = join_sites(warp(split_sites(frame), pixels[:, ::2, ::2] / 2.0, mode="bicubic")[0])  # (H, W), sites kept
+    acc[4] += _fixed(bayer * weight)
+    if acc.shape[0] > 5:  # the raw-sample merge
+        acc[5:] += _fixed(raw_kernel_sums(frame, pixels, params.cfa) * weight)
 
 
 def integer_shift(frame: Tensor, dy: int, dx: int) -> tuple[Tensor, Tensor]:
