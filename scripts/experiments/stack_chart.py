@@ -3,12 +3,13 @@ offsets, detail near the finest scale at random sub-pixel shifts. PSNR against t
 and per quarter (weave, zone plate, siren star, a smooth random texture), of frame 0 alone and of the stack.
 
     python scripts/experiments/stack_chart.py {int,sub,none} [--frames 8] [--noise 2e-4] [--seed 3] [--oracle]
+        [--warp bicubic]
 
 The chart (384 x 512, linear sRGB, each pixel the mean of 4 x 4 point samples) is evaluated at each frame's shift
 (``frame_k(y, x) = frame_0(y - dy, x - dx)``): ``int`` draws whole-pixel offsets in [-3, 3], ``sub`` uniform ones in
 [-1.5, 1.5], ``none`` none. Frames are written as DNGs (``lab.synth``), decoded, their shifts measured and merged and
-rendered in-process on the CPU as the service does. ``--oracle``: the true shifts as the flow. Numbers:
-docs/QUALITY.md, "Stacks on periodic texture".
+rendered in-process on the CPU as the service does. ``--oracle``: the true shifts as the flow; ``--warp``: the
+resampling of each frame's render (merge._RGB_WARP). Numbers: docs/QUALITY.md, "Stacks on periodic texture".
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--oracle", action="store_true", help="the true shifts as the flow")
+    parser.add_argument("--warp", default=None, help="resampling of each frame's render (default: the merge's)")
     args = parser.parse_args()
     waves, shifts = draw(args.mode, args.frames, args.seed)
     frames, truth = write_stack(Path(tempfile.mkdtemp(prefix="stack_chart")), shifts, waves, args.noise, args.seed)
@@ -141,6 +143,8 @@ def main() -> None:
     params = stack_params(own, len(frames), measured)
     if args.oracle:
         use_true_flow(shifts)
+    if args.warp:
+        merge._RGB_WARP = args.warp
     single = render_mosaic(frames[0][0], own, "cpu")
     group = merge_frame_group(frames[0], frames, "cpu", params=params, stack_size=len(frames),  # type: ignore[arg-type]
                               positions=list(range(len(frames))))

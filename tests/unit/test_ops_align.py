@@ -110,6 +110,23 @@ def test_local_motion_overrides_the_prior(prior: tuple[float, float]) -> None:
     assert float((flow[2:-2, -4:, 1] - 3.0).abs().max()) < 0.2
 
 
+def test_lanczos_warp_shifts_exactly_and_keeps_fine_detail() -> None:
+    """Whole-pixel flows move the image (borders replicated); half a pixel along a grating of 0.3 cycles/px
+    keeps more of its amplitude than bicubic interpolation (which lost it in stacks at sub-pixel shifts)."""
+    image = torch.rand(2, 24, 40, generator=torch.Generator().manual_seed(0))
+    flow = torch.zeros(2, 24, 40) + torch.tensor([1.0, -2.0]).view(2, 1, 1)
+    out, valid = warp(image, flow, mode="lanczos3")
+    torch.testing.assert_close(out[:, :-1, 2:], image[:, 1:, :-2], atol=1e-5, rtol=0)
+    assert valid[:-1, 2:].eq(1).all() and valid[-1].eq(0).all() and valid[:, :2].eq(0).all()
+    x = torch.arange(64, dtype=torch.float32)
+    grating = torch.cos(2 * np.pi * 0.3 * x).expand(1, 16, 64)
+    half = torch.zeros(2, 16, 64) + torch.tensor([0.0, 0.5]).view(2, 1, 1)
+    truth = torch.cos(2 * np.pi * 0.3 * (x + 0.5))[8:-8]
+    errors = {mode: float((warp(grating, half, mode)[0][0, 8, 8:-8] - truth).abs().max())
+              for mode in ("bicubic", "lanczos3")}
+    assert errors["lanczos3"] < 0.25 * errors["bicubic"]  # 0.02 against 0.12
+
+
 def test_bad_input() -> None:
     with pytest.raises(ValueError, match=r"even H and W.*got \(15, 16\)"):
         mosaic_grey(torch.rand(15, 16), "RGGB")

@@ -10,7 +10,7 @@ Malvar, on the white-balanced mosaic, then divided back by the gains, so results
 orientation its position in the stack picks (:data:`~services.pipeline.ops.cfa.ORIENTATIONS`, position modulo 8:
 frame 0 upright, frame 1 turned 180 degrees, ...; the result is turned back), so the model's direction-dependent
 errors differ from frame to frame and average out like the noise does (docs/QUALITY.md), aligned
-to the reference with :mod:`.align` (from its global shift, measured once per stack), warped (bicubic) to the
+to the reference with :mod:`.align` (from its global shift, measured once per stack), warped (Lanczos-3) to the
 reference geometry and added with a per-pixel
 weight in [0, 1] from a Poisson-Gaussian test of its local difference to the reference (:func:`motion_weights`).
 Averaging demosaiced frames also averages their demosaicing errors, which differ from frame to frame (each frame
@@ -109,6 +109,7 @@ def frame_noise_share(stack_size: int) -> float:
 
 
 MODEL_ERROR = 0.1
+_RGB_WARP = "lanczos3"  # how a frame's demosaiced RGB is resampled onto the reference (accumulate_frames)
 
 
 @dataclass(frozen=True)
@@ -352,10 +353,11 @@ def _add_aligned(acc: Tensor, ref: _Reference, frame: Tensor, params: MergeParam
     h, w = ref.mosaic.shape
     rgb = demosaic_camera(frame.clamp(min=0.0), params, position % len(ORIENTATIONS))  # (3, H, W)
     flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align, prior)  # (ny, nx, 2)
-    # Bicubic: bilinear resampling at fractional offsets is a low-pass that differs from frame to frame; on
-    # detailed photographs it cost up to 2.9 dB of the 8-frame gain (stack benchmark, docs/QUALITY.md).
+    # Lanczos-3: resampling at fractional offsets is a low-pass that differs from frame to frame; bilinear cost
+    # up to 2.9 dB of the 8-frame gain on detailed photographs, bicubic detail near the finest scale (a zone
+    # plate at random sub-pixel shifts, docs/QUALITY.md).
     pixels = tiles_to_pixels(flow, params.align.tile_size, (h, w))  # (2, H, W)
-    moved, valid = warp(rgb, pixels, mode="bicubic")
+    moved, valid = warp(rgb, pixels, mode=_RGB_WARP)
     weight = motion_weights(ref.rgb, moved, valid.expand(3, h, w), params, level=ref.level,
                             spread=ref.spread) * valid  # (H, W)
     acc[:3] += _fixed(moved * weight)
