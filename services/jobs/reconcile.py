@@ -140,7 +140,16 @@ def _retry_due_after(s: Shard, moment: dt.datetime) -> bool:
 def _lost_shard(session: Session, s: Shard, job: Job, alive_workers: set[str], leases: Held | None,
                 stale: dt.datetime, grace: dt.datetime) -> bool:
     started = as_utc(s.started_at or job.created_at)
-    if s.status == ShardStatus.PENDING:  # pinned to a worker that is gone
+    if s.status == ShardStatus.PENDING:
+        # Handed back by the supervisor of a worker that died after taking its message and listing it in its
+        # heartbeat, but before marking it running (found from outside: SIGKILLed in that instant, the shard stayed
+        # pending and its message unacknowledged; a shard pinned by STRATA_SPLIT_RATIO waited for the lost-message
+        # timeout, 30 s, and one of the shared queue waited for that queue to empty, which a batch keeps from
+        # happening). No live heartbeat holds it now and no retry is on its way: lost now, like a running one.
+        if (leases is not None and s.id in leases.abandoned_shards and s.id not in leases.shards
+                and not _retry_due_after(s, utcnow())):
+            return True
+        # pinned to a worker that is gone
         return s.payload.get("gpu_slot") is not None and started < stale and not _retry_due_after(s, stale)
     if s.status != ShardStatus.RUNNING:
         return False

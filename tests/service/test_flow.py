@@ -163,6 +163,49 @@ def test_leases_handed_back_by_a_supervisor_are_repaired_at_once(db: str) -> Non
         assert session.get(Shard, ids["shard"]).status == "pending"
 
 
+def test_a_pending_shard_handed_back_by_a_supervisor_is_sent_again_at_once(db: str) -> None:
+    """Found from outside: a GPU worker SIGKILLed after taking a shard's message and listing the shard in its
+    heartbeat, but before marking it running, left the shard pending with its message unacknowledged. Its supervisor
+    handed the shard back, yet the reconciler ignored the hand-back for pending shards: one pinned to the dead
+    worker's own queue (STRATA_SPLIT_RATIO) waited for the lost-message timeout (30 s), one of the shared queue for
+    that queue to empty (never, while a batch runs). Handed back, held by no live heartbeat: re-dispatched at the
+    next pass, once; without the hand-back, or while a live worker holds it again, it waits as before."""
+    from services.jobs.reconcile import Held
+
+    just_now = utcnow() - dt.timedelta(seconds=1)
+    with session_scope() as session:
+        ids = {}
+        for name, payload in (("shared", {}), ("pinned", {"gpu_slot": 1})):
+            job = _job(session, age_s=1)
+            shard = Shard(job_id=job.id, phase=0, index=0, kind="strip", status="pending", payload=payload,
+                          started_at=None)
+            session.add(shard)
+            session.flush()
+            ids[name] = shard.id
+            session.execute(update(Job).where(Job.id == job.id).values(updated_at=just_now))
+        retaken_job = _job(session, age_s=1)
+        retaken = Shard(job_id=retaken_job.id, phase=0, index=0, kind="strip", status="pending", payload={})
+        session.add(retaken)
+        session.flush()
+        ids["retaken"] = retaken.id
+    alive = frozenset({"gpu0@h", "coordinator@h"})
+    plain = Held(alive, frozenset(), frozenset())
+    handed_back = Held(alive, frozenset({ids["retaken"]}), frozenset(), frozenset(),
+                       frozenset({ids["shared"], ids["pinned"], ids["retaken"]}))
+    with session_scope() as session:
+        waits = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                          held=lambda: plain, grace_s=6, gpu_backlog=12)
+        assert waits.shards == []  # a batch keeps the shared queue busy; the pinned one is a second old
+        repairs = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                            held=lambda: handed_back, grace_s=6, gpu_backlog=12)
+        assert sorted(t.shard_id for t in repairs.shards) == sorted([ids["shared"], ids["pinned"]])
+        assert all(t.job_id for t in repairs.shards)
+        # the supervisor's hand-back is forgotten once judged (workers.tasks.reconcile_once): not sent twice
+        again = reconcile(session, alive_workers=set(alive), coordinator_backlog=0, stale_after_s=30,
+                          held=lambda: plain, grace_s=6, gpu_backlog=12)
+        assert again.shards == []
+
+
 def test_pending_shards_no_message_will_deliver_are_sent_again(db: str) -> None:
     """A coordinator killed (or refused by a restarting broker) between committing a phase and sending its shards
     leaves them pending with no message: sent at once when its lease was handed back, else once the shared GPU
