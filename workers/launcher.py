@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.config import Settings
+from workers.registry import CANNOT_START_EXIT
 
 log = logging.getLogger(__name__)
+REFUSED_BACKOFF_S = 5.0  # a refused child's first wait before it is started again; doubles each refusal
+REFUSED_BACKOFF_MAX_S = 300.0
 
 
 @dataclass
@@ -156,6 +159,9 @@ class Supervisor:
         self._reported: set[int] = set()  # pids whose exit on_exit has seen
         self._held_back: set[int] = set()  # pids whose restart waits for the limit (logged once)
         self._killed: set[int] = set()  # pids SIGKILLed for hanging (killed once, logged once)
+        # Children whose start was refused (exit CANNOT_START_EXIT) n times in a row: name -> (n, restart not before)
+        self._refused: dict[str, tuple[int, float]] = {}
+        self._reported_refused: set[int] = set()
         self._stopping = False
 
     def _start(self, spec: ProcSpec) -> None:
@@ -197,6 +203,8 @@ class Supervisor:
             if not self.restart:
                 continue
             now = time.monotonic()
+            if self._refuse_wait(spec, proc, now):
+                continue
             recent = [t for t in self.restarts.get(spec.name, []) if now - t < 60]
             if len(recent) >= 5:
                 if proc.pid not in self._held_back:  # said once per death, not every poll
@@ -207,6 +215,26 @@ class Supervisor:
             log.warning("%s exited with %s; restarting", spec.name, proc.returncode)
             self.restarts[spec.name] = [*recent, now]
             self._start(spec)
+
+    def _refuse_wait(self, spec: ProcSpec, proc: subprocess.Popen[bytes], now: float) -> bool:
+        """Whether the restart of a child that refused to start waits. A worker refused at start (its name a live
+        process's elsewhere, a GPU it cannot see: it exits CANNOT_START_EXIT, its log says why) is started again
+        after REFUSED_BACKOFF_S, doubling up to REFUSED_BACKOFF_MAX_S while it keeps being refused (the other process
+        may go: a host's old heartbeat expires), instead of five times a minute. Found from outside: a second
+        `strata workers` beside `strata serve` (the same worker names) restarted its refused worker every 9 s for
+        good, each start loading torch and the model packages: about one core of a 2-core host, forever."""
+        if proc.returncode != CANNOT_START_EXIT:
+            self._refused.pop(spec.name, None)
+            return False
+        n, not_before = self._refused.get(spec.name, (0, 0.0))
+        if proc.pid not in self._reported_refused:
+            self._reported_refused.add(proc.pid)
+            n += 1
+            not_before = now + min(REFUSED_BACKOFF_S * 2 ** (n - 1), REFUSED_BACKOFF_MAX_S)
+            self._refused[spec.name] = (n, not_before)
+            log.error("%s refused to start (exit %d: its log says why, e.g. its name is another live process's): "
+                      "starting it again in %.0f s", spec.name, CANNOT_START_EXIT, not_before - now)
+        return now < not_before
 
     def kill_hung(self) -> None:
         """SIGKILL (its whole process group) each worker child that ``hang_check`` says is alive but silent: a

@@ -27,6 +27,9 @@ RETENTION_LOCK = "strata:retention-lock"
 LOCKS = (RECONCILE_LOCK, ADMISSION_LOCK, RETENTION_LOCK)
 _TOKEN = re.compile(rb".+-[0-9a-f]{32}")  # workers.tasks._exclusive: node name, "-", uuid4 hex
 _DELETE_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+# A worker whose start is refused (workers/tasks.py: _on_ready: its name taken by another live process, a GPU it
+# cannot see) exits with this code; its supervisor backs off before starting it again (workers/launcher.py).
+CANNOT_START_EXIT = 3
 
 
 @dataclass(frozen=True)
@@ -146,9 +149,11 @@ def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], l
     raw = client.get(key)
     jobs: list[str] = []
     shards: list[int] = []
+    another = False  # the key is another live process's of that name: its locks are its own too
     if raw:
         fields = json.loads(raw)
-        if int(fields.get("pid", -1)) == pid:
+        another = int(fields.get("pid", -1)) != pid
+        if not another:
             jobs = list(fields.get("jobs") or ())
             shards = [int(s) for s in fields.get("shards") or ()] or (
                 [int(fields["current_shard"])] if fields.get("current_shard") is not None else [])
@@ -161,7 +166,9 @@ def release_dead(client: redis.Redis, name: str, pid: int) -> tuple[list[str], l
                 pipe.expire(ABANDONED_SHARDS, 3600)
             pipe.eval(_DELETE_IF, 1, key, raw)
             pipe.execute()
-    for lock in LOCKS:
+    # Found from outside: a second `strata workers --coordinator` on a host whose names were taken was refused and
+    # restarted over and over; each death unlocked the passes of the live coordinator of that name.
+    for lock in () if another else LOCKS:
         token = client.get(lock)
         if isinstance(token, bytes) and _TOKEN.fullmatch(token) and token.rsplit(b"-", 1)[0] == name.encode():
             client.eval(_DELETE_IF, 1, lock, token)

@@ -56,6 +56,7 @@ from workers.app import (
 from workers.express import ExpressLane
 from workers.registry import (
     ADMISSION_LOCK,
+    CANNOT_START_EXIT,
     RECONCILE_LOCK,
     RETENTION_LOCK,
     abandoned,
@@ -492,7 +493,7 @@ def _on_ready(sender: object = None, **_: object) -> None:
     except Exception:  # noqa: BLE001 - Celery would log it and consume anyway (found: a GPU worker on the CPU)
         log.critical("worker cannot start; exiting", exc_info=True)
         logging.shutdown()
-        os._exit(3)
+        os._exit(CANNOT_START_EXIT)
     settings = get_settings()
     if settings.worker_kind == "gpu" and settings.gpu_express_lane:  # the launcher resolves the default
         global _express

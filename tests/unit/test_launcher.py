@@ -246,3 +246,63 @@ def test_a_worker_alive_but_silent_is_killed_and_restarted(tmp_path: Path, redis
     assert hang_watch(Settings(worker_hung_after_s=0)) is None
     watch = hang_watch(Settings(worker_hung_after_s=1, worker_heartbeat_s=2, redis_url=redis_url))
     assert watch is not None and watch.after_s == 8
+
+
+def test_a_worker_refused_at_start_is_started_again_after_a_growing_wait(tmp_path: Path, redis_url: str,  # type: ignore[no-untyped-def]
+                                                                         monkeypatch, caplog) -> None:
+    """Found from outside: a second `strata workers` beside `strata serve` (the same worker names) had its worker
+    refused at start (exit 3: another live process runs as cpu0@vm) and restarted every 9 s for good, each start
+    loading torch and the model packages, about one core of a 2-core host. A child refused at start (exit
+    CANNOT_START_EXIT) waits before its next start, twice as long each refusal; a child dying otherwise is restarted
+    at once, and a refused coordinator's death does not unlock the passes of the live process of its name."""
+    import json
+    import sys
+
+    from services.config import Settings
+    from workers import launcher
+    from workers.launcher import ProcSpec, lease_releaser
+    from workers.registry import CANNOT_START_EXIT, PREFIX, RECONCILE_LOCK, release_dead
+
+    monkeypatch.setattr(launcher, "REFUSED_BACKOFF_S", 1.0)
+    refused = [sys.executable, "-c", f"import sys; sys.exit({CANNOT_START_EXIT})"]
+    failing = [sys.executable, "-c", "import sys; sys.exit(1)"]
+    sup = Supervisor([ProcSpec("cpu0@refused-test", refused, worker=True),
+                      ProcSpec("cpu1@refused-test", failing, worker=True)],
+                     on_exit=lease_releaser(Settings(redis_url=redis_url)))
+    caplog.set_level("WARNING", logger="workers.launcher")
+    try:
+        sup.start()
+        first = {n: p.pid for n, p in sup.procs.items()}
+        for proc in sup.procs.values():
+            proc.wait(30)
+        sup.poll()
+        assert sup.procs["cpu1@refused-test"].pid != first["cpu1@refused-test"]  # an ordinary death: at once
+        assert sup.procs["cpu0@refused-test"].pid == first["cpu0@refused-test"]  # refused: waits
+        n, not_before = sup._refused["cpu0@refused-test"]
+        assert n == 1
+        sup.poll()
+        assert sup.procs["cpu0@refused-test"].pid == first["cpu0@refused-test"] or time.monotonic() >= not_before
+        _until(lambda: (sup.poll(), sup.procs["cpu0@refused-test"].pid != first["cpu0@refused-test"])[1])
+        assert time.monotonic() >= not_before
+        second = sup.procs["cpu0@refused-test"]
+        second.wait(30)
+        sup.poll()
+        n, not_before = sup._refused["cpu0@refused-test"]
+        assert n == 2 and sup.procs["cpu0@refused-test"] is second and not_before - time.monotonic() > 1.0
+        said = [r.getMessage() for r in caplog.records if "refused to start" in r.getMessage()]
+        assert len(said) == 2 and "starting it again in 1 s" in said[0] and "in 2 s" in said[1]
+    finally:
+        sup.stop(timeout=5)
+    # The refused process's supervisor hands back nothing of the live process that holds the name.
+    client = redis.Redis.from_url(redis_url)
+    client.set(PREFIX + "coordinator@refused-test", json.dumps({"name": "coordinator@refused-test", "pid": 4242,
+                                                                "jobs": ["j"], "current_shard": None}), ex=60)
+    token = b"coordinator@refused-test-" + b"b" * 32
+    client.set(RECONCILE_LOCK, token, ex=60)
+    try:
+        assert release_dead(client, "coordinator@refused-test", 777) == ([], [])
+        assert client.get(RECONCILE_LOCK) == token and client.get(PREFIX + "coordinator@refused-test") is not None
+        assert release_dead(client, "coordinator@refused-test", 4242) == (["j"], [])  # its own death: released
+        assert client.get(RECONCILE_LOCK) is None
+    finally:
+        client.delete(RECONCILE_LOCK, PREFIX + "coordinator@refused-test", "strata:abandoned:jobs")
