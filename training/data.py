@@ -39,6 +39,7 @@ from torch import Tensor
 
 from services.pipeline.ops import SRGB_TO_XYZ_D65, cfa_masks, srgb_decode
 from services.pipeline.ops.merge import frame_noise_share
+from training.patterns import hard_pattern
 
 HELD_OUT_PHOTOS: tuple[str, ...] = tuple(f"{i:03d}.png" for i in range(33, 41))
 DEAD_LEAVES_HELD_OUT_SEEDS = range(900_000, 900_016)
@@ -62,7 +63,8 @@ XYZ_TO_CAMS = np.array(
     ]
 )
 SKIMAGE_IMAGES: tuple[str, ...] = ("astronaut", "chelsea", "coffee", "rocket")
-_SOURCE_WEIGHTS = {"photos": 0.5, "skimage": 0.1, "dead_leaves": 0.4, "patterns": 0.0}
+# "patterns": recipe v2's fixed pool of pattern_image scenes; "hard": a new training.patterns.hard_pattern per crop
+_SOURCE_WEIGHTS = {"photos": 0.5, "skimage": 0.1, "dead_leaves": 0.4, "patterns": 0.0, "hard": 0.0}
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ RECIPES: dict[str, Recipe] = {
     # neutral content, scikit-image held out; used from the v2 weights (``--init``)
     "soft": Recipe("soft", {"photos": 0.55, "skimage": 0.0, "dead_leaves": 0.45, "patterns": 0.0},
                    upscale_share=0.5, upscale_max=3.0, saturation_share=0.2, gray_share=0.15),
+    # soft plus 15 % of crops of procedural hard content drawn anew per crop (training/patterns.py): detail at the
+    # sampling limit, fine texture beside flat black / white, neutral fine texture (issue 17, QUALITY.md "Artefacts
+    # found from outside"); photographs stay the bulk
+    "patterns": Recipe("patterns", {"photos": 0.5, "skimage": 0.0, "dead_leaves": 0.35, "patterns": 0.0, "hard": 0.15},
+                       upscale_share=0.5, upscale_max=3.0, saturation_share=0.2, gray_share=0.15),
 }
 
 
@@ -323,12 +330,15 @@ class TrainingSource:
                                device) if weights.get("patterns", 0) > 0 else []),
         }
         self.names = [k for k, v in self.pools.items() if v and weights.get(k, 0) > 0]
+        if weights.get("hard", 0) > 0:  # no pool: training.patterns.hard_pattern draws a new scene per crop
+            self.names.append("hard")
         w = np.array([weights[k] for k in self.names])
         self.weights = w / w.sum()
         self.rng = np.random.default_rng(seed)
 
     def describe(self) -> dict[str, int]:
-        return {k: len(v) for k, v in self.pools.items() if k in self.names}
+        """Images per content pool (``hard``: -1, a new scene per crop)."""
+        return {k: len(self.pools.get(k, [])) or -1 for k in self.names}
 
     def crops(self, b: int, size: int) -> Tensor:
         """(B, 3, size, size) float sRGB in [0, 1].
@@ -341,26 +351,10 @@ class TrainingSource:
         """
         out = []
         for src in self.rng.choice(len(self.names), size=b, p=self.weights):
-            pool = [im for im in self.pools[self.names[src]] if min(im.shape[-2:]) >= size]
-            if not pool:
-                raise ValueError(f"no {self.names[src]} image is at least {size} pixels on each side")
-            im = pool[self.rng.integers(len(pool))]
-            take, down = size, False
-            # v1 draws its scale roll after the position (its runs repeat exactly); v2 needs it first
-            roll = self.rng.random() if self.recipe.downscale_share > 0 else -1.0
-            if roll >= 1.0 - self.recipe.downscale_share:
-                take = int(size * self.rng.uniform(1.25, min(2.0, min(im.shape[-2:]) / size)))
-                down = take > size
-            y = int(self.rng.integers(im.shape[-2] - take + 1))
-            x = int(self.rng.integers(im.shape[-1] - take + 1))
-            roll = roll if roll >= 0 else self.rng.random()
-            crop = im[:, y : y + take, x : x + take].float()
-            if down:
-                crop = F.interpolate(crop[None], size=(size, size), mode="area")[0]  # (3, size, size)
-            elif roll < self.recipe.upscale_share:
-                small = max(16, int(round(size / self.rng.uniform(1.25, self.recipe.upscale_max))))
-                crop = F.interpolate(crop[None, :, :small, :small], size=(size, size), mode="bicubic",
-                                     align_corners=False)[0].clamp(0, 255)  # (3, size, size)
+            if self.names[src] == "hard":  # its own scale variety; flips and transposes as for every crop
+                crop = hard_pattern(self.rng, size, self.device) * 255.0
+            else:
+                crop = self._crop(self.names[src], size)
             if self.rng.random() < 0.5:
                 crop = crop.flip(-1)
             if self.rng.random() < 0.5:
@@ -369,6 +363,31 @@ class TrainingSource:
                 crop = crop.transpose(-1, -2)
             out.append(crop)
         return torch.stack(out) / 255.0
+
+    def _crop(self, name: str, size: int) -> Tensor:
+        """A (3, size, size) float crop in [0, 255] of a random image of pool ``name``, enlarged or reduced as the
+        recipe draws (:meth:`crops`)."""
+        pool = [im for im in self.pools[name] if min(im.shape[-2:]) >= size]
+        if not pool:
+            raise ValueError(f"no {name} image is at least {size} pixels on each side")
+        im = pool[self.rng.integers(len(pool))]
+        take, down = size, False
+        # v1 draws its scale roll after the position (its runs repeat exactly); v2 needs it first
+        roll = self.rng.random() if self.recipe.downscale_share > 0 else -1.0
+        if roll >= 1.0 - self.recipe.downscale_share:
+            take = int(size * self.rng.uniform(1.25, min(2.0, min(im.shape[-2:]) / size)))
+            down = take > size
+        y = int(self.rng.integers(im.shape[-2] - take + 1))
+        x = int(self.rng.integers(im.shape[-1] - take + 1))
+        roll = roll if roll >= 0 else self.rng.random()
+        crop = im[:, y : y + take, x : x + take].float()
+        if down:
+            return F.interpolate(crop[None], size=(size, size), mode="area")[0]  # (3, size, size)
+        if roll < self.recipe.upscale_share:
+            small = max(16, int(round(size / self.rng.uniform(1.25, self.recipe.upscale_max))))
+            crop = F.interpolate(crop[None, :, :small, :small], size=(size, size), mode="bicubic",
+                                 align_corners=False)[0].clamp(0, 255)  # (3, size, size)
+        return crop
 
 
 def scene_variety(srgb: Tensor, recipe: Recipe, gen: torch.Generator) -> Tensor:

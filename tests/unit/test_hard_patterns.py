@@ -1,0 +1,58 @@
+"""Recipe ``patterns``: the per-crop hard-content generator (training/patterns.py) and the artefact benchmark's
+scenes and measures (lab/synth/scenes.py, lab/quality/artefacts.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lab.quality.artefacts import ARTEFACT_CONTENT, every_phase, measure
+from lab.synth.scenes import SCENES, scene
+from training import data
+from training.patterns import hard_pattern
+
+
+def test_hard_patterns_are_in_range_deterministic_by_seed_and_new_per_crop() -> None:
+    rng = np.random.default_rng(7)
+    images = [hard_pattern(rng, 40) for _ in range(40)]
+    for im in images:
+        assert im.shape == (3, 40, 40) and im.dtype == torch.float32
+        assert float(im.min()) >= 0.0 and float(im.max()) <= 1.0 and torch.isfinite(im).all()
+    again = np.random.default_rng(7)
+    assert all(torch.equal(im, hard_pattern(again, 40)) for im in images)  # the generator's state decides
+    assert len({im.numpy().tobytes() for im in images}) == len(images)  # never the same scene twice
+    assert sum(float(im.std()) > 0.05 for im in images) >= 30  # most scenes hold visible structure
+    fine = [im for im in images if float((im[:, :, 1:] - im[:, :, :-1]).abs().mean()) > 0.05]
+    assert len(fine) >= 10  # detail near the sampling limit is common
+
+
+def test_hard_patterns_include_neutral_scenes_and_flat_black() -> None:
+    rng = np.random.default_rng(3)
+    images = [hard_pattern(rng, 48) for _ in range(80)]
+    neutral = [im for im in images if float((im.max(0).values - im.min(0).values).max()) < 1e-6]
+    black = [im for im in images if float((im.amax(0) < 0.035).float().mean()) > 0.2]
+    assert len(neutral) >= 5 and len(black) >= 5
+
+
+def test_the_patterns_recipe_mixes_hard_crops_into_soft() -> None:
+    recipe, soft = data.RECIPES["patterns"], data.RECIPES["soft"]
+    assert recipe.weights["hard"] == pytest.approx(0.15) and recipe.weights["photos"] >= 0.5
+    assert (recipe.upscale_share, recipe.upscale_max, recipe.gray_share) == (soft.upscale_share, soft.upscale_max,
+                                                                             soft.gray_share)
+    assert recipe.weights["skimage"] == 0
+
+
+def test_artefact_scenes_and_measures() -> None:
+    assert len(every_phase(ARTEFACT_CONTENT)) == 4 * len(ARTEFACT_CONTENT)
+    for name in SCENES:
+        img, regions = scene(name, 64, 48)
+        assert img.shape == (64, 48, 3) and img.dtype == np.float32 and img.min() >= 0 and img.max() <= 1
+        assert regions and all(m.shape == (64, 48) and m[8:-8, 8:-8].any() for m in regions.values())
+        truth = (img * 65535).round().astype(np.uint16)
+        exact = measure(f"pattern:{name}", truth, truth)
+        assert all(abs(exact[k]) < 1e-6 for k in ("chroma_err", "glow", "tint") if k in exact)
+        tinted = np.clip(img + np.array([0.0, 0.0, 0.1], np.float32), 0, 1)
+        off = measure(f"pattern:{name}", (tinted * 65535).round().astype(np.uint16), truth)
+        assert any(off[k] > 5 for k in ("chroma_err", "glow", "tint") if k in off)
+    assert measure("photo:033", np.zeros((4, 4, 3)), np.zeros((4, 4, 3))) == {}
