@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from lab.quality.anchors import LIBRAW_METHODS, LibRawRunner, libraw_render
+from lab.quality.artefacts import ARTEFACT_CONTENT, every_phase, measure, summarise_artefacts
 from lab.quality.metrics import (
     BORDER,
     SSIM_K1,
@@ -47,6 +48,7 @@ from lab.quality.metrics import (
 from lab.quality.report import CROP_SIZE, CROP_ZOOM, detail_window, machine_info, summarise, write_strip
 from lab.quality.shots import CAMERA, LEVELS, SPACE, Shot, held_out_shots, parse_shots, synth_cached
 from lab.quality.strata import DEFAULT_PACKAGES, decode, package_available, package_label, render_strata, warm_up
+from lab.synth.scenes import scene_name
 
 # Heavy imports (torch, the pipeline) happen inside functions: the LibRaw child process imports
 # lab.quality.anchors and only needs numpy + rawpy.
@@ -89,9 +91,12 @@ def select_methods(methods: Sequence[str] | None, notes: list[str]) -> Methods:
 
 
 def select_shots(content: Sequence[str] | None, photos_dir: Path | str | None, cfa: str | None, limit: int | None,
-                 notes: list[str]) -> list[Shot]:
-    """The shots of ``content`` (default: the held-out set), at most ``limit``."""
-    specs = list(content) if content else held_out_shots(photos_dir, notes)
+                 notes: list[str], artefacts: bool = False) -> list[Shot]:
+    """The shots of ``content`` (default: the held-out set; with ``artefacts`` the artefact scenes and controls of
+    :mod:`lab.quality.artefacts`, each at the four CFA phases unless ``cfa``), at most ``limit``."""
+    specs = list(content) if content else list(ARTEFACT_CONTENT) if artefacts else held_out_shots(photos_dir, notes)
+    if artefacts and cfa is None:
+        specs = every_phase(specs)
     shots = parse_shots(specs, cfa, notes)
     return shots[:limit] if limit is not None else shots
 
@@ -141,7 +146,8 @@ class ShotRun:
 
     def score(self, res: Results, method: str, image: np.ndarray, seconds: float, ref: np.ndarray,
               extra: dict) -> None:
-        res.rows.append(self.row(method, psnr=psnr(image, ref), ssim=ssim(image, ref), seconds=seconds, **extra))
+        res.rows.append(self.row(method, psnr=psnr(image, ref), ssim=ssim(image, ref), seconds=seconds, **extra,
+                                 **(measure(self.shot.content, image, ref) if ref.shape == self.truth.shape else {})))
         if self.window is not None and image.shape == ref.shape:
             self.tiles[method] = self.tile(image)
 
@@ -166,7 +172,8 @@ def score_libraw(run: ShotRun, res: Results, runner: LibRawRunner, dng: Path, li
             res.notes.append(f"{m} failed on {shot.name} ({level}): {error}")
             continue
         image, secs = result
-        aligned, ref, info = align_to_truth(image, run.truth)
+        # a periodic test scene matches itself shifted: LibRaw's registration is checked on natural content
+        aligned, ref, info = align_to_truth(image, run.truth, search=0 if scene_name(shot.content) else 2)
         res.alignment[f"{shot.name}/{level}/{m}"] = info
         if not info["aligned"] or aligned.shape != run.truth.shape:
             res.notes.append(f"{m} on {shot.name} ({level}): offset {info['offset']}, shape "
@@ -251,13 +258,16 @@ def run_benchmark(
     cache_dir: Path | None = None,
     sharpen_amount: float | None = None,
     progress: Callable[[str], None] | None = None,
+    artefacts: bool = False,
 ) -> dict:
     """Run the benchmark and return the report (settings, machine, per-shot rows, summary, notes).
 
     ``methods``: package names/paths (``classical_v1.strata``) and LibRaw names (:data:`LIBRAW_METHODS`);
     default: :data:`DEFAULT_PACKAGES` + every LibRaw method. A package that does not exist is skipped with a
     note. ``cache_dir`` keeps the synthetic DNGs between runs (default: a temporary directory);
-    ``sharpen_amount`` overrides the pipeline's sharpen amount (diagnostic; None = as the workers render).
+    ``sharpen_amount`` overrides the pipeline's sharpen amount (diagnostic; None = as the workers render);
+    ``artefacts``: the artefact benchmark's content (default) at every CFA phase, summarised per content
+    (:mod:`lab.quality.artefacts`, the report's ``artefacts``).
     """
     import torch
 
@@ -270,7 +280,7 @@ def run_benchmark(
     for level in levels:
         noise_level(level)  # validates
     chosen = select_methods(methods, res.notes)
-    shots = select_shots(content, photos_dir, cfa, limit, res.notes)
+    shots = select_shots(content, photos_dir, cfa, limit, res.notes, artefacts)
     for p in chosen.packages:
         warm_up(p, cfg.device)
     with tempfile.TemporaryDirectory(prefix="strata-quality-") as tmp, LibRawRunner() as runner:
@@ -283,15 +293,9 @@ def run_benchmark(
     crops = {} if crops_dir is None else write_crops(crops_dir, res.crop_tiles, summary, chosen.labels,
                                                      shots[0].name if shots else "", crop_zoom)
     return {
-        "benchmark": "strata quality",
-        "settings": report_settings(cfg, levels, shots, chosen),
-        "machine": machine_info(cfg.device),
-        "methods": chosen.labels,
-        "skipped": chosen.skipped,
-        "rows": res.rows,
-        "summary": summary,
-        "alignment": res.alignment,
-        "colour_check": res.colour,
-        "crops": {k: str(v) for k, v in crops.items()},
-        "notes": res.notes,
+        "benchmark": "strata quality", "settings": report_settings(cfg, levels, shots, chosen),
+        "machine": machine_info(cfg.device), "methods": chosen.labels, "skipped": chosen.skipped, "rows": res.rows,
+        "summary": summary, "alignment": res.alignment, "colour_check": res.colour,
+        "crops": {k: str(v) for k, v in crops.items()}, "notes": res.notes,
+        **({"artefacts": summarise_artefacts(res.rows)} if artefacts else {}),
     }

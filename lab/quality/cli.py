@@ -10,6 +10,7 @@ from pathlib import Path
 from lab.args import positive_float, torch_device
 from lab.quality import benchmark
 from lab.quality.anchors import LIBRAW_METHODS
+from lab.quality.artefacts import artefact_lines
 from lab.quality.benchmark import DEFAULT_SCALE, run_benchmark
 from lab.quality.report import CROP_SIZE, CROP_ZOOM, json_safe, markdown_tables, print_report
 from lab.quality.shots import CFA_CYCLE, LEVELS
@@ -26,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--scale", type=positive_float, default=DEFAULT_SCALE, help="frame size as a fraction of IQ3_S")
     ap.add_argument("--levels", default=",".join(LEVELS), help="noise levels (names or shot coefficients)")
     ap.add_argument("--content", default=None,
-                    help="comma list: photo:NNN, skimage:NAME, a path, dead_leaves:SEED (default: held-out set)")
+                    help="comma list: photo:NNN, skimage:NAME, a path, dead_leaves:SEED, pattern:NAME (a test scene) "
+                    "(default: held-out set)")
     ap.add_argument("--photos-dir", type=Path, default=None, help="photographs (default ../shared/data/photos)")
     ap.add_argument("--cfa", default=None, choices=CFA_CYCLE, help="one CFA phase (default: cycle all four)")
     ap.add_argument("--device", type=torch_device, default=None,
@@ -45,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cache", type=Path, default=None, help="keep synthetic DNGs here (default: temporary)")
     ap.add_argument("--sharpen-amount", type=float, default=None,
                     help="diagnostic: override the pipeline's sharpen amount (default: as the workers render)")
+    ap.add_argument("--artefacts", action="store_true",
+                    help="the artefact benchmark: test scenes (pattern:NAME, lab/synth/scenes.py) and natural controls "
+                    "(or --content), each at the four CFA phases; adds chroma error, glow into flat black and tint "
+                    "on neutral texture per content (lab/quality/artefacts.py)")
     ap.add_argument("--quiet", action="store_true", help="no per-shot progress lines")
     return ap
 
@@ -68,9 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods=_csv(args.methods) if args.methods else None, limit=args.limit, crops_dir=args.crops,
         crop_size=args.crop_size, crop_zoom=args.crop_zoom, cache_dir=args.cache,
         sharpen_amount=args.sharpen_amount,
-        progress=None if args.quiet else (lambda msg: print(msg, flush=True)),
+        progress=None if args.quiet else (lambda msg: print(msg, flush=True)), artefacts=args.artefacts,
     )
     print_report(report)
+    if args.artefacts:
+        print("\n".join(artefact_lines(report["artefacts"])))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(json_safe(report), indent=1))

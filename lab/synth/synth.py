@@ -23,6 +23,7 @@ import numpy as np
 import tifffile
 import torch
 
+from lab.synth import scenes as test_scenes
 from lab.synth import unprocess as up
 from services.pipeline.ops.colour import encode_transfer
 from services.raw.colour import (
@@ -191,6 +192,12 @@ def _content_frames(
     if content == "dead_leaves":
         scene = _make_scene(rng, height, width)
         return [_render(scene, dy, dx) for dy, dx in shifts]
+    name = test_scenes.scene_name(content)
+    if name is not None:  # a pixel-exact test scene at the frame's size; shifted frames resampled like a photograph
+        srgb = test_scenes.scene(name, height, width)[0]
+        if all(dy == 0 and dx == 0 for dy, dx in shifts):
+            return [srgb_decode(srgb.astype(np.float64)).astype(np.float32) for _ in shifts]
+        return _photo_frames(srgb, height, width, shifts)
     return _photo_frames(up.load_srgb(content, photos_dir), height, width, shifts)
 
 

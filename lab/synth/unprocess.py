@@ -391,14 +391,20 @@ def photo_path(name: str, photos_dir: Path | str | None = None) -> Path:
 
 
 def content_problem(source: str, photos_dir: Path | str | None = None, seeded: bool = True) -> str | None:
-    """Why a benchmark's content spec (``dead_leaves[:SEED]``, ``photo:NNN``, ``skimage:NAME`` or a file path) cannot
-    be read, or None: checked before a run starts, so a typo is a usage error, not a traceback minutes in.
+    """Why a benchmark's content spec (``dead_leaves[:SEED]``, ``photo:NNN``, ``skimage:NAME``, ``pattern:NAME``, a
+    test scene of :mod:`lab.synth.scenes`, or a file path) cannot be read, or None: checked before a run starts, so a
+    typo is a usage error, not a traceback minutes in.
     ``seeded``: whether ``dead_leaves`` may carry a seed."""
     if source == "dead_leaves" or source.startswith("dead_leaves:"):
         seed = source.partition(":")[2]
         if seed and not seeded:
             return "dead_leaves takes no seed here (--seed sets it)"
         return None if not seed or seed.isdigit() else f"dead_leaves seed {seed!r} is not a whole number"
+    if source.startswith("pattern:"):
+        from lab.synth.scenes import SCENES
+
+        name = source.split(":", 1)[1]
+        return None if name in SCENES else f"no test scene {name!r} (one of {', '.join(SCENES)})"
     try:
         if source.startswith("skimage:"):
             import skimage.data

@@ -113,6 +113,23 @@ def test_tiny_benchmark_run_writes_json_and_crops(tmp_path: Path, capsys: pytest
     assert "PSNR" in capsys.readouterr().out
 
 
+def test_the_artefact_benchmark_scores_a_test_scene_at_every_phase(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--artefacts renders each content at the four CFA phases and adds its artefact measure (classical here)."""
+    out = tmp_path / "a.json"
+    rc = quality_cli.main(["--artefacts", "--scale", "0.02", "--levels", "none", "--content", "pattern:checker",
+                           "--device", "cpu", "--methods", "classical_v1.strata,libraw_ahd", "--json", str(out),
+                           "--quiet"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert sorted(r["cfa"] for r in report["rows"] if r["method"] == "classical_v1") == sorted(
+        ("RGGB", "BGGR", "GRBG", "GBRG"))
+    assert all(r["chroma_err"] >= 0 for r in report["rows"])
+    (entry,) = [e for e in report["artefacts"] if e["method"] == "libraw_ahd"]
+    assert entry["content"] == "pattern:checker" and len(entry["phases"]) == 4 and entry["chroma_err"] < 5
+    assert "chroma" in capsys.readouterr().out
+
+
 def test_auto_ensemble_renders_as_the_best_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``PACKAGE@auto`` (a default method) renders with the orientations the best tier picks for the shot: two
     on a clean shot, one at mid noise; ``@N`` forces N."""
