@@ -82,6 +82,11 @@ def _woven(rng: np.random.Generator, yy: Tensor, xx: Tensor, kind: str) -> Tenso
     return _square(yy + slope * xx, stripe, duty, float(rng.random()))
 
 
+def _cell_hash(row: Tensor, col: Tensor, seed: float) -> Tensor:
+    """A pseudo-random value in [0, 1) per (row, col) cell, computed on the device (no host-to-device copy)."""
+    return torch.remainder(torch.sin(row * 12.9898 + col * 78.233 + seed) * 43758.5453, 1.0)
+
+
 def _strokes(rng: np.random.Generator, yy: Tensor, xx: Tensor) -> Tensor:
     """Text-like strokes: rows of glyph cells, each a random set of bars 1-2 px wide (top, middle, bottom, left,
     right, diagonal, as on a segment display), some cells blank (spaces): (H, W) in {0, 1}."""
@@ -98,13 +103,13 @@ def _strokes(rng: np.random.Generator, yy: Tensor, xx: Tensor) -> Tensor:
         ((ly - gh + m).abs() < width / 2) & inside_x, ((lx - m).abs() < width / 2) & inside_y,
         ((lx - gw + m).abs() < width / 2) & inside_y, ((lx - m - slope * (ly - m)).abs() < width / 2) & inside_y,
     ]).float()  # (6, H, W)
-    rows = int(float(yy.max()) // line) + 1
-    cols = int(float(xx.max()) // (gw + 1.0)) + 1
-    bits = torch.as_tensor(rng.random((rows, cols, 6)) < 0.4, dtype=torch.float32, device=yy.device)
-    bits *= torch.as_tensor(rng.random((rows, cols, 1)) > 0.2, dtype=torch.float32, device=yy.device)
-    row = torch.div(yy, line, rounding_mode="floor").long()
-    cell = bits[row, torch.div(xx, gw + 1.0, rounding_mode="floor").long()]
-    return (segments * cell.permute(2, 0, 1)).amax(dim=0)
+    row = torch.div(yy, line, rounding_mode="floor")
+    col = torch.div(xx, gw + 1.0, rounding_mode="floor")
+    seed = float(rng.uniform(0.0, 1000.0))
+    on = [_cell_hash(row, col, seed + 17.0 * k) < 0.4 for k in range(6)]  # the segments each cell draws
+    blank = _cell_hash(row, col, seed + 101.0) < 0.2  # spaces between words
+    cell = torch.stack(on).float() * (~blank).float()  # (6, H, W)
+    return (segments * cell).amax(dim=0)
 
 
 def _texture(rng: np.random.Generator, yy: Tensor, xx: Tensor) -> Tensor:
@@ -143,9 +148,8 @@ def _flat(rng: np.random.Generator) -> np.ndarray:
     return rng.random(3)
 
 
-def _layout_mask(rng: np.random.Generator, yy: Tensor, xx: Tensor, layout: str) -> Tensor:
-    """Where the texture is (1) and the flat area is (0): (H, W)."""
-    size = float(yy.max()) + 1
+def _layout_mask(rng: np.random.Generator, yy: Tensor, xx: Tensor, layout: str, size: float) -> Tensor:
+    """Where the texture is (1) and the flat area is (0): (H, W) over a ``size`` x ``size`` crop."""
     if layout == "full":
         return torch.ones_like(yy)
     if layout == "beside_flat":  # a straight edge at a random angle through a random point of the middle half
@@ -169,14 +173,14 @@ def hard_pattern(rng: np.random.Generator, size: int, device: torch.device | str
     grid = (torch.arange(n, device=device, dtype=torch.float32) + 0.5) / ss - 0.5  # output-pixel units
     yy, xx = torch.meshgrid(grid, grid, indexing="ij")
     t = _texture(rng, yy, xx)
-    c0, c1 = (torch.as_tensor(c, dtype=torch.float32, device=device).view(3, 1, 1) for c in _colours(rng))
-    img = c0 * (1 - t) + c1 * t  # (3, n, n)
+    c0, c1 = _colours(rng)  # Python scalars only below: no host-to-device copy, no wait for the device
+    img = torch.stack([float(c0[k]) + float(c1[k] - c0[k]) * t for k in range(3)])  # (3, n, n)
     layout = LAYOUTS[int(rng.choice(len(LAYOUTS), p=_LAYOUT_P))]
     if layout == "full" and rng.random() < 0.3:  # a soft illumination gradient
         img = img * (1 + float(rng.normal(0.0, 0.2)) * (yy / n - 0.5))
-    mask = _layout_mask(rng, yy, xx, layout)
-    flat = torch.as_tensor(_flat(rng), dtype=torch.float32, device=device).view(3, 1, 1)
-    img = mask * img + (1 - mask) * flat
+    mask = _layout_mask(rng, yy, xx, layout, float(size))
+    flat = _flat(rng)
+    img = mask * img + (1 - mask) * torch.stack([torch.full_like(mask, float(v)) for v in flat])
     if ss > 1:
         img = torch.nn.functional.avg_pool2d(img[None], ss)[0]
     return img.clamp(0.0, 1.0)
