@@ -29,7 +29,7 @@ unprocessing; until then this module is the reference and its constants are the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +96,17 @@ RECIPES: dict[str, Recipe] = {
     "patterns": Recipe("patterns", {"photos": 0.5, "skimage": 0.0, "dead_leaves": 0.35, "patterns": 0.0, "hard": 0.15},
                        upscale_share=0.5, upscale_max=3.0, saturation_share=0.2, gray_share=0.15),
 }
+
+
+def with_hard_share(recipe: Recipe, share: float) -> Recipe:
+    """``recipe`` with a share ``share`` of its crops drawn by :func:`training.patterns.hard_pattern` (source
+    ``hard``), the other sources scaled to keep their proportions (``--hard-share``)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"hard share must be in [0, 1), got {share}")
+    rest = {k: v for k, v in recipe.weights.items() if k != "hard"}
+    total = sum(rest.values())
+    weights = {**{k: v * (1.0 - share) / total for k, v in rest.items()}, "hard": share}
+    return replace(recipe, name=f"{recipe.name}-hard{share:g}", weights=weights)
 
 
 # ----------------------------------------------------------------------------------------------- content
@@ -607,4 +618,4 @@ __all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "REC
            "RawBatch", "Recipe", "StackBatch", "TrainingSource", "aligned", "dead_leaves", "held_out_batches",
            "held_out_other_source", "held_out_stacks", "load_photos", "mosaic_of", "pattern_image", "photo_paths",
            "rgb_to_cam", "sample_noise", "scene_variety", "skimage_images", "stack_of", "stack_told",
-           "training_batch", "training_stack_batch", "unprocess"]
+           "training_batch", "training_stack_batch", "unprocess", "with_hard_share"]

@@ -165,6 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="v1: the fast packages; v2: strata_jdd_v2, the best package; frames: the stacks' frames' "
                    "package, trained on stacks")
     p.add_argument("--recipe", choices=sorted(data.RECIPES), default=None, help="data recipe (default: the package's)")
+    p.add_argument("--hard-share", type=float, default=None,
+                   help="share of crops of procedural hard content (training/patterns.py), the recipe's other "
+                   "sources scaled to make room (recipe patterns: 0.15)")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--crop", type=int, default=None, help="target crop (full-res pixels, even)")
     p.add_argument("--lr", type=float, default=None)
@@ -407,8 +410,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
              device)
     t0 = time.time()
     dl_pool, dl_size = (4, 96) if args.smoke else (48, 384)
+    recipe = data.RECIPES[args.recipe]
+    if args.hard_share is not None:
+        recipe = data.with_hard_share(recipe, args.hard_share)
     source = data.TrainingSource(args.photos, device, args.seed, dead_leaves_pool=dl_pool, dead_leaves_size=dl_size,
-                                 recipe=args.recipe)
+                                 recipe=recipe)
     eval_sets = data.held_out_batches(args.photos, device, size=64 if args.smoke else 192,
                                       per_photo=1 if args.smoke else 2, dead_leaves_count=2 if args.smoke else 8)
     log.info("content %s, held-out sets ready in %.1f s", source.describe(), time.time() - t0)

@@ -41,6 +41,10 @@ def test_the_patterns_recipe_mixes_hard_crops_into_soft() -> None:
     assert (recipe.upscale_share, recipe.upscale_max, recipe.gray_share) == (soft.upscale_share, soft.upscale_max,
                                                                              soft.gray_share)
     assert recipe.weights["skimage"] == 0
+    less = data.with_hard_share(recipe, 0.10)
+    assert less.weights["hard"] == pytest.approx(0.10) and sum(less.weights.values()) == pytest.approx(1.0)
+    assert less.weights["photos"] / less.weights["dead_leaves"] == pytest.approx(0.5 / 0.35)
+    assert data.with_hard_share(soft, 0.2).weights["hard"] == pytest.approx(0.2)
 
 
 def test_artefact_scenes_and_measures() -> None:
