@@ -208,6 +208,9 @@ class BatchCreate(BaseModel):
     on_window_end: str | None = Field(default=None, description="wait | skip; default STRATA_BATCH_WINDOW_MISSED.")
     paths: list[str] = Field(default_factory=list, description="Files or folders under STRATA_IMPORT_ROOT.")
     webhook_url: str | None = Field(default=None, description="http(s) URL told when the batch ends.")
+    sealed: bool = Field(default=True, description=(
+        "false: shots are still being uploaded; they render as they come, but the batch does not end before "
+        "POST /v1/batches/{id}/seal (a slow upload cannot end it half-way)."))
 
 
 class WebhookOut(BaseModel):
@@ -225,6 +228,7 @@ class BatchOut(BaseModel):
     not_before: dt.datetime | None
     not_after: dt.datetime | None
     on_window_end: str | None
+    sealed: bool = Field(default=True, description="false: more shots are coming; it does not end before sealed.")
     counts: dict[str, int] = Field(description="Shots by status: queued, running, done, failed, cancelled, not_run.")
     total: int
     shots_per_minute: float | None

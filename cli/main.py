@@ -22,6 +22,8 @@ from services.config import get_settings, settings_or_exit, unknown_variables
 from services.local_service import local_service, remember_local_service
 
 if TYPE_CHECKING:
+    import httpx
+
     from workers.launcher import Supervisor
 
 app = typer.Typer(help="Strata: asynchronous RAW render service. Exit codes: 0 ok, 1 a job failed, 2 bad usage, "
@@ -864,6 +866,8 @@ def batch_create(
     if not shots and not path:
         raise _fail("a batch needs shots: give files or folders, or --path", 2)
     body = _batch_body(name, recipe, priority, not_before, not_after, webhook, path)
+    if shots:  # open while this command uploads: a batch whose first shots render before the next arrives
+        body["sealed"] = False  # would otherwise end half-way and refuse the rest (409)
     url, tok = _api_token(api, token, data_dir)
     try:
         with connect(url, tok) as client:
@@ -878,9 +882,14 @@ def batch_create(
             console.print(f"batch {batch['id']} created ({batch.get('status')})")
             fields = {"camera": camera.value if camera else None, "recipes": recipe or [],
                       "priority": priority.value if priority else None}
-            upload_shots(client, results, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
-            with contextlib.suppress(SubmitError):  # as it is now, its shots counted
-                batch = call(client, "GET", f"/v1/batches/{batch['id']}")
+            try:
+                upload_shots(client, results, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
+            finally:  # also after a failed or interrupted upload: the batch ends with the shots it got
+                if shots:
+                    batch = _seal(client, batch)
+            if not shots:
+                with contextlib.suppress(SubmitError):  # as it is now, its imported shots counted
+                    batch = call(client, "GET", f"/v1/batches/{batch['id']}")
     except SubmitError as exc:
         raise _exit_for(exc) from exc
     if as_json:
@@ -889,6 +898,36 @@ def batch_create(
         _stdout().print(f"batch {batch['id']}: {sum(r.job is not None for r in results)} of {len(results)} "
                         f"shot(s) uploaded")
     raise typer.Exit(exit_code(results))
+
+
+def _seal(client: httpx.Client, batch: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/batches/{id}/seal (retried); the batch as it is then, or as it was where the seal failed."""
+    from cli.client import SubmitError, call, with_retry
+
+    try:
+        return dict(with_retry(lambda: call(client, "POST", f"/v1/batches/{batch['id']}/seal"), console))
+    except SubmitError as exc:
+        console.print(f"[yellow]could not seal batch {batch['id']} ({exc}): it will not end before "
+                      f"`strata batch seal {batch['id']}`[/]")
+        return batch
+
+
+@batch_app.command("seal")
+def batch_seal(batch_id: str, as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+               data_dir: DataDir = None) -> None:
+    """No more shots are coming (POST /v1/batches/{id}/seal): the batch ends once its shots are over."""
+    from cli.client import SubmitError, call, connect
+
+    url, tok = _api_token(api, token, data_dir)
+    try:
+        with connect(url, tok) as client:
+            batch = call(client, "POST", f"/v1/batches/{batch_id}/seal")
+    except SubmitError as exc:
+        raise _exit_for(exc) from exc
+    if as_json:
+        _print_json(batch)
+    else:
+        _stdout().print(f"batch {batch['id']} sealed ({batch['status']})")
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -54,7 +54,7 @@ def _create_batch(body: BatchCreate, session: SessionDep, station: StationDep) -
     request = service.BatchRequest(
         name=body.name, recipes=tuple(body.recipes), priority=body.priority, not_before=body.not_before,
         not_after=body.not_after, on_window_end=body.on_window_end, paths=tuple(body.paths),
-        webhook_url=body.webhook_url)
+        webhook_url=body.webhook_url, sealed=body.sealed)
     batch = service.create_batch(session, get_storage(), get_settings(), station, request)
     out = _out(session, batch)
     out.webhook_secret = batch.webhook_secret
@@ -99,6 +99,12 @@ def batch_report(batch_id: str, session: SessionDep, station: StationDep,
             "Content-Disposition": f'attachment; filename="batch-{batch.id}.csv"'})
     return BatchReport(batch=BatchOut.model_validate(reports.summary(batch, jobs)),
                        shots=[ShotOut.model_validate(asdict(r)) for r in rows])
+
+
+@router.post("/{batch_id}/seal", response_model=BatchOut, responses=SHOT_ERRORS,
+             summary="No more shots are coming: the batch ends once its shots are over")
+def seal_batch(batch_id: str, session: SessionDep, station: StationDep) -> BatchOut:
+    return _out(session, service.seal_batch(session, station, batch_id))
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchOut, responses=ERRORS,

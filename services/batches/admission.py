@@ -112,10 +112,10 @@ def _admit(session: Session, closed: set[str], free: int, now: dt.datetime) -> l
 
 
 def finish_batches(session: Session, now: dt.datetime) -> list[str]:
-    """Batches with shots, none of them active: done (some rendered) or failed (none did). Claimed with a
-    conditional UPDATE, so exactly one pass reports each."""
+    """Sealed batches with shots, none of them active: done (some rendered) or failed (none did). Claimed with
+    a conditional UPDATE, so exactly one pass reports each."""
     finished = []
-    for b in session.scalars(select(Batch).where(Batch.status.in_(UNFINISHED))).all():
+    for b in session.scalars(select(Batch).where(Batch.status.in_(UNFINISHED), Batch.sealed.is_(True))).all():
         total, active, done = session.execute(select(
             func.count(), func.count().filter(Job.status.in_(ACTIVE)), func.count().filter(
                 Job.status == JobStatus.DONE)).where(Job.batch_id == b.id)).one()

@@ -112,7 +112,7 @@ def summary(batch: Batch, jobs: list[Job], now: dt.datetime | None = None) -> di
     return {
         "id": batch.id, "name": batch.name, "status": batch.status, "recipes": list(batch.recipes),
         "priority": batch.priority, "not_before": _iso(batch.not_before), "not_after": _iso(batch.not_after),
-        "on_window_end": batch.on_window_end, "counts": p.counts, "total": p.total,
+        "on_window_end": batch.on_window_end, "sealed": batch.sealed is not False, "counts": p.counts, "total": p.total,
         "shots_per_minute": p.shots_per_minute, "eta": _iso(p.eta), "webhook_url": batch.webhook_url,
         "webhook": {"attempts": batch.webhook_attempts, "last_status": batch.webhook_status,
                     "delivered_at": _iso(batch.webhook_delivered_at)},

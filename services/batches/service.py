@@ -40,6 +40,7 @@ class BatchRequest:
     on_window_end: str | None = None
     paths: tuple[str, ...] = ()
     webhook_url: str | None = None
+    sealed: bool = True  # False: more shots are coming (uploads); the batch does not end before it is sealed
 
 
 def _validated(request: BatchRequest, settings: Settings) -> Batch:
@@ -60,7 +61,7 @@ def _validated(request: BatchRequest, settings: Settings) -> Batch:
     return Batch(id=new_id(), name=request.name.strip()[:200], status=status, recipes=recipes, priority=priority,
                  not_before=window.not_before, not_after=window.not_after, on_window_end=missed or None,
                  webhook_url=url, webhook_secret=secrets.token_hex(32) if url else None, webhook_attempts=0,
-                 created_at=now)
+                 sealed=request.sealed, created_at=now)
 
 
 def create_batch(session: Session, storage: Storage, settings: Settings, station: Station, request: BatchRequest
@@ -161,6 +162,17 @@ def shot_status(job: Job) -> str:
     if job.status == JobStatus.CANCELLED and (job.error or "").startswith(NOT_RUN_PREFIX):
         return NOT_RUN
     return str(job.status)
+
+
+def seal_batch(session: Session, station: Station, batch_id: str) -> Batch:
+    """No more shots are coming: the batch ends once every shot it has is over (at the next admission pass).
+    Sealing a sealed or ended batch changes nothing."""
+    batch = get_batch(session, station, batch_id)  # its station's or an admin's, as cancel
+    if not batch.sealed:
+        execute_update(session, update(Batch).where(Batch.id == batch_id).values(sealed=True))
+        session.commit()
+        session.refresh(batch)
+    return batch
 
 
 def cancel_batch(session: Session, storage: Storage, station: Station, batch_id: str) -> Batch:

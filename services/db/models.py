@@ -6,7 +6,19 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    true,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -130,6 +142,9 @@ class Batch(Base):
     not_after: Mapped[dt.datetime | None] = mapped_column(default=None)
     on_window_end: Mapped[str | None] = mapped_column(String(8), default=None)  # wait | skip; None = the setting
     webhook_url: Mapped[str | None] = mapped_column(String(2000), default=None)
+    # False while its creator still uploads shots: the batch renders them as they come but does not end before
+    # it is sealed (POST /v1/batches/{id}/seal), so a slow upload cannot end it half-way.
+    sealed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     webhook_secret: Mapped[str | None] = mapped_column(String(128), default=None)
     webhook_attempts: Mapped[int] = mapped_column(Integer, default=0)
     webhook_status: Mapped[str | None] = mapped_column(String(200), default=None)  # last HTTP status or error

@@ -184,6 +184,36 @@ def test_admission_limits_the_lane_then_ends_the_batch(client: TestClient, auth:
     assert got["finished_at"] and got["shots_per_minute"] is not None
 
 
+def test_an_unsealed_batch_renders_its_shots_but_ends_only_once_sealed(client: TestClient, auth: dict[str, str],
+                                                                      synth_dir: Path) -> None:
+    """Found from outside: `strata batch create NAME DIR` over a slow link rendered the first shots before the next
+    upload came, the batch ended, and the rest were refused (409). A batch created ``sealed: false`` renders its
+    shots as they come and ends only once sealed; the seal is its station's (or an admin's)."""
+    batch = _create(client, auth, sealed=False)
+    assert batch["sealed"] is False and batch["status"] == "open"
+    data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()
+    first = client.post(f"/v1/batches/{batch['id']}/shots", headers=auth, files=[("frames", ("a.dng", data))]).json()
+    settings = get_settings()
+    with session_scope() as session:
+        assert [j for j, _ in admission_pass(session, settings, capacity=2).ingest] == [first["id"]]
+    _finish(first["id"], "done")
+    with session_scope() as session:
+        assert admission_pass(session, settings, capacity=2).finished == []  # more shots are coming
+    second = client.post(f"/v1/batches/{batch['id']}/shots", headers=auth, files=[("frames", ("b.dng", data))])
+    assert second.status_code == 202, second.text
+    assert client.post(f"/v1/batches/{batch['id']}/seal", headers=_token("station-b")).status_code == 404
+    sealed = client.post(f"/v1/batches/{batch['id']}/seal", headers=auth)
+    assert sealed.status_code == 200 and sealed.json()["sealed"] is True and sealed.json()["total"] == 2
+    with session_scope() as session:
+        admission_pass(session, settings, capacity=2)
+    _finish(second.json()["id"], "done")
+    with session_scope() as session:
+        assert admission_pass(session, settings, capacity=2).finished == [batch["id"]]
+    done = client.post(f"/v1/batches/{batch['id']}/seal", headers=auth).json()  # sealing again: no change
+    assert done["status"] == "done" and done["counts"]["done"] == 2
+    assert _create(client, auth)["sealed"] is True  # the default: sealed, ends when its shots are over
+
+
 def test_closed_window_admits_nothing_and_skip_reports_not_run(client: TestClient, auth: dict[str, str],
                                                                import_root: Path) -> None:
     now = utcnow()

@@ -178,16 +178,18 @@ def test_batch_create_posts_the_batch_then_uploads_each_shot(api: FakeApi, tmp_p
         _raw(tmp_path / f"s_{i:02d}.dng")
     api.route("POST", "/v1/batches", (201, {"id": "b1", "status": "waiting", "counts": {}}))
     api.route("POST", "/v1/batches/b1/shots", lambda s: (202, job(f"j{len(api.seen)}")))
+    api.route("POST", "/v1/batches/b1/seal", (200, {"id": "b1", "status": "running", "sealed": True, "counts": {}}))
     done = runner.invoke(app, ["batch", "create", "night", str(tmp_path), "--recipe", "tiff16", "--priority",
                                "batch", "--not-before", "2026-12-01T22:00+01:00", "--webhook",
                                "https://dam.example/hook", "--json", *_auth(api)])
     assert done.exit_code == 0, done.output
     assert api.calls("POST", "/v1/batches")[0].json() == {
         "name": "night", "recipes": ["tiff16"], "priority": "batch", "not_before": "2026-12-01T22:00+01:00",
-        "webhook_url": "https://dam.example/hook"}
+        "webhook_url": "https://dam.example/hook", "sealed": False}  # open while the uploads go on
     assert len(api.calls("POST", "/v1/batches/b1/shots")) == 3
+    assert [c.path for c in api.seen if c.method == "POST"][-1] == "/v1/batches/b1/seal"  # sealed after them
     body = json.loads(done.stdout)
-    assert body["batch"]["id"] == "b1" and [s["status"] for s in body["shots"]] == ["queued"] * 3
+    assert body["batch"]["sealed"] is True and [s["status"] for s in body["shots"]] == ["queued"] * 3
 
 
 def test_batch_create_refuses_bad_times_and_webhooks_before_calling(api: FakeApi, tmp_path: Path) -> None:
