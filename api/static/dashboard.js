@@ -343,7 +343,8 @@
   function updateBatch(li, b) {
     const p = rowParts.get(li), c = b.counts || {}, done = c.done || 0;
     setText(p.name, b.name); setTitle(p.name, b.name);
-    setText(p.status, b.status);
+    // an unsealed batch: its station is still uploading shots, so it cannot end yet (POST /v1/batches/{id}/seal)
+    setText(p.status, b.status + (b.sealed === false && BATCH_OPEN.includes(b.status) ? " · uploading" : ""));
     const value = b.total ? done / b.total : 0;
     setProgress(p.bar, value, "done " + pct(value));
     const extra = ["failed", "cancelled", "not_run"].filter((k) => c[k]).map((k) => c[k] + " " + k.replace("_", " "));

@@ -280,7 +280,8 @@ def test_batches_a_failed_shot_a_long_name_and_paging(service: Service, browser:
     auth = {"Authorization": f"Bearer {service.tokens['a']}"}
     night = httpx.post(f"{service.url}/v1/batches", json={"name": "Night run"}, headers=auth, timeout=30).json()
     later = httpx.post(f"{service.url}/v1/batches", headers=auth, timeout=30, json={
-        "name": "Tomorrow's catalogue", "not_before": (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).isoformat()})
+        "name": "Tomorrow's catalogue", "not_before": (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).isoformat(),
+        "sealed": False})  # its shots still being uploaded
     assert later.status_code == 201 and later.json()["status"] == "scheduled", later.text
     r = httpx.post(f"{service.url}/v1/batches/{night['id']}/shots", files=[("frames", (LONG_NAME, _broken_raw()))],
                    headers=auth, timeout=60)
@@ -303,7 +304,8 @@ def test_batches_a_failed_shot_a_long_name_and_paging(service: Service, browser:
     _until(lambda: items["Night run"].text.startswith("Night run failed\n0/1 done · 1 failed"), 30,
            "the night run's status and counts")
     assert not items["Night run"].find_element(By.XPATH, ".//button[.='Cancel batch']").is_displayed()
-    assert "scheduled" in items["Tomorrow's catalogue"].text and "starts" in items["Tomorrow's catalogue"].text
+    assert "scheduled · uploading" in items["Tomorrow's catalogue"].text
+    assert "starts" in items["Tomorrow's catalogue"].text
     browser.execute_script(RECORD_FETCH)
     items["Night run"].find_element(By.XPATH, ".//button[.='Report (CSV)']").click()
     _until(lambda: [c["status"] for c in _calls(browser, "/report?format=csv")] == [200], 20, "the report")
