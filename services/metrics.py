@@ -120,8 +120,10 @@ SHARD_SECONDS = Histogram("strata_shard_seconds", "Seconds of one shard task on 
                           buckets=_STAGE_BUCKETS)
 PREVIEW_SECONDS = Histogram("strata_preview_seconds", "Seconds to make and write a preview.", ["kind"],
                             buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5))
+# ``worker`` (the Celery node name, e.g. cpu0@host) tells apart workers sharing a ``gpu`` id: CPU workers all say
+# "cpu", and each compose GPU container sees its own card as "0". One series per worker process name.
 GPU_BUSY_SECONDS = Counter("strata_gpu_busy_seconds",
-                           "Seconds a worker spent computing shards (summed over its threads).", ["gpu"])
+                           "Seconds a worker spent computing shards (summed over its threads).", ["worker", "gpu"])
 BYTES_UPLOADED = Counter("strata_bytes_uploaded", "Bytes of RAW frames received.")
 BYTES_WRITTEN = Counter("strata_bytes_written", "Bytes of outputs written.")
 RETRIES = Counter("strata_retries", "Task attempts retried (shards after a failure, steps after a transient error).",

@@ -253,7 +253,7 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
     finally:
         seconds = time.perf_counter() - t0
         SHARD_SECONDS.labels(kind=outcome.kind if outcome is not None else "unfinished").observe(seconds)
-        GPU_BUSY_SECONDS.labels(gpu=ctx.gpu).inc(seconds)
+        GPU_BUSY_SECONDS.labels(worker=ctx.name, gpu=ctx.gpu).inc(seconds)
     if outcome.phase_complete:
         dispatch_advance(outcome.job_id, outcome.priority)
 

@@ -124,7 +124,8 @@
     if (job.status !== "running" || job.progress < 0.05) return null;
     const e = elapsed(job); return e === null ? null : e * (1 - job.progress) / job.progress;
   }
-  function gpus(job) { return [...new Set(job.shards.map((s) => s.gpu).filter(Boolean))].join(", ") || "–"; }
+  // the workers (node names) its shards ran on: a shard's ``gpu`` alone repeats across workers ("cpu", compose "0")
+  function gpus(job) { return [...new Set(job.shards.map((s) => s.worker || s.gpu).filter(Boolean))].join(", ") || "–"; }
   function frameName(f) { return f.original_name || f.name; }
   function shotName(job) { return job.frames.length ? frameName(job.frames[0]) + (job.frames.length > 1 ? " (+" + (job.frames.length - 1) + ")" : "") : job.id; }
   function pct(x) { return Math.round(x * 100) + "%"; }
