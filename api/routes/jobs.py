@@ -215,10 +215,13 @@ def get_job(job_id: str, session: SessionDep, station: StationDep) -> JobOut:
 PREVIEW_MAX_AGE_S = 5  # short: a fast preview is replaced by the render's when the job is done
 
 
-@router.get("/{job_id}/preview", response_class=Response, responses={**ERRORS, 200: {"content": {"image/jpeg": {}}},
-                                                                     304: {"description": "Not modified"}},
+PREVIEW_RESPONSES: dict[int | str, dict] = {**ERRORS, 200: {"content": {"image/jpeg": {}}},
+                                             304: {"description": "Not modified"}}
+
+
+@router.get("/{job_id}/preview", response_class=Response, responses=PREVIEW_RESPONSES,
             summary="The job's JPEG preview (ETag; If-None-Match answers 304; HEAD: its headers)")
-@router.head("/{job_id}/preview", responses={**ERRORS, 304: {"description": "Not modified"}},
+@router.head("/{job_id}/preview", response_class=Response, responses=PREVIEW_RESPONSES,  # the GET's media type
              summary="The preview's headers (no body)")
 def get_preview(job_id: str, session: SessionDep, station: StationDep,
                 if_none_match: Annotated[str | None, Header()] = None) -> Response:
@@ -268,12 +271,16 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
     return start, end
 
 
+_OUTPUT_200: dict = {"content": {"image/tiff": {}, "image/jpeg": {}, "image/png": {}}}
+_OUTPUT_307: dict = {"description": "STRATA_S3_DOWNLOADS=redirect: to a pre-signed URL (Location)."}
+
+
 @router.get("/{job_id}/outputs/{name}",
-            responses={**ERRORS, 200: {"content": {"image/tiff": {}, "image/jpeg": {}, "image/png": {}}},
-                       206: {"description": "The bytes of a `Range` request (Content-Range)."},
-                       307: {"description": "STRATA_S3_DOWNLOADS=redirect: to a pre-signed URL (Location)."}},
+            responses={**ERRORS, 200: _OUTPUT_200,
+                       206: {"description": "The bytes of a `Range` request (Content-Range)."}, 307: _OUTPUT_307},
             response_class=Response, summary="Download an output (Range supported; HEAD answers the headers)")
-@router.head("/{job_id}/outputs/{name}", responses=ERRORS, summary="An output's headers (no body)")
+@router.head("/{job_id}/outputs/{name}", responses={**ERRORS, 200: _OUTPUT_200, 307: _OUTPUT_307},
+             response_class=Response, summary="An output's headers (no body)")
 def download_output(
     job_id: str, name: str, request: Request, session: SessionDep, station: StationDep,
     range_header: Annotated[str | None, Header(alias="range")] = None,

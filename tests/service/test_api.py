@@ -309,3 +309,15 @@ def test_the_job_names_the_source_camera(client: TestClient, auth: dict[str, str
     r = client.post("/v1/jobs", headers=auth, files=[("frames", ("f.dng", _frame(synth_dir)))])
     source = client.get(f"/v1/jobs/{r.json()['id']}", headers=auth).json()["source_camera"]
     assert source["layout"] == "bayer" and source["make"] == "Phase One"
+
+
+def test_openapi_head_routes_document_the_get_media_types(client: TestClient) -> None:
+    """A HEAD answers the GET's headers, Content-Type included: its 200 is documented with the GET's media types
+    (found from outside: HEAD preview and output were documented as application/json while they answer
+    image/jpeg and image/tiff|jpeg|png), and an output's HEAD documents the S3 redirect (307) as its GET does."""
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/v1/jobs/{job_id}", "/v1/jobs/{job_id}/preview", "/v1/jobs/{job_id}/outputs/{name}"):
+        get, head = paths[path]["get"]["responses"], paths[path]["head"]["responses"]
+        assert set(head["200"]["content"]) == set(get["200"]["content"]), path
+        assert {"404", "410"} <= set(head), path
+    assert "307" in paths["/v1/jobs/{job_id}/outputs/{name}"]["head"]["responses"]
