@@ -887,6 +887,8 @@ def batch_create(
             finally:  # also after a failed or interrupted upload: the batch ends with the shots it got
                 if shots:
                     batch = _seal(client, batch)
+                    if batch.get("sealed") and batch.get("total") == 0:  # none got there: an empty batch would
+                        batch = _cancel_empty(client, batch)  # never end (it waits for shots), so it is cancelled
             if not shots:
                 with contextlib.suppress(SubmitError):  # as it is now, its imported shots counted
                     batch = call(client, "GET", f"/v1/batches/{batch['id']}")
@@ -910,6 +912,21 @@ def _seal(client: httpx.Client, batch: dict[str, Any]) -> dict[str, Any]:
         console.print(f"[yellow]could not seal batch {batch['id']} ({exc}): it will not end before "
                       f"`strata batch seal {batch['id']}`[/]")
         return batch
+
+
+def _cancel_empty(client: httpx.Client, batch: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/batches/{id}/cancel (retried) for a batch none of whose shots was uploaded; the batch as it is
+    then, or as it was where the cancel failed."""
+    from cli.client import SubmitError, call, with_retry
+
+    try:
+        batch = dict(with_retry(lambda: call(client, "POST", f"/v1/batches/{batch['id']}/cancel"), console))
+    except SubmitError as exc:
+        console.print(f"[yellow]no shot was uploaded and batch {batch['id']} could not be cancelled ({exc}): "
+                      f"`strata batch cancel {batch['id']}`[/]")
+        return batch
+    console.print(f"[yellow]no shot was uploaded: batch {batch['id']} cancelled[/]")
+    return batch
 
 
 @batch_app.command("seal")

@@ -192,6 +192,34 @@ def test_batch_create_posts_the_batch_then_uploads_each_shot(api: FakeApi, tmp_p
     assert body["batch"]["sealed"] is True and [s["status"] for s in body["shots"]] == ["queued"] * 3
 
 
+def test_batch_create_with_no_shot_uploaded_cancels_its_empty_batch(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: `strata batch create NAME DIR` whose every upload was refused (422) or interrupted
+    before the first one arrived sealed a batch of no shots, which waits for shots and so stayed `open` for good
+    (no webhook; `batch download --wait` waited a day). None uploaded: the batch is cancelled after its seal."""
+    _raw(tmp_path / "broken.dng")
+    api.route("POST", "/v1/batches", (201, {"id": "b1", "status": "open", "sealed": False, "total": 0, "counts": {}}))
+    api.route("POST", "/v1/batches/b1/shots", (422, {"type": "not_a_raw_file", "detail": "not a RAW file"}))
+    api.route("POST", "/v1/batches/b1/seal", (200, {"id": "b1", "status": "open", "sealed": True, "total": 0,
+                                                    "counts": {}}))
+    api.route("POST", "/v1/batches/b1/cancel", (200, {"id": "b1", "status": "cancelled", "sealed": True,
+                                                      "total": 0, "counts": {}}))
+    done = runner.invoke(app, ["batch", "create", "night", str(tmp_path), "--json", *_auth(api)])
+    assert done.exit_code == 1, done.output  # its shot was refused
+    assert [c.path for c in api.seen if c.method == "POST"][-2:] == ["/v1/batches/b1/seal", "/v1/batches/b1/cancel"]
+    assert json.loads(done.stdout)["batch"]["status"] == "cancelled"
+
+
+def test_batch_create_with_a_shot_uploaded_does_not_cancel(api: FakeApi, tmp_path: Path) -> None:
+    _raw(tmp_path / "a.dng")
+    api.route("POST", "/v1/batches", (201, {"id": "b1", "status": "open", "sealed": False, "total": 0, "counts": {}}))
+    api.route("POST", "/v1/batches/b1/shots", lambda s: (202, job("j1")))
+    api.route("POST", "/v1/batches/b1/seal", (200, {"id": "b1", "status": "running", "sealed": True, "total": 1,
+                                                    "counts": {}}))
+    done = runner.invoke(app, ["batch", "create", "night", str(tmp_path), "--json", *_auth(api)])
+    assert done.exit_code == 0, done.output
+    assert not api.calls("POST", "/v1/batches/b1/cancel")
+
+
 def test_batch_create_refuses_bad_times_and_webhooks_before_calling(api: FakeApi, tmp_path: Path) -> None:
     f = _raw(tmp_path / "a.dng")
     late = runner.invoke(app, ["batch", "create", "n", str(f), "--not-after", "tonight", *_auth(api)])
