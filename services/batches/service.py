@@ -168,7 +168,7 @@ def seal_batch(session: Session, station: Station, batch_id: str) -> Batch:
     """No more shots are coming: the batch ends once every shot it has is over (at the next admission pass).
     Sealing a sealed or ended batch changes nothing."""
     batch = get_batch(session, station, batch_id)  # its station's or an admin's, as cancel
-    if not batch.sealed:
+    if not batch.sealed and batch.status in UNFINISHED:
         execute_update(session, update(Batch).where(Batch.id == batch_id).values(sealed=True))
         session.commit()
         session.refresh(batch)
