@@ -887,8 +887,8 @@ def batch_create(
             finally:  # also after a failed or interrupted upload: the batch ends with the shots it got
                 if shots:
                     batch = _seal(client, batch)
-                    if batch.get("sealed") and batch.get("total") == 0:  # none got there: an empty batch would
-                        batch = _cancel_empty(client, batch)  # never end (it waits for shots), so it is cancelled
+                    if batch.get("sealed") and batch.get("total") == 0 and batch.get("status") != "cancelled":
+                        batch = _cancel_empty(client, batch)  # none got there (a service that does not cancel it)
             if not shots:
                 with contextlib.suppress(SubmitError):  # as it is now, its imported shots counted
                     batch = call(client, "GET", f"/v1/batches/{batch['id']}")

@@ -165,11 +165,15 @@ def shot_status(job: Job) -> str:
 
 
 def seal_batch(session: Session, station: Station, batch_id: str) -> Batch:
-    """No more shots are coming: the batch ends once every shot it has is over (at the next admission pass).
-    Sealing a sealed or ended batch changes nothing."""
+    """No more shots are coming: the batch ends once every shot it has is over (at the next admission pass); one
+    that got no shot at all ends cancelled now (an empty batch otherwise waits for shots for good). Sealing a
+    sealed or ended batch changes nothing."""
     batch = get_batch(session, station, batch_id)  # its station's or an admin's, as cancel
     if not batch.sealed and batch.status in UNFINISHED:
-        execute_update(session, update(Batch).where(Batch.id == batch_id).values(sealed=True))
+        empty = not batch_jobs(session, batch)
+        values = {"status": BatchStatus.CANCELLED, "finished_at": utcnow()} if empty else {}
+        execute_update(session, update(Batch).where(Batch.id == batch_id, Batch.status.in_(UNFINISHED))
+                       .values(sealed=True, **values))
         session.commit()
         session.refresh(batch)
     return batch

@@ -212,6 +212,9 @@ def test_an_unsealed_batch_renders_its_shots_but_ends_only_once_sealed(client: T
     done = client.post(f"/v1/batches/{batch['id']}/seal", headers=auth).json()  # sealing again: no change
     assert done["status"] == "done" and done["counts"]["done"] == 2
     assert _create(client, auth)["sealed"] is True  # the default: sealed, ends when its shots are over
+    empty = _create(client, auth, sealed=False)  # sealed before any shot came: nothing will, it ends now
+    gone = client.post(f"/v1/batches/{empty['id']}/seal", headers=auth).json()
+    assert gone["status"] == "cancelled" and gone["total"] == 0 and gone["finished_at"]
 
 
 def test_closed_window_admits_nothing_and_skip_reports_not_run(client: TestClient, auth: dict[str, str],
