@@ -236,6 +236,11 @@ class Settings(BaseSettings):
         "frames, no strips to stitch; the same on every group, so the fusion stays exact): float16 took 0.064 s a "
         "50 MP frame against 0.071 s in bfloat16, stacks within 0.022 dB of it (docs/PERFORMANCE.md). The CPU "
         "computes as the strips (float32).")
+    stack_warp: Literal["bicubic", "lanczos3"] = Field(
+        default="bicubic", description="How a stack frame's render is resampled onto the reference: bicubic or "
+        "lanczos3 (keeps more detail near the finest scale at sub-pixel shifts: photo stacks +0.08..+0.19 dB, a "
+        "zone plate +1.2 dB, docs/QUALITY.md; but about 0.96 s more per 8-frame 50 MP stack on an H100, "
+        "docs/PERFORMANCE.md). Set it alike on every host: a shot's frame groups must warp alike.")
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")

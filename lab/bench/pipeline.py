@@ -57,8 +57,11 @@ class Timer:
         return out
 
 
-def procedural_mosaic(height: int, width: int, seed: int, shift: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
-    """A (H, W) uint16 Bayer mosaic of smooth random colour structure plus fine texture and noise."""
+def procedural_mosaic(height: int, width: int, seed: int, shift: tuple[float, float] = (0.0, 0.0),
+                      noise_seed: int | None = None) -> np.ndarray:
+    """A (H, W) uint16 Bayer mosaic of smooth random colour structure plus fine texture and noise; ``noise_seed``
+    (default ``seed``) draws the noise, so a stack's frames are separate exposures (the service refuses one file
+    sent twice in a stack)."""
     g = torch.Generator().manual_seed(seed)
     low = torch.rand((1, 3, height // 32 + 2, width // 32 + 2), generator=g)
     img = torch.nn.functional.interpolate(low, size=(height + 8, width + 8), mode="bilinear", align_corners=False)
@@ -69,7 +72,8 @@ def procedural_mosaic(height: int, width: int, seed: int, shift: tuple[float, fl
     mosaic[0::2, 1::2] = img[0, 1, 0::2, 1::2]
     mosaic[1::2, 0::2] = img[0, 1, 1::2, 0::2]
     mosaic[1::2, 1::2] = img[0, 2, 1::2, 1::2] * NEUTRAL[2]
-    mosaic = (mosaic * 0.8 + 0.01 * torch.rand((height, width), generator=g)).clamp(0, 1)
+    noise = g if noise_seed is None else torch.Generator().manual_seed(noise_seed)
+    mosaic = (mosaic * 0.8 + 0.01 * torch.rand((height, width), generator=noise)).clamp(0, 1)
     return (1024 + mosaic.numpy() * (65535 - 1024)).astype(np.uint16)
 
 

@@ -182,7 +182,7 @@ def shot_files(tmp: Path, scenario: str, scale: float, frames: int) -> list[Path
     for k in range(n):
         shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
         path = tmp / f"iq2xs_{k:02d}.dng"
-        write_frame(path, procedural_mosaic(h, w, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
+        write_frame(path, procedural_mosaic(h, w, 7, shift, noise_seed=100 + k), "IQ2_XS")  # type: ignore[arg-type]
         paths.append(path)
     return paths
 

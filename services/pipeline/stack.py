@@ -110,7 +110,7 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
             return enhancer.enhance(balanced, cfa, shot, read)
 
     return MergeParams(cfa=params.cfa, gains=params.gains, shot=params.noise_shot, read=params.noise_read,
-                       demosaic=demosaic)
+                       demosaic=demosaic, rgb_warp=get_settings().stack_warp)
 
 
 # The frames' companion package (models.registry.FRAMES_PACKAGES, strata_jdd_v2_frames 2.2.0) was trained on the
