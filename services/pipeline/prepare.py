@@ -47,7 +47,8 @@ def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits:
                   binner: MosaicBinner | None = None) -> list[RawMeta]:
     """Decode every upload (storage keys, in frame order) in a sandboxed child process, several at once, into
     the job's raw keys (an uncompressed DNG's copy on threads of its own: up to 8 shared by the frames); frame 0
-    feeds ``binner`` where the fast path reads it. Raises ``RawError`` when one cannot be decoded."""
+    feeds ``binner`` where the fast path reads it. Raises ``RawError`` when one cannot be decoded, ``BadRawFile``
+    when one decodes blank (:func:`check_not_blank`, on the frame's thread as the others decode)."""
     copy_threads = max(1, min(8, os.cpu_count() or 1) // len(uploads))
 
     def decode_one(index: int) -> RawMeta:
@@ -56,9 +57,11 @@ def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits:
         except FileNotFoundError as exc:
             raise RawDecodeError(f"the upload {uploads[index]} is missing from storage (removed or lost)") from exc
         with storage.path_writer(raw_key(job_id, index)) as tmp:
-            return decode_raw(source, tmp, timeout_s=limits.timeout_s,
+            meta = decode_raw(source, tmp, timeout_s=limits.timeout_s,
                               memory_mb=limits.memory_mb, fast_dng=limits.fast_dng, threads=copy_threads,
                               binner=binner if index == 0 else None)
+        check_not_blank(storage.load_array(raw_key(job_id, index)), index, len(uploads))  # beside the others' decodes
+        return meta
 
     workers = max(1, min(len(uploads), limits.workers or os.cpu_count() or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
@@ -141,8 +144,6 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     binner = MosaicBinner()
     metas = decode_frames(storage, job_id, uploads, limits, binner)
     check_frames_match(metas)
-    for i in range(len(metas)):
-        check_not_blank(storage.load_array(raw_key(job_id, i)), i, len(metas))
     decode_s = time.perf_counter() - t0
     ref = storage.load_array(raw_key(job_id, 0))
     shifts = None

@@ -23,7 +23,6 @@ by strip on the GPUs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -169,23 +168,19 @@ def frame_shifts(reference: Frame, frames: Sequence[Frame]) -> list[tuple[float,
     """Global shift (dy, dx) of each frame relative to the reference (phase correlation), full-res pixels.
 
     Measured on the central :data:`SHIFT_WINDOW` pixels square: a global shift needs no more, and on a whole
-    50 MP frame the estimate is some 30 times slower, on the coordinator, for every 4-frame stack (the
-    pixel-shift check). The reference itself (the same array) is (0, 0) without an estimate, which is what the
-    estimate gives for identical frames; the others are estimated at once on threads (the FFTs release the GIL:
-    0.31 s of a 4-frame stack's ingest one after the other on an H200 host's coordinator), against the
-    reference's spectrum taken once (`strata bench shifts`: 0.14-0.18 s on the 2-core VM, 0.40-0.44 before).
+    50 MP frame the estimate is some 30 times slower, on the coordinator, for every stack. The reference itself
+    (the same array) is (0, 0) without an estimate, which is what the estimate gives for identical frames; the
+    others are estimated together against the reference's spectrum taken once, in batched transforms
+    (:func:`~services.pipeline.ops.align.shift_estimator`; `strata bench shifts`).
     """
-    estimate = shift_estimator(_normalised(_centre(reference[0], SHIFT_WINDOW), reference[1], torch.device("cpu")),
-                               reference[1].cfa)  # the reference's spectrum once, shared by the threads
-
-    def shift(frame: Frame) -> tuple[float, float]:
-        raw, meta = frame
-        if raw is reference[0]:
-            return (0.0, 0.0)
-        return estimate(_normalised(_centre(raw, SHIFT_WINDOW), meta, torch.device("cpu")))
-
-    with ThreadPoolExecutor(max(1, len(frames)), thread_name_prefix="shift") as pool:
-        return list(pool.map(shift, frames))
+    cpu = torch.device("cpu")
+    estimate = shift_estimator(_normalised(_centre(reference[0], SHIFT_WINDOW), reference[1], cpu), reference[1].cfa)
+    others = [i for i, (raw, _) in enumerate(frames) if raw is not reference[0]]
+    found = estimate([_normalised(_centre(frames[i][0], SHIFT_WINDOW), frames[i][1], cpu) for i in others])
+    shifts = [(0.0, 0.0)] * len(frames)
+    for i, shift in zip(others, found, strict=True):
+        shifts[i] = shift
+    return shifts
 
 
 def pixel_shift_offsets(shifts: Sequence[tuple[float, float]]) -> list[tuple[int, int]] | None:

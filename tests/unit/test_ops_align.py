@@ -152,15 +152,16 @@ def test_estimate_shift_recovers_subpixel_shift(shift: tuple[float, float]) -> N
 
 
 def test_one_estimator_serves_many_frames_with_the_same_results() -> None:
-    """shift_estimator takes the reference's spectrum once (frame_shifts' threads share it): the same shifts as
-    estimate_shift frame by frame, and the pixel-shift check's benchmark finds its one-pixel pattern."""
+    """shift_estimator takes the reference's spectrum once and the frames' spectra in one batched transform: the
+    same shifts as estimate_shift frame by frame, and the pixel-shift check's benchmark finds its one-pixel pattern."""
     from lab.bench.shifts import main as bench_shifts
 
     reference = _shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4), "RGGB"), seed=1)
     frames = [_shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4, shift=s), "RGGB"), seed=2 + i)
               for i, s in enumerate([(0.3, -1.7), (1.0, 1.0), (-0.5, 0.25)])]
     estimate = shift_estimator(reference, "RGGB")
-    assert [estimate(f) for f in frames] == [estimate_shift(reference, f, "RGGB") for f in frames]
+    assert estimate(frames) == [estimate_shift(reference, f, "RGGB") for f in frames]
+    assert estimate(frames[1:]) == estimate(frames)[1:] and estimate([]) == []
     assert bench_shifts(["--scale", "0.05", "--repeats", "1"]) == 0
 
 

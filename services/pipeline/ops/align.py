@@ -21,7 +21,7 @@ Flow convention, as in :mod:`services.pipeline.ops.merge`: flow ``(dy, dx)`` at 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -412,12 +412,15 @@ def estimate_shift(reference: Tensor, frame: Tensor, cfa: str) -> tuple[float, f
     upsampled DFT grid; a power-weighted least-squares fit of the cross-power phase slope then gives the
     sub-pixel shift (robust to noise). The binned shift is doubled; ``cfa`` is validated only.
     """
-    return shift_estimator(reference, cfa)(frame)
+    return shift_estimator(reference, cfa)([frame])[0]
 
 
-def shift_estimator(reference: Tensor, cfa: str) -> Callable[[Tensor], tuple[float, float]]:
+def shift_estimator(reference: Tensor, cfa: str) -> Callable[[Sequence[Tensor]], list[tuple[float, float]]]:
     """:func:`estimate_shift` against one ``reference`` for many frames: the reference's windowed spectrum is
-    taken once (thread-safe: each call only reads it)."""
+    taken once, and the frames' spectra, cross-power spectra and correlation surfaces in one batched transform
+    each (the torch threads share the work; one Python thread per frame fought over the GIL and oversubscribed the
+    cores: `strata bench shifts`); only the sub-pixel refinement is frame by frame. The same shifts whether a
+    frame is estimated alone or with others."""
     cfa_channels(cfa)
     check_mosaic(reference, "reference", min_size=8)
     a = _binned_luma(reference)  # (h, w)
@@ -425,24 +428,34 @@ def shift_estimator(reference: Tensor, cfa: str) -> Callable[[Tensor], tuple[flo
     window = _hann(h, a)[:, None] * _hann(w, a)[None, :]  # (h, w)
     fa_conj = torch.fft.fft2((a - a.mean()) * window).conj()  # (h, w) complex128
 
-    def estimate(frame: Tensor) -> tuple[float, float]:
-        check_mosaic(frame, "frame", min_size=8)
-        if reference.shape != frame.shape:
-            raise ValueError(f"frame shape {tuple(frame.shape)} differs from reference {tuple(reference.shape)}")
-        b = _binned_luma(frame.to(reference.device))  # (h, w)
-        power = torch.fft.fft2((b - b.mean()) * window) * fa_conj  # (h, w) cross-power spectrum
+    def estimate(frames: Sequence[Tensor]) -> list[tuple[float, float]]:
+        for frame in frames:
+            check_mosaic(frame, "frame", min_size=8)
+            if reference.shape != frame.shape:
+                raise ValueError(f"frame shape {tuple(frame.shape)} differs from reference {tuple(reference.shape)}")
+        if not frames:
+            return []
+        b = torch.stack([_binned_luma(f.to(reference.device)) for f in frames])  # (n, h, w)
+        power = torch.fft.fft2((b - b.mean(dim=(1, 2), keepdim=True)) * window) * fa_conj  # (n, h, w) cross-power
         mag = power.abs()
-        cross = power / (mag + mag.mean() * 1e-2)  # (h, w) near-whitened: a sharp peak for the coarse search
-        surface = torch.fft.ifft2(cross).real  # (h, w)
-        py, px = divmod(int(torch.argmax(surface)), w)
-        py = py - h if py > h // 2 else py
-        px = px - w if px > w // 2 else px
-        coarse = _upsampled_peak(cross, (float(py), float(px)), 1.0, 1.0 / 8)
-        dy, dx = _refine_peak(coarse, (float(py), float(px)), 1.0 / 8)
-        slope = _phase_slope(power)
-        for _ in range(_SLOPE_ITERATIONS):
-            ddy, ddx = slope(dy, dx)
-            dy, dx = dy + ddy, dx + ddx
-        return round(2.0 * dy, _SHIFT_DECIMALS) + 0.0, round(2.0 * dx, _SHIFT_DECIMALS) + 0.0
+        cross = power / (mag + mag.mean(dim=(1, 2), keepdim=True) * 1e-2)  # near-whitened: a sharp coarse peak
+        peaks = torch.fft.ifft2(cross).real.flatten(1).argmax(dim=1).tolist()  # (n,) of the (h, w) surfaces
+        return [_refined(cross[i], power[i], peak) for i, peak in enumerate(peaks)]
 
     return estimate
+
+
+def _refined(cross: Tensor, power: Tensor, peak: int) -> tuple[float, float]:
+    """A frame's shift, full-resolution px, from its correlation surface's whole-pixel ``peak`` (flat index):
+    the upsampled DFT around it, then the phase-slope fit (:func:`shift_estimator`)."""
+    h, w = cross.shape
+    py, px = divmod(peak, w)
+    py = py - h if py > h // 2 else py
+    px = px - w if px > w // 2 else px
+    coarse = _upsampled_peak(cross, (float(py), float(px)), 1.0, 1.0 / 8)
+    dy, dx = _refine_peak(coarse, (float(py), float(px)), 1.0 / 8)
+    slope = _phase_slope(power)
+    for _ in range(_SLOPE_ITERATIONS):
+        ddy, ddx = slope(dy, dx)
+        dy, dx = dy + ddy, dx + ddx
+    return round(2.0 * dy, _SHIFT_DECIMALS) + 0.0, round(2.0 * dx, _SHIFT_DECIMALS) + 0.0
