@@ -129,7 +129,8 @@ class JobOut(BaseModel):
         default=None, description="When its uploads and outputs were removed (retention, or DELETE .../files).")
     timings: dict[str, float] = Field(
         default_factory=dict,
-        description="Seconds per stage: decode_s, prepare_s (decode + shared parameters + plan), phase_N_s (the "
+        description="Seconds per stage: decode_s, prepare_s (decode + shared parameters + plan), shifts_s (a stack's "
+                    "global shifts, part of prepare_s), phase_N_s (the "
                     "phase's first shard started -> its last finished), encode_s (every output written).")
     render: RenderOut | None = Field(default=None, description="How the shot is rendered; null until ingest "
                                      "has decided.")

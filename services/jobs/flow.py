@@ -160,14 +160,17 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     if not _claim(session, job_id, -1, phase=0):
         return []
     job = load_job(session, job_id)
-    job.params = {**plan.to_params(), "timings": {"decode_s": round(shot.decode_s, 4),
-                                                  "prepare_s": round(time.perf_counter() - t0, 4)}}
+    timings = {"decode_s": round(shot.decode_s, 4), "prepare_s": round(time.perf_counter() - t0, 4)}
+    if len(shot.frames) > 1:
+        timings["shifts_s"] = round(shot.shifts_s, 4)
+    job.params = {**plan.to_params(), "timings": timings}
     shards = _add_phase_shards(session, job, plan, 0, settings)
     job.stage = Stage.ALIGNING if stack else Stage.ENHANCING
     job.progress = DECODE_SHARE
     session.commit()
-    log.info("job %s ingested: %d frame(s) decoded in %.2fs, planned in %.2fs, %d shard(s)", job_id,
-             len(shot.frames), shot.decode_s, time.perf_counter() - t0 - shot.decode_s, len(shards))
+    log.info("job %s ingested: %d frame(s) decoded in %.2fs, planned in %.2fs (of which the frames' shifts %.2fs), "
+             "%d shard(s)", job_id, len(shot.frames), shot.decode_s, time.perf_counter() - t0 - shot.decode_s,
+             shot.shifts_s, len(shards))
     return _tickets(job, shards)
 
 

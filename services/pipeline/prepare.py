@@ -41,6 +41,7 @@ class PreparedShot:
     pixel_shift: tuple[tuple[int, int], ...] | None  # whole-pixel offsets of a 4-shot pixel-shift stack
     decode_s: float
     preview_bins: MosaicBinner | None = None  # frame 0's bin sums, made during its decode (fast DNG path)
+    shifts_s: float = 0.0  # a stack's global shifts (stack.frame_shifts)
 
 
 def decode_frames(storage: Storage, job_id: str, uploads: Sequence[str], limits: DecodeLimits,
@@ -147,9 +148,11 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     decode_s = time.perf_counter() - t0
     ref = storage.load_array(raw_key(job_id, 0))
     shifts = None
+    t1 = time.perf_counter()
     if len(metas) > 1:  # the frames' global shifts: the frames' package (stack_params) and pixel shift (below)
         frames = [(storage.load_array(raw_key(job_id, i)), m) for i, m in enumerate(metas)]
         shifts = frame_shifts(frames[0], frames)
+    shifts_s = time.perf_counter() - t1
     try:
         params = replace(shot_render_params(metas[0], ref, colour_space, camera=camera,
                                             extra_spaces=extra_spaces, tier=model_tier), frames=len(metas))
@@ -161,4 +164,4 @@ def prepare_shot(storage: Storage, job_id: str, uploads: Sequence[str], *, camer
     if stack and shifts is not None and len(metas) == 4:  # a 4-shot one-pixel pattern: no demosaic (pixel shift)
         found = pixel_shift_offsets(shifts)
         offsets = None if found is None else tuple((int(a), int(b)) for a, b in found)
-    return PreparedShot(tuple(metas), params, offsets, decode_s, binner if binner.ready else None)
+    return PreparedShot(tuple(metas), params, offsets, decode_s, binner if binner.ready else None, shifts_s)
