@@ -201,6 +201,8 @@ class Readiness(BaseModel):
 
 
 class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # {"not_befor": …} started a night's batch at once, window ignored
+
     name: str = Field(min_length=1, max_length=200)
     recipes: list[str] = Field(default_factory=list, description="Recipe names; default the default recipe.")
     priority: str | None = Field(default=None, description="batch (default) | interactive")

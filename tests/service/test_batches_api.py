@@ -111,6 +111,9 @@ def test_window_in_studio_time_and_scheduled_status(client: TestClient, auth: di
     ({"recipes": ["tiff16", "tiff8", "jpeg", "png16", "jpeg-proof", "tiff16-fast", "tiff16-max", "tiff16-zstd",
                   "tiff16-linear"]}, "at most 8 per job"),
     ({"not_after": "2020-01-01T00:00:00Z", "on_window_end": "skip"}, "no shot of this batch could run"),
+    # found from outside: a misspelt field was ignored, so a window meant for tonight opened at once
+    ({"not_befor": "2030-01-01T19:00"}, "body.not_befor: Extra inputs are not permitted"),
+    ({"recipe": ["tiff8"]}, "body.recipe"),
 ])
 def test_bad_batches_are_422(client: TestClient, auth: dict[str, str], import_root: Path, body: dict,
                              match: str) -> None:
