@@ -283,12 +283,18 @@ def get_recipe(name: str | None, recipes: Mapping[str, Recipe] | None = None) ->
 
 
 def resolve_recipes(names: Iterable[str] | None, recipes: Mapping[str, Recipe] | None = None) -> list[Recipe]:
-    """A job's recipes: duplicates dropped, order kept, at most :data:`MAX_RECIPES_PER_JOB`; none: the
-    default."""
+    """A job's recipes: duplicates dropped (also one named in another case: ``web,WEB``), order kept, at most
+    :data:`MAX_RECIPES_PER_JOB`; none: the default."""
     unique = list(dict.fromkeys(n.strip() for n in (names or ()) if n and n.strip()))
-    if len(unique) > MAX_RECIPES_PER_JOB:
-        raise BadInput(f"{len(unique)} recipes asked for; at most {MAX_RECIPES_PER_JOB} per job")
-    return [get_recipe(n, recipes) for n in unique] or [get_recipe(None, recipes)]
+    _at_most_max(len({n.lower() for n in unique}))  # before resolving a long list (TIFF16 and tiff16: one)
+    chosen = list({r.name: r for r in (get_recipe(n, recipes) for n in unique)}.values())
+    _at_most_max(len(chosen))  # a studio's 'web' and 'WEB' are two
+    return chosen or [get_recipe(None, recipes)]
+
+
+def _at_most_max(count: int) -> None:
+    if count > MAX_RECIPES_PER_JOB:
+        raise BadInput(f"{count} recipes asked for; at most {MAX_RECIPES_PER_JOB} per job")
 
 
 RECIPE_DEFS = "recipe_defs"  # jobs.params: the job's recipes as they were when it was accepted

@@ -257,6 +257,21 @@ def test_the_recipe_field_may_repeat(client: TestClient, auth: dict[str, str], s
     assert job["recipe"] == "jpeg-proof" and job["recipes"] == ["jpeg-proof", "tiff16"] and job["outputs"] == []
 
 
+def test_a_recipe_named_twice_in_two_cases_is_one_recipe(client: TestClient, auth: dict[str, str],
+                                                         synth_dir: Path) -> None:
+    """Found from outside: ``recipe=tiff16,TIFF16,jpeg`` recorded tiff16 twice (the duplicates were dropped before
+    the case was resolved): two TIFFs from one recipe, ``single.tif`` and ``single_2.tif``, and the outputs out of
+    recipe order."""
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("a.dng", _frame(synth_dir)))],
+                    data={"recipe": ["tiff16,TIFF16", "JPEG", "Tiff16"]})
+    assert r.status_code == 202, r.text
+    assert r.json()["recipes"] == ["tiff16", "jpeg"]
+    eight = ["tiff16", "tiff8", "jpeg", "png16", "jpeg-proof", "tiff16-fast", "tiff16-zstd", "tiff16-linear"]
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("b.dng", _frame(synth_dir)))],
+                    data={"recipe": [*eight, "TIFF8"]})  # nine names, eight recipes
+    assert r.status_code == 202 and r.json()["recipes"] == eight, r.text
+
+
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_sensor_layouts_strata_cannot_render_are_refused_at_upload(client: TestClient, auth: dict[str, str],
                                                                    case: str) -> None:
