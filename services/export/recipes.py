@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from services.errors import BadInput
 from services.export.naming import BadNaming, validate_template
@@ -89,7 +89,7 @@ class Recipe(BaseModel):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     format: Format = Format.TIFF
-    bits: int = 16
+    bits: int = Field(default=16, validate_default=True)
     space: Space = Space.SRGB
     compression: Compression = Compression.DEFLATE
     quality: int = Field(default=90, ge=1, le=100)
@@ -112,14 +112,24 @@ class Recipe(BaseModel):
                 raise ValueError(exc.detail) from None
         return value
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Recipe:
-        allowed = {Format.TIFF: (8, 16), Format.JPEG: (8,), Format.PNG: (8, 16)}[self.format]
-        if self.bits not in allowed:
-            raise ValueError(f"{self.format.value} output is {' or '.join(map(str, allowed))}-bit, not {self.bits}")
-        if self.format != Format.TIFF and self.compression not in (Compression.DEFLATE, Compression.NONE):
-            raise ValueError(f"compression {self.compression.value!r} is for TIFF; {self.format.value} has its own")
-        return self
+    # Field validators (format is validated before them), so an error names the field: "bits: jpeg output is
+    # 8-bit, not 16" (found from outside: a model validator's error said "recipe: Value error, …").
+    @field_validator("bits")
+    @classmethod
+    def _bits_fit_the_format(cls, bits: int, info: ValidationInfo) -> int:
+        fmt = info.data.get("format")  # absent where the format itself was refused
+        allowed = {Format.TIFF: (8, 16), Format.JPEG: (8,), Format.PNG: (8, 16)}.get(fmt, (bits,)) if fmt else (bits,)
+        if bits not in allowed:
+            raise ValueError(f"{fmt} output is {' or '.join(map(str, allowed))}-bit, not {bits}")
+        return bits
+
+    @field_validator("compression")
+    @classmethod
+    def _compression_fits_the_format(cls, compression: Compression, info: ValidationInfo) -> Compression:
+        fmt = info.data.get("format")
+        if fmt in (Format.JPEG, Format.PNG) and compression not in (Compression.DEFLATE, Compression.NONE):
+            raise ValueError(f"compression {compression.value!r} is for TIFF; {fmt} has its own")
+        return compression
 
     @property
     def colour_space(self) -> str:
@@ -183,7 +193,8 @@ RECIPES = BUILTIN_RECIPES  # the name older callers import
 def _error(origin: str, name: str, exc: ValidationError | str) -> BadRecipe:
     if isinstance(exc, str):
         return BadRecipe(f"{origin}: recipe {name!r}: {exc}")
-    reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'recipe'}: {e['msg']}" for e in exc.errors())
+    reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'recipe'}: {e['msg'].removeprefix('Value error, ')}"
+                        for e in exc.errors())
     return BadRecipe(f"{origin}: recipe {name!r}: {reasons}")
 
 

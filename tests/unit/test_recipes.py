@@ -109,6 +109,24 @@ def test_studio_file_errors_name_the_file_and_the_recipe(tmp_path: Path, table: 
         load_recipes_file(path)
 
 
+@pytest.mark.parametrize(("table", "reason"), [
+    ('base = "jpeg-proof"\nbits = 16', "recipe 'web': bits: jpeg output is 8-bit, not 16"),  # RECIPES.md's example
+    ('bits = 12', "recipe 'web': bits: tiff output is 8 or 16-bit, not 12"),
+    ('format = "png"\ncompression = "lzw"',
+     "recipe 'web': compression: compression 'lzw' is for TIFF; png has its own"),
+    ('naming = "{user}"', "recipe 'web': naming: naming template '{user}': unknown token {user}"),
+])
+def test_studio_file_errors_name_the_field(tmp_path: Path, table: str, reason: str) -> None:
+    """Found from outside: a format/bits or format/compression mismatch named no field ("recipe: Value error, jpeg
+    output is 8-bit, not 16"); RECIPES.md promises the file, the recipe and the field."""
+    path = tmp_path / "recipes.toml"
+    path.write_text(f"[recipes.web]\n{table}\n")
+    with pytest.raises(BadRecipe) as err:
+        load_recipes_file(path)
+    assert err.value.detail.startswith(f"{path}: {reason}")
+    assert "Value error" not in err.value.detail
+
+
 def test_a_broken_edit_of_the_studio_file_leaves_the_last_good_recipes_in_use(tmp_path: Path,
                                                                               caplog: pytest.LogCaptureFixture) -> None:
     """Found from outside: a TOML typo while a night's shots waited failed every one of them at ingest, for good.
