@@ -138,18 +138,18 @@ def token_create(
     last line."""
     who = (name or station or "").strip()
     if not who:
-        raise _fail("give --station NAME (or --admin --name NAME)")
+        raise _fail("give --station NAME (or --admin --name NAME)", 2)
     _use_data_dir(data_dir)
     from services.db.session import session_scope
-    from services.errors import StrataError
+    from services.errors import BadInput, StrataError
     from services.stations import create_station_token
 
     _upgrade()
     try:
         with session_scope() as session:
             token = create_station_token(session, who, replace=rotate, role="admin" if admin else "station")
-    except StrataError as exc:
-        raise _fail(exc.detail) from exc
+    except StrataError as exc:  # a name that cannot be one: bad usage (2); one that exists: 1
+        raise _fail(exc.detail, 2 if isinstance(exc, BadInput) else 1) from exc
     console.print(f"{'admin' if admin else 'station'} {who!r}: keep this token, it is not shown again")
     print(token)
 

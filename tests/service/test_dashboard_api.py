@@ -366,6 +366,9 @@ def test_token_commands(tmp_path: Path) -> None:
     assert strata("revoke", "studio-a").returncode == 0
     assert "studio-a\tstation" in strata("list").stdout and "revoked" in strata("list").stdout
     assert strata("revoke", "nobody").returncode != 0
+    # found from outside: bad usage exited 1, as a failed job does (README: 2 is bad usage)
+    assert strata("create").returncode == 2 and strata("create", "--station", "a/b").returncode == 2
+    assert strata("create", "--station", "boss").returncode == 1  # a live principal's name: refused, not misused
 
 
 def test_a_non_srgb_render_keeps_its_srgb_fast_preview(client: TestClient, synth_dir: Path) -> None:
