@@ -554,7 +554,7 @@ def submit(
     wait: Annotated[bool, typer.Option(help="Wait for the jobs and download their outputs.")] = True,
     out: Annotated[Path, typer.Option("--out", help="Where to save outputs (mirroring the folders given).")]
     = Path("."),
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per shot on stdout.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array on stdout, an object per shot.")] = False,
     api: Annotated[str | None, typer.Option(help="API URL (default STRATA_API_URL or local).")] = None,
     token: Annotated[str | None, typer.Option(help="Station token (default STRATA_TOKEN or local).")] = None,
     data_dir: DataDir = None,
@@ -854,7 +854,9 @@ def batch_create(
     webhook: Annotated[str | None, typer.Option(help="http(s) URL notified when the batch ends.")] = None,
     path: Annotated[list[str] | None, typer.Option("--path", help="A server-side path under the import root, "
                                                    "repeatable.")] = None,
-    camera: CameraOpt = None, stack: StackOpt = False, stacks_by_name: ByNameOpt = False, as_json: JsonOpt = False,
+    camera: CameraOpt = None, stack: StackOpt = False, stacks_by_name: ByNameOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help='{"batch": …, "shots": [… as submit --json …]} on stdout.')]
+    = False,
     api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
 ) -> None:
     """Create a batch (POST /v1/batches), then upload its shots into it one at a time."""
