@@ -81,11 +81,13 @@ def offered_recipes(client: httpx.Client, console: Console, retry_for: float | N
 
 def check_recipes(client: httpx.Client, recipes: list[str], console: Console, retry_for: float | None = None
                   ) -> None:
-    """Refuse (exit code 2) a recipe the service does not list; no check where it lists none."""
+    """Refuse (exit code 2) a recipe the service does not list; no check where it lists none. A name in another
+    case (``TIFF16``) is listed where it names one recipe, as the API takes it (found from outside: refused)."""
     if not recipes:
         return
     offered = offered_recipes(client, console, retry_for)
-    unknown = [r for r in recipes if offered is not None and r not in offered]
+    unknown = [r for r in recipes if offered is not None and r not in offered
+               and sum(o.lower() == r.lower() for o in offered) != 1]
     if unknown:
         raise BadUsage(f"unknown recipe {', '.join(unknown)}: choose from {', '.join(offered or [])}")
 

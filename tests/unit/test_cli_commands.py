@@ -820,6 +820,19 @@ def test_comma_separated_recipes_are_several_recipes(api: FakeApi, tmp_path: Pat
     assert b'name="recipe"\r\n\r\ntiff16\r\n' in body and b'name="recipe"\r\n\r\njpeg-proof\r\n' in body
 
 
+def test_a_recipe_in_another_case_passes_the_check_where_it_names_one_recipe(api: FakeApi, tmp_path: Path) -> None:
+    """Found from outside: `--recipe TIFF16` was refused (exit 2) though the API takes any case (RECIPES.md)."""
+    api.route("GET", "/v1/recipes", (200, {"recipes": [{"name": "tiff16"}, {"name": "web"}, {"name": "WEB"}]}))
+    _serve_jobs(api, {})
+    done = runner.invoke(app, ["submit", str(_raw(tmp_path / "a.dng")), "--recipe", "TIFF16", "--no-wait",
+                               *_auth(api)])
+    assert done.exit_code == 0, done.output
+    assert b'name="recipe"\r\n\r\nTIFF16\r\n' in api.calls("POST", "/v1/jobs")[0].body  # the API resolves it
+    ambiguous = runner.invoke(app, ["submit", str(_raw(tmp_path / "b.dng")), "--recipe", "Web", "--no-wait",
+                                    *_auth(api)])  # web or WEB: names no one recipe
+    assert ambiguous.exit_code == 2 and "unknown recipe Web" in ambiguous.output
+
+
 def test_a_cancelled_job_is_said_to_be_cancelled_without_a_none(api: FakeApi, tmp_path: Path) -> None:
     api.route("GET", "/v1/jobs/j1", (200, job("j1", "cancelled")))
     done = runner.invoke(app, ["jobs", "download", "j1", "--out", str(tmp_path), *_auth(api)])
