@@ -23,6 +23,10 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+# Any fixed number: PostgreSQL's advisory lock that serialises Strata's migrations across processes and hosts.
+MIGRATION_LOCK_KEY = 0x5374726174610001
+
+
 def _drop_half_done_tables(connection: Connection) -> None:
     """Drop the copies a batch migration of an earlier release left behind when it failed without a transaction
     (else every later try stops at "table _alembic_tmp_batches already exists"); under BEGIN IMMEDIATE no other
@@ -49,9 +53,14 @@ def run_migrations_online() -> None:
         context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
                           transactional_ddl=True)
         with context.begin_transaction():
-            if sqlite:  # IMMEDIATE: another process migrating this file waits for this one's commit
+            # Two processes starting on one fresh database (APIs with STRATA_MIGRATE_ON_START, hosts running
+            # `strata token create`) both created alembic_version and one died on a duplicate key: the second waits
+            # here for the first's commit, then reads the revision it left.
+            if sqlite:
                 connection.exec_driver_sql("BEGIN IMMEDIATE")
                 _drop_half_done_tables(connection)
+            elif connection.dialect.name == "postgresql":
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
             context.run_migrations()
             if sqlite and (broken := connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()):
                 raise RuntimeError(f"the migration left rows whose foreign keys point nowhere: {broken[:5]}")

@@ -1,11 +1,16 @@
-"""Migrations on a database a running studio already filled.
+"""Migrations on a database a running studio already filled, and several processes migrating at once.
 
 Found from outside: `strata serve` of this release on the data dir of the one before stopped with "FOREIGN KEY
 constraint failed" (0009 rebuilds `batches` on SQLite, and jobs refer to it) and left `_alembic_tmp_batches` behind,
-so every later try failed with "table _alembic_tmp_batches already exists"."""
+so every later try failed with "table _alembic_tmp_batches already exists"; two APIs started at once on one fresh
+PostgreSQL database both created `alembic_version` and one died at start on a duplicate key."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -80,3 +85,17 @@ def test_a_migration_left_half_done_by_an_earlier_release_is_finished(db: str) -
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0009_batch_sealed"
     engine.dispose()
 
+
+def test_processes_migrating_one_fresh_database_at_once_all_succeed(db: str) -> None:
+    _fresh(db)
+    start_at = time.time() + 4.0  # every child imports first, then all migrate at the same moment
+    code = ("import sys, time; from services.db.migrate import upgrade; "
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); upgrade(sys.argv[1])")
+    env = {**os.environ, "STRATA_LOG_LEVEL": "WARNING"}
+    children = [subprocess.Popen([sys.executable, "-c", code, db, str(start_at)], env=env, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(4)]
+    failed = [err for child in children if (err := child.communicate(timeout=120)[1]) and child.returncode != 0]
+    assert not failed, failed[0][-2000:]
+    from services.db.schema import schema_problem
+
+    assert schema_problem() is None
