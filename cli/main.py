@@ -887,7 +887,7 @@ def batch_create(
             try:
                 upload_shots(client, results, fields, console, endpoint=f"/v1/batches/{batch['id']}/shots")
             finally:  # also after a failed or interrupted upload: the batch ends with the shots it got
-                if shots:
+                if shots and "sealed" in batch:  # a release before sealing says nothing of it and ends the batch itself
                     batch = _seal(client, batch)
                     if batch.get("sealed") and batch.get("total") == 0 and batch.get("status") != "cancelled":
                         batch = _cancel_empty(client, batch)  # none got there (a service that does not cancel it)
