@@ -814,3 +814,31 @@ def test_a_stalled_advance_is_sent_again_once_while_leases_cannot_be_read(db: st
         again = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=0, stale_after_s=30,
                           held=lambda: None)
     assert first.advance == [(job_id, "batch")] and again.advance == []
+
+
+def test_a_stack_clipped_flat_in_its_shift_window_is_ingested(db: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside: a stack whose frames' central square (where the global shifts are measured) is a blown-out
+    backdrop clipped at the white level failed at ingest with "torch.linalg.solve: ... the input matrix is
+    singular"; such a frame's shift is not measurable, (0, 0) as for identical frames, and the stack is planned."""
+    import numpy as np
+
+    from lab.bench.pipeline import write_frame
+    from services.config import get_settings
+    from services.pipeline import stack as stack_module
+    from services.storage import get_storage
+
+    monkeypatch.setattr(stack_module, "SHIFT_WINDOW", 64)  # smaller than the frames: a crop, as on a 50 MP frame
+    texture = np.random.default_rng(3).integers(2000, 40000, (112, 140)).astype(np.uint16)
+    paths = []
+    for i in range(3):
+        frame = texture[i : i + 96, 4 : 4 + 128].copy()
+        frame[8:88, 24:104] = 65535  # the central 64 x 64 square and more: clipped flat
+        paths.append(tmp_path / f"frame_{i}.dng")
+        write_frame(paths[-1], frame, "IQ2_XS")
+    job_id = _stack_job(paths, "clipped-station")
+    with session_scope() as session:
+        assert flow.ingest_job(session, get_storage(), get_settings(), job_id, n_workers=2) != []
+        job = session.get(Job, job_id)
+        assert job.status != "failed", job.error
+        assert job.params["render"]["shifts"] == [[0.0, 0.0]] * 3

@@ -170,3 +170,16 @@ def test_estimate_shift_bad_input() -> None:
         estimate_shift(torch.rand(15, 16), torch.rand(15, 16), "RGGB")
     with pytest.raises(ValueError, match="differs"):
         estimate_shift(torch.rand(16, 16), torch.rand(16, 18), "RGGB")
+
+
+def test_estimate_shift_on_a_window_without_texture_is_zero() -> None:
+    """A frame with nothing to register in the window (a blown-out backdrop clipped flat, as the coordinator measures
+    its central square) has no measurable shift: (0, 0) as for identical frames. The phase-slope fit's normal matrix
+    was singular: the whole stack failed at ingest with "torch.linalg.solve: ... the input matrix is singular"."""
+    textured = _shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4), "RGGB"), seed=1)
+    flat = torch.ones(192, 256)
+    moved = _shot_read_noisy(mosaic_of(textured_rgb(192, 256, seed=4, shift=(1.0, -2.0)), "RGGB"), seed=2)
+    assert estimate_shift(flat, flat, "RGGB") == (0.0, 0.0)
+    assert estimate_shift(textured, flat, "RGGB") == (0.0, 0.0) == estimate_shift(flat, textured, "RGGB")
+    found = shift_estimator(textured, "RGGB")([flat, moved])  # the others in its batch still measured
+    assert found[0] == (0.0, 0.0) and abs(found[1][0] - 1.0) < 0.1 and abs(found[1][1] + 2.0) < 0.1

@@ -50,6 +50,9 @@ _SLOPE_ITERATIONS = 3
 # moves, so the lowest frequencies carry the window's (zero) shift; on smooth content they dominated the fit and
 # pulled a 1 px shift to 0.4 px (an upsampled photograph), which hid pixel-shift patterns.
 _SLOPE_MIN_BINS = 3
+# The phase-slope fit's normal matrix is inverted as a pseudo-inverse: a window without texture (a backdrop clipped
+# flat) made it singular and failed the stack's ingest; directions it cannot see get no step (relative cut-off).
+_SLOPE_RTOL = 1e-9
 _SHIFT_DECIMALS = 4  # estimates are rounded: identical frames give exactly (0, 0)
 
 
@@ -362,6 +365,8 @@ def _upsampled_peak(cross: Tensor, center: tuple[float, float], half_width: floa
 def _refine_peak(surface: Tensor, center: tuple[float, float], step: float) -> tuple[float, float]:
     """Argmax of ``surface`` (k, k) on the grid around ``center`` plus a parabolic fit on its neighbours."""
     k = surface.shape[0]
+    if not bool(surface.amax() > surface.amin()):  # flat (no texture to correlate): no peak, the centre stays
+        return center
     iy, ix = divmod(int(torch.argmax(surface)), k)
 
     def vertex(lo: float, mid: float, hi: float) -> float:
@@ -398,10 +403,11 @@ def _phase_slope(power: Tensor) -> Callable[[float, float], tuple[float, float]]
         torch.stack([(weight * gx * gy).sum(), (weight * gx * gx).sum()]),
     ])  # (2, 2) normal equations
     wy, wx = weight * gy, weight * gx  # (hb, wb)
+    inverse = torch.linalg.pinv(a, rtol=_SLOPE_RTOL, hermitian=True)  # no texture in the band: zeros, no step
 
     def fit(dy: float, dx: float) -> tuple[float, float]:
         theta = torch.remainder(phase + 2.0 * math.pi * (fy * dy + fx * dx) + math.pi, 2.0 * math.pi) - math.pi
-        delta = torch.linalg.solve(a, torch.stack([(wy * theta).sum(), (wx * theta).sum()]))
+        delta = inverse @ torch.stack([(wy * theta).sum(), (wx * theta).sum()])
         return float(delta[0]), float(delta[1])
 
     return fit
@@ -440,7 +446,8 @@ def shift_estimator(reference: Tensor, cfa: str) -> Callable[[Sequence[Tensor]],
         b = torch.stack([_binned_luma(f.to(reference.device)) for f in frames])  # (n, h, w)
         power = torch.fft.fft2((b - b.mean(dim=(1, 2), keepdim=True)) * window) * fa_conj  # (n, h, w) cross-power
         mag = power.abs()
-        cross = power * (mag + mag.mean(dim=(1, 2), keepdim=True) * 1e-2).reciprocal_()  # whitened: a sharp peak
+        floor = (mag + mag.mean(dim=(1, 2), keepdim=True) * 1e-2).clamp_min_(torch.finfo(mag.dtype).tiny)  # 0: flat
+        cross = power * floor.reciprocal_()  # whitened: a sharp peak
         surface = torch.fft.irfft2(cross[..., : w // 2 + 1], s=(h, w))  # (n, h, w): Hermitian, so the real part
         peaks = surface.flatten(1).argmax(dim=1).tolist()  # (n,) flat indices
         return [_refined(cross[i], power[i], peak) for i, peak in enumerate(peaks)]
