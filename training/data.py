@@ -39,7 +39,7 @@ from torch import Tensor
 
 from services.pipeline.ops import SRGB_TO_XYZ_D65, cfa_masks, srgb_decode
 from services.pipeline.ops.merge import frame_noise_share
-from training.patterns import hard_pattern
+from training.patterns import SHORTEST_PERIOD, hard_pattern
 
 HELD_OUT_PHOTOS: tuple[str, ...] = tuple(f"{i:03d}.png" for i in range(33, 41))
 DEAD_LEAVES_HELD_OUT_SEEDS = range(900_000, 900_016)
@@ -79,6 +79,7 @@ class Recipe:
     saturation_share: float = 0.0  # images with saturation scaled by 0.5-1.5
     upscale_max: float = 2.0  # the largest enlargement of an upscaled crop
     gray_share: float = 0.0  # images made neutral (luma only): monochrome scenes, grey products, B&W prints
+    hard_min_period: float = SHORTEST_PERIOD  # the hard scenes' shortest period, px (training.patterns)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -107,6 +108,14 @@ def with_hard_share(recipe: Recipe, share: float) -> Recipe:
     total = sum(rest.values())
     weights = {**{k: v * (1.0 - share) / total for k, v in rest.items()}, "hard": share}
     return replace(recipe, name=f"{recipe.name}-hard{share:g}", weights=weights)
+
+
+def with_hard_min_period(recipe: Recipe, period: float) -> Recipe:
+    """``recipe`` whose hard scenes' gratings, checkerboards and woven stripes are at least ``period`` px long
+    (2-4; ``--hard-min-period``): 3 leaves out the 2-px patterns whose mosaic is a saturated colour's."""
+    if not 2.0 <= period <= 4.0:
+        raise ValueError(f"the hard scenes' shortest period must be 2-4 px, got {period}")
+    return replace(recipe, name=f"{recipe.name}-minp{period:g}", hard_min_period=period)
 
 
 # ----------------------------------------------------------------------------------------------- content
@@ -363,7 +372,7 @@ class TrainingSource:
         out = []
         for src in self.rng.choice(len(self.names), size=b, p=self.weights):
             if self.names[src] == "hard":  # its own scale variety; flips and transposes as for every crop
-                crop = hard_pattern(self.rng, size, self.device) * 255.0
+                crop = hard_pattern(self.rng, size, self.device, self.recipe.hard_min_period) * 255.0
             else:
                 crop = self._crop(self.names[src], size)
             if self.rng.random() < 0.5:
@@ -618,4 +627,4 @@ __all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "REC
            "RawBatch", "Recipe", "StackBatch", "TrainingSource", "aligned", "dead_leaves", "held_out_batches",
            "held_out_other_source", "held_out_stacks", "load_photos", "mosaic_of", "pattern_image", "photo_paths",
            "rgb_to_cam", "sample_noise", "scene_variety", "skimage_images", "stack_of", "stack_told",
-           "training_batch", "training_stack_batch", "unprocess", "with_hard_share"]
+           "training_batch", "training_stack_batch", "unprocess", "with_hard_min_period", "with_hard_share"]

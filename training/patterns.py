@@ -6,9 +6,9 @@ texture beside a large flat black or white area (the network's reach carries col
 neutral texture (which a colour bias turns into a tint). :func:`hard_pattern` draws such a scene from a NumPy
 generator, so it is deterministic in the generator's state and never repeats an image:
 
-* a texture, one of: square-wave grating, sine grating, checkerboard (periods 2-8 px, axis-aligned, diagonal or at
-  any angle, at a random phase), basket weave, herringbone, text-like strokes (short 1-2 px bars in rows), or two
-  gratings crossed;
+* a texture, one of: square-wave grating, sine grating, checkerboard (periods 2-8 px, or 3-8 with ``shortest=3``,
+  axis-aligned, diagonal or at any angle, at a random phase), basket weave, herringbone, text-like strokes (short
+  1-2 px bars in rows), or two gratings crossed;
 * in two colours: neutral greys, a saturated colour over a dark or light one, or any two colours, high or low
   contrast;
 * laid out over the whole crop, or beside a flat area (black, white or a colour) across a random straight edge, or
@@ -30,13 +30,19 @@ from torch import Tensor
 TEXTURES = ("square", "sine", "checker", "weave", "herringbone", "strokes", "crossed")
 LAYOUTS = ("full", "beside_flat", "patches")
 _LAYOUT_P = (0.4, 0.4, 0.2)
+# The shortest period drawn by default (recipe ``patterns`` as run in session 38). A neutral pattern of period 2 px
+# puts its bright pixels on the same CFA sites as a flat saturated colour does (a 1-px checkerboard is a magenta
+# mosaic, a dot grid on the R sites a red one): a network taught such patterns draws a fine grid into saturated red
+# fabric (photograph 040, -1.0 dB; docs/training/README.md "2.2.0"). ``--hard-min-period 3`` leaves them out.
+SHORTEST_PERIOD = 2.0
 
 
-def _period(rng: np.random.Generator) -> float:
-    """A period in pixels, 2-8: half of the time a whole number (pixel-exact repeats, the worst case for a CFA)."""
+def _period(rng: np.random.Generator, shortest: float) -> float:
+    """A period in pixels, ``shortest``-8: half of the time a whole number (pixel-exact repeats, the worst case for
+    a CFA)."""
     if rng.random() < 0.5:
-        return float(rng.integers(2, 9))
-    return float(np.exp(rng.uniform(math.log(2.0), math.log(8.0))))
+        return float(rng.integers(math.ceil(shortest), 9))
+    return float(np.exp(rng.uniform(math.log(shortest), math.log(8.0))))
 
 
 def _angle(rng: np.random.Generator) -> float:
@@ -54,10 +60,10 @@ def _square(u: Tensor, period: float, duty: float, phase: float) -> Tensor:
     return (torch.remainder(u / period + phase, 1.0) < duty).float()
 
 
-def _stripes(rng: np.random.Generator, yy: Tensor, xx: Tensor, kind: str) -> Tensor:
-    """Gratings and checkerboards: (H, W) in [0, 1]."""
+def _stripes(rng: np.random.Generator, yy: Tensor, xx: Tensor, kind: str, shortest: float) -> Tensor:
+    """Gratings and checkerboards of periods ``shortest``-8 px: (H, W) in [0, 1]."""
     u, v = _rotated(yy, xx, _angle(rng))
-    period, phase = _period(rng), float(rng.random())
+    period, phase = _period(rng, shortest), float(rng.random())
     if kind == "square":
         return _square(u, period, float(rng.uniform(0.3, 0.7)) if rng.random() < 0.5 else 0.5, phase)
     if kind == "sine":
@@ -66,13 +72,13 @@ def _stripes(rng: np.random.Generator, yy: Tensor, xx: Tensor, kind: str) -> Ten
         cell = period / 2
         return torch.remainder(torch.floor(u / cell + phase) + torch.floor(v / cell + float(rng.random())), 2.0)
     other = _rotated(yy, xx, _angle(rng))[0]  # crossed: two square waves XOR'd
-    return (_square(u, period, 0.5, phase) + _square(other, _period(rng), 0.5, float(rng.random()))) % 2
+    return (_square(u, period, 0.5, phase) + _square(other, _period(rng, shortest), 0.5, float(rng.random()))) % 2
 
 
-def _woven(rng: np.random.Generator, yy: Tensor, xx: Tensor, kind: str) -> Tensor:
+def _woven(rng: np.random.Generator, yy: Tensor, xx: Tensor, kind: str, shortest: float) -> Tensor:
     """Basket weave (blocks of horizontal and vertical stripes) or herringbone (diagonal stripes whose slope flips
-    from one column band to the next): (H, W) in [0, 1]."""
-    stripe = float(rng.integers(2, 5))
+    from one column band to the next), stripes of period ``shortest``-4 px: (H, W) in [0, 1]."""
+    stripe = float(rng.integers(math.ceil(shortest), 5))
     block = float(rng.integers(2, 9))
     duty = float(rng.uniform(0.35, 0.65))
     if kind == "weave":
@@ -112,12 +118,12 @@ def _strokes(rng: np.random.Generator, yy: Tensor, xx: Tensor) -> Tensor:
     return (segments * cell).amax(dim=0)
 
 
-def _texture(rng: np.random.Generator, yy: Tensor, xx: Tensor) -> Tensor:
+def _texture(rng: np.random.Generator, yy: Tensor, xx: Tensor, shortest: float) -> Tensor:
     kind = TEXTURES[int(rng.integers(len(TEXTURES)))]
     if kind in ("square", "sine", "checker", "crossed"):
-        return _stripes(rng, yy, xx, kind)
+        return _stripes(rng, yy, xx, kind, shortest)
     if kind in ("weave", "herringbone"):
-        return _woven(rng, yy, xx, kind)
+        return _woven(rng, yy, xx, kind, shortest)
     return _strokes(rng, yy, xx)
 
 
@@ -164,15 +170,20 @@ def _layout_mask(rng: np.random.Generator, yy: Tensor, xx: Tensor, layout: str, 
     return mask
 
 
-def hard_pattern(rng: np.random.Generator, size: int, device: torch.device | str = "cpu") -> Tensor:
+def hard_pattern(rng: np.random.Generator, size: int, device: torch.device | str = "cpu",
+                 shortest: float = SHORTEST_PERIOD) -> Tensor:
     """A random hard scene (3, size, size) float32 sRGB in [0, 1] on ``device``; deterministic in ``rng``'s state.
 
-    Half of the scenes are rendered at 2x and box-averaged (soft, anti-aliased edges), half at 1x (exact)."""
+    Half of the scenes are rendered at 2x and box-averaged (soft, anti-aliased edges), half at 1x (exact).
+    ``shortest``: the shortest period of the gratings, checkerboards and woven stripes (2-4 px; see
+    :data:`SHORTEST_PERIOD`)."""
+    if not 2.0 <= shortest <= 4.0:
+        raise ValueError(f"the shortest period must be 2-4 px, got {shortest}")
     ss = 2 if rng.random() < 0.5 else 1
     n = size * ss
     grid = (torch.arange(n, device=device, dtype=torch.float32) + 0.5) / ss - 0.5  # output-pixel units
     yy, xx = torch.meshgrid(grid, grid, indexing="ij")
-    t = _texture(rng, yy, xx)
+    t = _texture(rng, yy, xx, shortest)
     c0, c1 = _colours(rng)  # Python scalars only below: no host-to-device copy, no wait for the device
     img = torch.stack([float(c0[k]) + float(c1[k] - c0[k]) * t for k in range(3)])  # (3, n, n)
     layout = LAYOUTS[int(rng.choice(len(LAYOUTS), p=_LAYOUT_P))]
@@ -186,4 +197,4 @@ def hard_pattern(rng: np.random.Generator, size: int, device: torch.device | str
     return img.clamp(0.0, 1.0)
 
 
-__all__ = ["LAYOUTS", "TEXTURES", "hard_pattern"]
+__all__ = ["LAYOUTS", "SHORTEST_PERIOD", "TEXTURES", "hard_pattern"]

@@ -168,6 +168,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hard-share", type=float, default=None,
                    help="share of crops of procedural hard content (training/patterns.py), the recipe's other "
                    "sources scaled to make room (recipe patterns: 0.15)")
+    p.add_argument("--hard-min-period", type=float, default=None,
+                   help="shortest period of the hard content's gratings and checkerboards, 2-4 px (default 2; 3 "
+                   "leaves out the 2-px patterns that alias with saturated colours)")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--crop", type=int, default=None, help="target crop (full-res pixels, even)")
     p.add_argument("--lr", type=float, default=None)
@@ -413,6 +416,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     recipe = data.RECIPES[args.recipe]
     if args.hard_share is not None:
         recipe = data.with_hard_share(recipe, args.hard_share)
+    if args.hard_min_period is not None:
+        recipe = data.with_hard_min_period(recipe, args.hard_min_period)
     source = data.TrainingSource(args.photos, device, args.seed, dead_leaves_pool=dl_pool, dead_leaves_size=dl_size,
                                  recipe=recipe)
     eval_sets = data.held_out_batches(args.photos, device, size=64 if args.smoke else 192,

@@ -10,14 +10,15 @@
 # Usage from the repo root (carry .photos, a copy of ../shared/data/photos; optionally .whlC from
 # scripts/gpu/carry_wheels.sh, for the benchmark on the GPU):
 #   OUT=$OUT bash scripts/gpu/finetune_patterns.sh   # STEPS=16000 LR=3e-4 VERSION=2.2.0 RECIPE=patterns by default;
-#   HARD=0.10 sets the share of hard crops (--hard-share), RECIPE=soft is the control
+#   HARD=0.10 sets the share of hard crops (--hard-share), MINP=3 their shortest period (--hard-min-period),
+#   RECIPE=soft is the control
 # Afterwards, on the CPU machine (no device time), compare with 2.1.0 and the control:
 #   python -m lab.quality.cli --artefacts --scale 0.043 --levels none,mid,high --device cpu \
 #     --photos-dir ../shared/data/photos --methods strata_jdd_v2.strata,OUT/strata_jdd_v2.strata,libraw_ahd \
 #     --json docs/quality/artefacts-v2.2.json
 set -uo pipefail
 OUT=${OUT:-out}; STEPS=${STEPS:-16000}; LR=${LR:-3e-4}; VERSION=${VERSION:-2.2.0}; RECIPE=${RECIPE:-patterns}
-HARD=${HARD:-}
+HARD=${HARD:-}; MINP=${MINP:-}
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 W=/tmp/ft
@@ -31,6 +32,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -m training.train --package v2 --recipe "$RECIPE" --init "$W/init-2.1.0.strata" --version "$VERSION" \
   --photos "$W/photos" --steps "$STEPS" --lr "$LR" --eval-every 0 --device cuda --seed 0 ${HARD:+--hard-share "$HARD"} \
+  ${MINP:+--hard-min-period "$MINP"} \
   --out "$W/pkg" --log-dir "$W/log" 2>&1 | grep -v "step [0-9]*/[0-9]* lr" | tail -40
 wait
 cp "$W/pkg/"* "$W/log/"* "$OUT/" 2>/dev/null

@@ -35,6 +35,34 @@ def test_hard_patterns_include_neutral_scenes_and_flat_black() -> None:
     assert len(neutral) >= 5 and len(black) >= 5
 
 
+def _nyquist_share(image: torch.Tensor) -> float:
+    """The share of a scene's luminance energy (its mean removed) at a period of 2 px across rows or columns: the
+    frequencies at which a Bayer mosaic cannot tell luminance from colour."""
+    y = image.mean(0).numpy().astype(np.float64)
+    power = np.abs(np.fft.fft2(y - y.mean())) ** 2
+    h = y.shape[0] // 2
+    return float((power[h, :].sum() + power[:, h].sum() - power[h, h]) / max(power.sum(), 1e-12))
+
+
+def test_the_shortest_period_leaves_out_the_patterns_that_alias_with_colour() -> None:
+    """--hard-min-period 3: no scene is a 2-px grating or checkerboard (whose mosaic is a flat saturated colour's,
+    what taught the 2-px default to draw a grid into red fabric); the default still draws them."""
+    def shares(shortest: float) -> list[float]:
+        rng = np.random.default_rng(1)
+        return [_nyquist_share(hard_pattern(rng, 48, shortest=shortest)) for _ in range(150)]
+
+    assert max(shares(2.0)) > 0.99  # pure 2-px patterns among the default's scenes
+    assert max(shares(3.0)) < 0.9
+    recipe = data.with_hard_min_period(data.with_hard_share(data.RECIPES["patterns"], 0.05), 3)
+    assert recipe.hard_min_period == 3 and recipe.weights["hard"] == pytest.approx(0.05)
+    assert data.RECIPES["patterns"].hard_min_period == 2
+    for bad in (1.5, 5.0):
+        with pytest.raises(ValueError, match="2-4 px"):
+            data.with_hard_min_period(recipe, bad)
+        with pytest.raises(ValueError, match="2-4 px"):
+            hard_pattern(np.random.default_rng(0), 16, shortest=bad)
+
+
 def test_the_patterns_recipe_mixes_hard_crops_into_soft() -> None:
     recipe, soft = data.RECIPES["patterns"], data.RECIPES["soft"]
     assert recipe.weights["hard"] == pytest.approx(0.15) and recipe.weights["photos"] >= 0.5
