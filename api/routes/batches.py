@@ -22,8 +22,14 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 SHOT_ERRORS: dict[int | str, dict] = {**ERRORS, 403: {"model": ErrorOut}}  # another station's batch
 
 
+def _outs(session: SessionDep, batches: list[Batch]) -> list[BatchOut]:
+    """The batches as the API shows them, their shots counted in one query for all (not loaded one by one)."""
+    tallies = service.batch_tallies(session, [b.id for b in batches])
+    return [BatchOut.model_validate(reports.summary(b, tallies[b.id])) for b in batches]
+
+
 def _out(session: SessionDep, batch: Batch) -> BatchOut:
-    return BatchOut.model_validate(reports.summary(batch, service.batch_jobs(session, batch)))
+    return _outs(session, [batch])[0]
 
 
 @router.post("", status_code=201, response_model=BatchOut, responses=ERRORS,
@@ -79,7 +85,7 @@ def list_batches(session: SessionDep, station: StationDep, limit: Annotated[int,
                                                                    "batches.")] = None) -> BatchList:
     batches, next_cursor = service.list_batches(session, station, limit=limit, cursor=cursor,
                                                 station_name=station_name)
-    return BatchList(batches=[_out(session, b) for b in batches], next_cursor=next_cursor)
+    return BatchList(batches=_outs(session, batches), next_cursor=next_cursor)
 
 
 @router.get("/{batch_id}", response_model=BatchOut, responses=ERRORS, summary="Batch status, counts and ETA")
@@ -97,8 +103,7 @@ def batch_report(batch_id: str, session: SessionDep, station: StationDep,
     if format == "csv":
         return Response(reports.report_csv(rows), media_type="text/csv; charset=utf-8", headers={
             "Content-Disposition": f'attachment; filename="batch-{batch.id}.csv"'})
-    return BatchReport(batch=BatchOut.model_validate(reports.summary(batch, jobs)),
-                       shots=[ShotOut.model_validate(asdict(r)) for r in rows])
+    return BatchReport(batch=_out(session, batch), shots=[ShotOut.model_validate(asdict(r)) for r in rows])
 
 
 @router.post("/{batch_id}/seal", response_model=BatchOut, responses=SHOT_ERRORS,

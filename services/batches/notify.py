@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from services.batches import webhook
 from services.batches.report import summary
-from services.batches.service import batch_jobs
+from services.batches.service import batch_tallies
 from services.db.models import Batch
 
 
@@ -24,7 +24,7 @@ def notification(session: Session, batch_id: str) -> Notification | None:
     batch = session.get(Batch, batch_id)
     if batch is None or not batch.webhook_url or not batch.webhook_secret or batch.webhook_delivered_at:
         return None
-    body = webhook.payload(summary(batch, batch_jobs(session, batch)))
+    body = webhook.payload(summary(batch, batch_tallies(session, [batch.id])[batch.id]))
     headers = {"Content-Type": "application/json", webhook.SIGNATURE_HEADER: webhook.sign(batch.webhook_secret, body),
                "X-Strata-Event": webhook.EVENT}
     return Notification(batch.webhook_url, body, headers)

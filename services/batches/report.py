@@ -7,7 +7,7 @@ import datetime as dt
 import io
 from dataclasses import dataclass
 
-from services.batches.service import elapsed_s, shot_status
+from services.batches.service import Tally, elapsed_s, shot_status
 from services.batches.states import NOT_RUN
 from services.db.models import Batch, Job, as_utc, utcnow
 from services.jobs.states import JobStatus
@@ -46,23 +46,20 @@ class Progress:
     eta: dt.datetime | None
 
 
-def progress(batch: Batch, jobs: list[Job], now: dt.datetime | None = None) -> Progress:
+def progress(batch: Batch, tally: Tally, now: dt.datetime | None = None) -> Progress:
     """Counts by shot status; shots done per minute since the batch started; the ETA of the rest at that pace."""
     now = now or utcnow()
-    counts = dict.fromkeys(COUNT_KEYS, 0)
-    for j in jobs:
-        counts[shot_status(j)] += 1
-    done_at = [as_utc(j.finished_at) for j in jobs if j.status == JobStatus.DONE and j.finished_at]
+    counts = dict.fromkeys(COUNT_KEYS, 0) | tally.counts
     rate = None
-    if batch.started_at and done_at:
-        minutes = (max(done_at) - as_utc(batch.started_at)).total_seconds() / 60
-        rate = round(len(done_at) / minutes, 3) if minutes > 0 else None
+    if batch.started_at and tally.last_done_at and tally.done_finished:
+        minutes = (as_utc(tally.last_done_at) - as_utc(batch.started_at)).total_seconds() / 60
+        rate = round(tally.done_finished / minutes, 3) if minutes > 0 else None
     left = counts[JobStatus.QUEUED] + counts[JobStatus.RUNNING]
     eta = None
     if rate and left:
         start = max(now, as_utc(batch.not_before)) if batch.not_before else now
         eta = start + dt.timedelta(minutes=left / rate)
-    return Progress(counts, len(jobs), rate, eta)
+    return Progress(counts, sum(tally.counts.values()), rate, eta)
 
 
 def shot_rows(jobs: list[Job]) -> list[ShotRow]:
@@ -106,9 +103,9 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else as_utc(value).isoformat().replace("+00:00", "Z")
 
 
-def summary(batch: Batch, jobs: list[Job], now: dt.datetime | None = None) -> dict[str, object]:
+def summary(batch: Batch, tally: Tally, now: dt.datetime | None = None) -> dict[str, object]:
     """The batch as the API and the webhook show it (JSON-ready)."""
-    p = progress(batch, jobs, now)
+    p = progress(batch, tally, now)
     return {
         "id": batch.id, "name": batch.name, "status": batch.status, "recipes": list(batch.recipes),
         "priority": batch.priority, "not_before": _iso(batch.not_before), "not_after": _iso(batch.not_after),

@@ -8,10 +8,10 @@ import datetime as dt
 import hashlib
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from services.batches.paths import raw_files
@@ -155,6 +155,34 @@ def batch_jobs(session: Session, batch: Batch) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.batch_id == batch.id)
                                 .options(selectinload(Job.frames), selectinload(Job.outputs))
                                 .order_by(Job.created_at, Job.id)))
+
+
+@dataclass
+class Tally:
+    """A batch's shots counted by shot status (:func:`shot_status`), and its done shots' finish times."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    done_finished: int = 0  # done shots with a finish time
+    last_done_at: dt.datetime | None = None
+
+
+def batch_tallies(session: Session, batch_ids: Sequence[str]) -> dict[str, Tally]:
+    """Each batch's :class:`Tally` (an empty one for a batch with no shot), counted by the database in one query
+    for all of them. Found from outside: the batch list loaded every shot of every batch it showed, with frames and
+    outputs, three queries a batch (the dashboard's poll of 50 batches, three of them 1,000-shot nights: 0.85 s)."""
+    prefix = func.substr(Job.error, 1, len(NOT_RUN_PREFIX)) == NOT_RUN_PREFIX  # LIKE ignores case in SQLite
+    shot = case((and_(Job.status == JobStatus.CANCELLED, prefix), NOT_RUN), else_=Job.status)
+    # grouped outside a subquery: PostgreSQL does not see CASE ... $1 and CASE ... $5 as one expression
+    shots = select(Job.batch_id, shot.label("shot"), Job.finished_at).where(Job.batch_id.in_(batch_ids)).subquery()
+    rows = session.execute(select(shots.c.batch_id, shots.c.shot, func.count(), func.count(shots.c.finished_at),
+                                  func.max(shots.c.finished_at)).group_by(shots.c.batch_id, shots.c.shot)).all()
+    tallies = {batch_id: Tally() for batch_id in batch_ids}
+    for batch_id, status, count, finished, last in rows:
+        tally = tallies[batch_id]
+        tally.counts[str(status)] = count
+        if status == JobStatus.DONE:
+            tally.done_finished, tally.last_done_at = finished, last
+    return tallies
 
 
 def shot_status(job: Job) -> str:
