@@ -477,6 +477,7 @@ RecipeOpt = Annotated[list[str] | None, typer.Option(
     "--recipe", callback=_split_recipes,
     help="Output recipe, repeatable or comma-separated (checked against GET /v1/recipes; default: the service's).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON on stdout instead of a table.")]
+CursorOpt = Annotated[str | None, typer.Option(help="Go on after an earlier list: the cursor its end named.")]
 
 
 def _version(value: bool) -> None:
@@ -733,17 +734,18 @@ def jobs_list(
     status: Annotated[str | None, typer.Option(help="queued, running, done, failed or cancelled (several: "
                                                     "comma-separated).")] = None,
     limit: Annotated[int, typer.Option(min=1, max=200, help="How many, newest first.")] = 20,
+    cursor: CursorOpt = None,
     as_json: JsonOpt = False,
     api: ApiOpt = None, token: TokenOpt = None, data_dir: DataDir = None,
 ) -> None:
-    """This station's jobs, newest first."""
+    """This station's jobs, newest first (older ones: --cursor, as the end of the list says)."""
     from rich.table import Table
 
     unknown = [s for s in (status or "").split(",") if s.strip() and s.strip() not in JOB_STATUSES]
     if unknown:  # the API's 422 exited 1, as if a job had failed
         raise _fail(f"--status: unknown status {', '.join(unknown)}; choose from {', '.join(JOB_STATUSES)}", 2)
     params: dict[str, str | int] = {"limit": limit} | ({"status": status} if status else {})
-    body = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params)
+    body = _api_call(api, token, data_dir, "GET", "/v1/jobs", params=params | ({"cursor": cursor} if cursor else {}))
     if as_json:
         return _print_json(body)
     jobs = body["jobs"]
@@ -753,6 +755,14 @@ def jobs_list(
                       j["created_at"][:19].replace("T", " "), _duration(j),
                       ", ".join(o["name"] for o in j["outputs"]) or (j.get("error") or "")[:40])
     _stdout().print(table)
+    _more(body, f"jobs list --limit {limit}" + (f" --status {status}" if status else ""))
+
+
+def _more(body: dict, command: str) -> None:
+    """Where a list goes on (on stderr: stdout keeps the table alone): a studio's thousands of jobs and hundreds
+    of batches are more than one page (found from outside: only the newest page could be listed)."""
+    if body.get("next_cursor"):
+        console.print(f"more: strata {command} --cursor {body['next_cursor']}", soft_wrap=True)
 
 
 @jobs_app.command("show")
@@ -969,12 +979,14 @@ def batch_status(batch_id: str, as_json: JsonOpt = False, api: ApiOpt = None, to
 
 
 @batch_app.command("list")
-def batch_list(as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
+def batch_list(limit: Annotated[int, typer.Option(min=1, max=200, help="How many, newest first.")] = 50,
+               cursor: CursorOpt = None, as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = None,
                data_dir: DataDir = None) -> None:
-    """This station's batches."""
+    """This station's batches, newest first (older ones: --cursor, as the end of the list says)."""
     from rich.table import Table
 
-    body = _api_call(api, token, data_dir, "GET", "/v1/batches")
+    params: dict[str, str | int] = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+    body = _api_call(api, token, data_dir, "GET", "/v1/batches", params=params)
     if as_json:
         return _print_json(body)
     table = Table("batch", "name", "status", "jobs", "eta", "created (UTC)")
@@ -982,6 +994,7 @@ def batch_list(as_json: JsonOpt = False, api: ApiOpt = None, token: TokenOpt = N
         table.add_row(b["id"], b.get("name", ""), b["status"], _counts(b.get("counts") or {}), str(b.get("eta") or "-"),
                       str(b.get("created_at") or "")[:19].replace("T", " "))
     _stdout().print(table)
+    _more(body, f"batch list --limit {limit}")
 
 
 class ReportFormat(StrEnum):

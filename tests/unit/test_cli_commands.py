@@ -111,6 +111,26 @@ def test_jobs_list_and_show_print_the_api_json(api: FakeApi) -> None:
     assert shown.exit_code == 0 and json.loads(shown.stdout) == one
 
 
+def test_jobs_and_batch_lists_go_on_with_the_cursor_their_end_names(api: FakeApi) -> None:
+    """Thousands of jobs and hundreds of batches are more than a page: the table's end (on stderr) says how to go
+    on, and --cursor asks for the next page (found from outside: only the newest page could be listed)."""
+    api.route("GET", "/v1/jobs", lambda s: (200, {"jobs": [job("j2" if "cursor" in s.query else "j1", "done")],
+                                                  "next_cursor": None if "cursor" in s.query else "Zm9v"}))
+    first = runner.invoke(app, ["jobs", "list", "--limit", "1", "--status", "done", *_auth(api)], terminal_width=200)
+    assert first.exit_code == 0 and "j1" in first.stdout and "more" not in first.stdout
+    assert "more: strata jobs list --limit 1 --status done --cursor Zm9v" in first.stderr
+    rest = runner.invoke(app, ["jobs", "list", "--limit", "1", "--status", "done", "--cursor", "Zm9v", *_auth(api)],
+                         terminal_width=200)
+    assert rest.exit_code == 0 and "j2" in rest.stdout and "more:" not in rest.stderr
+    assert api.calls("GET", "/v1/jobs")[-1].query == "limit=1&status=done&cursor=Zm9v"
+    batch = {"id": "b1", "name": "night", "status": "done", "counts": {"done": 3}}
+    api.route("GET", "/v1/batches", (200, {"batches": [batch], "next_cursor": "YmFy"}))
+    listed = runner.invoke(app, ["batch", "list", "--limit", "1", *_auth(api)], terminal_width=200)
+    assert listed.exit_code == 0 and "more: strata batch list --limit 1 --cursor YmFy" in listed.stderr
+    runner.invoke(app, ["batch", "list", "--cursor", "YmFy", *_auth(api)])
+    assert api.calls("GET", "/v1/batches")[-1].query == "limit=50&cursor=YmFy"
+
+
 def _serve_jobs(api: FakeApi, final: dict[str, str]) -> None:
     """POST /v1/jobs answers jobs j1, j2, ...; each GET answers its ``final`` status (done with an output)."""
     count = iter(range(1, 100))
