@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Row, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from services.batches.fairness import Candidate, fair_order
@@ -85,10 +85,21 @@ def _skip_waiting(session: Session, batch: Batch, now: dt.datetime) -> None:
                     .values(status=JobStatus.CANCELLED, stage=Stage.CANCELLED, error=reason, finished_at=now))
 
 
+def _waiting(session: Session, closed: set[str], free: int) -> list[Row]:
+    """The shots :func:`fair_order` may pick: each station's ``free`` oldest waiting outside a closed window (no
+    station gets more). Found from outside: every pass (each second) read every waiting shot, 0.63 s a pass with
+    40,000 shots of archive batches queued."""
+    waiting = [_lane(), Job.admitted_at.is_(None), Job.status == JobStatus.QUEUED]
+    if closed:
+        waiting.append(or_(Job.batch_id.is_(None), Job.batch_id.not_in(closed)))
+    turn = func.row_number().over(partition_by=Job.station_id, order_by=(Job.created_at, Job.id))
+    ranked = select(Job.id, Job.station_id, Job.created_at, Job.batch_id, Job.priority,
+                    turn.label("turn")).where(*waiting).subquery()
+    return list(session.execute(select(ranked).where(ranked.c.turn <= free)).all())
+
+
 def _admit(session: Session, closed: set[str], free: int, now: dt.datetime) -> list[tuple[str, str]]:
-    rows = session.execute(select(Job.id, Job.station_id, Job.created_at, Job.batch_id, Job.priority).where(
-        _lane(), Job.admitted_at.is_(None), Job.status == JobStatus.QUEUED)).all()
-    waiting = [r for r in rows if r.batch_id not in closed]
+    waiting = _waiting(session, closed, free)
     if not waiting:
         return []
     last = dict(session.execute(select(Job.station_id, func.max(Job.admitted_at)).where(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from services.batches.admission import admission_pass, in_flight
 from services.config import get_settings
@@ -327,6 +327,27 @@ def test_admission_is_fair_between_stations(client: TestClient, auth: dict[str, 
             _finish(admitted[0][0], "done")
     a_jobs = [s["job"] for s in client.get(f"/v1/batches/{big['id']}/report", headers=auth).json()["shots"]]
     assert order == [a_jobs[0], b_job, a_jobs[1], a_jobs[2]]
+
+
+def test_admission_reads_each_stations_oldest_open_shots(client: TestClient, auth: dict[str, str],
+                                                         import_root: Path) -> None:
+    """A pass reads only the shots it may pick, each station's oldest outside a closed window (found from outside:
+    it read every waiting shot, each second); shots of a window not yet open take no station's turn."""
+    from services.batches.admission import _waiting
+
+    later = _create(client, auth, paths=["night"], not_before=(utcnow() + dt.timedelta(hours=1)).isoformat())
+    tonight = _create(client, auth, paths=["night"])
+    other = _create(client, _token("station-b"), paths=["night/shot_00.dng"])
+
+    def shots(batch: dict) -> list[str]:
+        with session_scope() as session:
+            return list(session.scalars(select(Job.id).where(Job.batch_id == batch["id"])
+                                        .order_by(Job.created_at, Job.id)))
+
+    with session_scope() as session:
+        assert {r.id for r in _waiting(session, {later["id"]}, 2)} == {*shots(tonight)[:2], *shots(other)}
+        admitted = {job for job, _ in admission_pass(session, get_settings(), capacity=4).ingest}
+    assert admitted == {*shots(tonight), *shots(other)}  # none of the later window's
 
 
 def test_a_lost_webhook_message_is_found_again(client: TestClient, auth: dict[str, str], import_root: Path) -> None:
