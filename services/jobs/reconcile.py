@@ -12,10 +12,10 @@ idempotent, so that duplicate finds its work done and counts nothing.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, not_, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from services.db.models import Job, Shard, as_utc, utcnow
@@ -76,7 +76,7 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
     now = utcnow()
     stale = now - dt.timedelta(seconds=stale_after_s)
     grace = now - dt.timedelta(seconds=grace_s)
-    jobs = session.scalars(select(Job).where(Job.status.in_(ACTIVE)).options(selectinload(Job.shards))).all()
+    jobs = _sent_active_jobs(session)
     leases = held() if held is not None else None  # after the rows: a step started in between is seen as held
     repairs = Repairs([], [], [])
     for job in jobs:
@@ -111,6 +111,15 @@ def reconcile(session: Session, *, alive_workers: set[str], coordinator_backlog:
             repairs.shards += [ShardTicket(s.id, job.priority, None, job.id) for s in unsent]
     session.commit()
     return repairs
+
+
+def _sent_active_jobs(session: Session) -> Sequence[Job]:
+    """Queued and running jobs with their shards, but not the batch lane's shots waiting for admission: no message
+    was ever sent for those (found from outside: with 40,000 of them queued, each pass loaded them all, 3.9 s and
+    0.5 GB every 3 s, to skip every one)."""
+    waiting = and_(Job.status == JobStatus.QUEUED, Job.admitted_at.is_(None))
+    return session.scalars(select(Job).where(Job.status.in_(ACTIVE), not_(waiting))
+                           .options(selectinload(Job.shards))).all()
 
 
 def _lost_ingest(session: Session, job: Job, repairs: Repairs, leases: Held | None, held_job: bool,

@@ -6,7 +6,7 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from services.db.models import Job, Shard, Station, utcnow
 from services.db.session import session_scope
@@ -76,13 +76,25 @@ def test_reconcile_finds_lost_shards_stalled_phases_and_lost_ingests(db: str) ->
         session.add(Shard(job_id=fresh.id, phase=0, index=0, kind="strip", status="running", worker="dead@h",
                           started_at=utcnow()))
         never = _job(session, status="queued", phase=-1)
-        _job(session, status="queued", phase=-1, admitted=False)  # waits for admission: never sent, not lost
+        waiting = _job(session, status="queued", phase=-1, admitted=False)  # waits for admission: never sent, not lost
         done = _job(session, status="done")
         session.add(Shard(job_id=done.id, phase=0, index=0, kind="strip", status="running", worker="dead@h",
                           started_at=old))
-        ids = {"lost": lost.id, "stalled": stalled.id, "never": never.id}
+        ids = {"lost": lost.id, "stalled": stalled.id, "never": never.id, "waiting": waiting.id}
+    loaded: list[str] = []
+
+    def record(job: Job, _context: object) -> None:
+        loaded.append(job.id)
+
+    event.listen(Job, "load", record)
     with session_scope() as session:
-        repairs = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=0, stale_after_s=60)
+        try:
+            repairs = reconcile(session, alive_workers={"gpu0@h"}, coordinator_backlog=0, stale_after_s=60)
+        finally:
+            event.remove(Job, "load", record)
+        # the one waiting for admission is not even read: a night's thousands of shots waiting made every pass load
+        # them all (found from outside)
+        assert ids["never"] in loaded and ids["waiting"] not in loaded
         shard_jobs = {session.get(Shard, t.shard_id).job_id for t in repairs.shards}
         assert shard_jobs == {ids["lost"]} and len(repairs.shards) == 1
         assert repairs.advance == [(ids["stalled"], "batch")]
