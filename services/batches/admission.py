@@ -126,16 +126,17 @@ def finish_batches(session: Session, now: dt.datetime) -> list[str]:
     """Sealed batches with shots, none of them active: done (some rendered) or failed (none did). Claimed with
     a conditional UPDATE, so exactly one pass reports each."""
     finished = []
-    for b in session.scalars(select(Batch).where(Batch.status.in_(UNFINISHED), Batch.sealed.is_(True))).all():
-        total, active, done = session.execute(select(
-            func.count(), func.count().filter(Job.status.in_(ACTIVE)), func.count().filter(
-                Job.status == JobStatus.DONE)).where(Job.batch_id == b.id)).one()
-        if total == 0 or active:
+    # one grouped query for every open batch (a query each, each pass, was 0.12 s with 200 batches open)
+    shots = session.execute(select(Batch.id, func.count().filter(Job.status.in_(ACTIVE)), func.count().filter(
+        Job.status == JobStatus.DONE)).join(Job, Job.batch_id == Batch.id)
+        .where(Batch.status.in_(UNFINISHED), Batch.sealed.is_(True)).group_by(Batch.id)).all()
+    for batch_id, active, done in shots:  # batches with shots only
+        if active:
             continue
         status = BatchStatus.DONE if done else BatchStatus.FAILED
-        if execute_update(session, update(Batch).where(Batch.id == b.id, Batch.status.in_(UNFINISHED))
+        if execute_update(session, update(Batch).where(Batch.id == batch_id, Batch.status.in_(UNFINISHED))
                           .values(status=status, finished_at=now)):
-            finished.append(b.id)
+            finished.append(batch_id)
     session.commit()
     return finished
 

@@ -350,6 +350,39 @@ def test_admission_reads_each_stations_oldest_open_shots(client: TestClient, aut
     assert admitted == {*shots(tonight), *shots(other)}  # none of the later window's
 
 
+def test_ending_batches_reads_every_open_batch_at_once(client: TestClient, auth: dict[str, str],
+                                                      import_root: Path) -> None:
+    """Each admission pass (every second) asks about every open batch in one query, not one query a batch."""
+    from sqlalchemy import event
+
+    from services.batches.admission import finish_batches
+    from services.db.session import get_engine
+
+    seen: list[str] = []
+
+    def record(*args: object) -> None:
+        seen.append(str(args[2]))
+
+    def statements_of_a_pass() -> int:
+        seen.clear()
+        event.listen(get_engine(), "before_cursor_execute", record)
+        try:
+            with session_scope() as session:
+                finish_batches(session, utcnow())
+        finally:
+            event.remove(get_engine(), "before_cursor_execute", record)
+        return len(seen)
+
+    _create(client, auth, paths=["night/shot_00.dng"])
+    one = statements_of_a_pass()
+    ended = _create(client, auth, paths=["night/shot_01.dng"])
+    _create(client, auth, paths=["night/shot_02.dng"])
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.batch_id == ended["id"]).values(status="done", finished_at=utcnow()))
+    assert statements_of_a_pass() == one + 1  # the one that ended is claimed; the rest cost nothing more
+    assert client.get(f"/v1/batches/{ended['id']}", headers=auth).json()["status"] == "done"
+
+
 def test_a_lost_webhook_message_is_found_again(client: TestClient, auth: dict[str, str], import_root: Path) -> None:
     from services.batches.admission import unsent_notifications
 
