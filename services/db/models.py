@@ -13,6 +13,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -69,6 +70,9 @@ class Station(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
+    # A station's list pages newest first by (created_at, id): without it each page sorted every job the station
+    # ever sent (55 ms a page at 44,000 jobs, growing with the history; 0.3 ms with it).
+    __table_args__ = (Index("ix_jobs_station_id_created_at", "station_id", "created_at", "id"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     station_id: Mapped[str] = mapped_column(ForeignKey("stations.id"), index=True)
     status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
@@ -132,6 +136,7 @@ class Batch(Base):
     """A station's set of shots rendered together (overnight), optionally inside a time window."""
 
     __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_station_id_created_at", "station_id", "created_at", "id"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     station_id: Mapped[str] = mapped_column(ForeignKey("stations.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))

@@ -82,7 +82,7 @@ def test_a_migration_left_half_done_by_an_earlier_release_is_finished(db: str) -
     assert _rows(db) == ([("b1", "done", True)], [("j1", "b1", "done")])
     engine = create_engine(db)
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0009_batch_sealed"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0010_listing_indexes"
     engine.dispose()
 
 
