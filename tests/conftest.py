@@ -20,6 +20,21 @@ PG_URL = os.environ.get("STRATA_TEST_DATABASE_URL")
 BACKENDS = ["sqlite"] + (["postgresql"] if PG_URL else [])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``one_backend`` checks what a render produces (pixels, files, recipes), which no database
+    changes: it runs on the last of :data:`BACKENDS` only (PostgreSQL where configured, as in CI), and its other
+    backends' runs are deselected. The job lifecycle, batches and recovery still run on every backend."""
+    keep, drop = [], []
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        backends = [v for v in (spec.params.values() if spec else ()) if isinstance(v, str) and v in BACKENDS]
+        other = bool(backends) and backends[0] != BACKENDS[-1]
+        (drop if other and item.get_closest_marker("one_backend") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def backend_url(backend: str, root: Path) -> str:
     if backend == "postgresql":
         assert PG_URL

@@ -224,6 +224,7 @@ def test_cli_jobs_list_show_download_cancel(stack: Stack, shots: dict[str, list[
     assert _wait(stack, queued["id"])["status"] == "cancelled"
 
 
+@pytest.mark.one_backend
 def test_stitched_strips_equal_the_one_piece_render(stack: Stack, shots: dict[str, list[Path]]) -> None:
     """The TIFF the service stitched from strips equals rendering the whole frame at once (≤ 1 LSB)."""
     from services.pipeline.render import render_mosaic
@@ -307,6 +308,7 @@ def test_worker_killed_mid_shard_job_completes_identically(stack: Stack, shots: 
     assert hashlib.sha256(data).hexdigest() == hashlib.sha256(ref_data).hexdigest()
 
 
+@pytest.mark.one_backend
 def test_two_recipes_from_one_render(stack: Stack, shots: dict[str, list[Path]], tmp_path: Path) -> None:
     """A deflate TIFF and a JPEG proof of one shot: both listed with their recipe, each download matches its
     sha256, the GPU work ran once (the same strip shards as a one-recipe job), EXIF reads back in exiftool."""

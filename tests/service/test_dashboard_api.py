@@ -245,6 +245,7 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     assert max(big) <= 1600 and abs(big[0] / big[1] - image.size[0] / image.size[1]) < 0.02
 
 
+@pytest.mark.one_backend
 def test_a_portrait_shots_previews_carry_its_orientation(client: TestClient, synth_dir: Path) -> None:
     """A shot the camera recorded as turned (EXIF Orientation 6, rotate 90 CW) gets fast and final previews that say
     so, as its proofs and TIFFs do, so the dashboard shows it upright; a plain shot's previews carry no EXIF."""
@@ -371,6 +372,7 @@ def test_token_commands(tmp_path: Path) -> None:
     assert strata("create", "--station", "boss").returncode == 1  # a live principal's name: refused, not misused
 
 
+@pytest.mark.one_backend
 def test_a_non_srgb_render_keeps_its_srgb_fast_preview(client: TestClient, synth_dir: Path) -> None:
     a = _token("station-a")
     data = (synth_dir / "iq3s" / "frame_00.dng").read_bytes()

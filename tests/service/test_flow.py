@@ -552,6 +552,7 @@ def _run_to_the_end(job_id: str, n_workers: int = 2, quiet: QuietWindow | None =
     return ran
 
 
+@pytest.mark.one_backend
 def test_several_recipes_come_from_one_render(db: str, synth_dir: Path) -> None:
     """tiff16 + jpeg-proof + tiff16-adobergb: one set of strip shards (as many as a one-recipe job), one output
     row per recipe; the sRGB TIFF is the single-space render (and the one-recipe job's file, byte for byte), the
@@ -674,6 +675,7 @@ def test_work_of_an_older_version_is_rerendered_not_failed(db: str, tmp_path: Pa
         assert job.params["rewinds"] == 2 and job.params["plan_version"] == PLAN_VERSION
 
 
+@pytest.mark.one_backend
 def test_a_raw_merge_stack_runs_through_the_flow(db: str, tmp_path: Path) -> None:
     """STRATA_STACK_RAW_MERGE: the plan carries it (RenderParams.raw_merge), the frame groups write 11-channel
     accumulators and the strips render them to the end."""
@@ -722,6 +724,7 @@ def test_a_cancel_committed_while_ingest_starts_is_not_overwritten(db: str, synt
         assert (job.status, job.phase) == ("cancelled", -1)
 
 
+@pytest.mark.one_backend
 def test_a_proof_finished_by_the_worker_of_a_whole_image_strip_is_the_writers_file(
         db: str, synth_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tiff16 + a 200 px proof (binned by 2): with one worker the one strip holds the whole image and its worker
@@ -783,6 +786,7 @@ class _Recorded(QuietWindow):
         return recorded
 
 
+@pytest.mark.one_backend
 def test_an_interactive_finalize_holds_the_disk_and_a_batch_lane_one_yields(
         db: str, synth_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interactive job's outputs open the quiet window and close it once recorded (its own writes never wait);

@@ -141,6 +141,7 @@ def test_a_linear_dngs_grey_stays_grey(client: TestClient, auth: dict[str, str],
         assert abs(float(got[..., 1].max())) < GREY_DELTA_E and abs(float(got[..., 2].max())) < GREY_DELTA_E
 
 
+@pytest.mark.one_backend
 def test_a_bayer_dng_from_any_camera_renders_as_a_single_frame(client: TestClient, auth: dict[str, str],
                                                                synth_dir: Path, tmp_path: Path) -> None:
     source = synth_dir / "iq3s" / "frame_00.dng"
