@@ -80,6 +80,7 @@ class Recipe:
     upscale_max: float = 2.0  # the largest enlargement of an upscaled crop
     gray_share: float = 0.0  # images made neutral (luma only): monochrome scenes, grey products, B&W prints
     hard_min_period: float = SHORTEST_PERIOD  # the hard scenes' shortest period, px (training.patterns)
+    hard_hue_share: float = 0.0  # of the hard scenes, fine texture in one saturated hue (training.patterns)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -108,6 +109,14 @@ def with_hard_share(recipe: Recipe, share: float) -> Recipe:
     total = sum(rest.values())
     weights = {**{k: v * (1.0 - share) / total for k, v in rest.items()}, "hard": share}
     return replace(recipe, name=f"{recipe.name}-hard{share:g}", weights=weights)
+
+
+def with_hard_hue_share(recipe: Recipe, share: float) -> Recipe:
+    """``recipe`` whose hard scenes are, a share ``share`` of them, fine texture in one saturated hue at two shades
+    (``--hard-hue-share``; :func:`training.patterns.hard_pattern`)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"the hard scenes' hue share must be in [0, 1], got {share}")
+    return replace(recipe, name=f"{recipe.name}-hue{share:g}", hard_hue_share=share)
 
 
 def with_hard_min_period(recipe: Recipe, period: float) -> Recipe:
@@ -372,7 +381,8 @@ class TrainingSource:
         out = []
         for src in self.rng.choice(len(self.names), size=b, p=self.weights):
             if self.names[src] == "hard":  # its own scale variety; flips and transposes as for every crop
-                crop = hard_pattern(self.rng, size, self.device, self.recipe.hard_min_period) * 255.0
+                crop = hard_pattern(self.rng, size, self.device, self.recipe.hard_min_period,
+                                    self.recipe.hard_hue_share) * 255.0
             else:
                 crop = self._crop(self.names[src], size)
             if self.rng.random() < 0.5:
@@ -627,4 +637,5 @@ __all__ = ["DEAD_LEAVES_HELD_OUT_SEEDS", "HELD_OUT_PHOTOS", "NOISE_LEVELS", "REC
            "RawBatch", "Recipe", "StackBatch", "TrainingSource", "aligned", "dead_leaves", "held_out_batches",
            "held_out_other_source", "held_out_stacks", "load_photos", "mosaic_of", "pattern_image", "photo_paths",
            "rgb_to_cam", "sample_noise", "scene_variety", "skimage_images", "stack_of", "stack_told",
-           "training_batch", "training_stack_batch", "unprocess", "with_hard_min_period", "with_hard_share"]
+           "training_batch", "training_stack_batch", "unprocess", "with_hard_hue_share", "with_hard_min_period",
+           "with_hard_share"]

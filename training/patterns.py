@@ -13,7 +13,12 @@ generator, so it is deterministic in the generator's state and never repeats an 
   contrast;
 * laid out over the whole crop, or beside a flat area (black, white or a colour) across a random straight edge, or
   as patches on a flat background;
-* sharp (pixel-exact edges where the geometry is axis-aligned) or rendered at 2x and box-averaged (anti-aliased).
+* sharp (pixel-exact edges where the geometry is axis-aligned) or rendered at 2x and box-averaged (anti-aliased);
+* with ``hue_share``, that share of the scenes is fine texture in ONE saturated hue at two shades (the texture lives
+  in one or two channels only, as in green foliage or a fine cyan fabric), or 40 % of them its neutral counterpart:
+  a dot grid, a twill or 1-px grain besides the textures above. A network that learned neutral patterns of period
+  3 reads such a mosaic as a pattern and draws a false grid into it (2.2.0 on saturated green and cyan,
+  docs/QUALITY.md): these scenes teach it what the truth is.
 
 Everything is computed with torch on the training device (a few small kernels per crop); the random draws are a
 handful of scalars from the NumPy generator.
@@ -30,6 +35,7 @@ from torch import Tensor
 TEXTURES = ("square", "sine", "checker", "weave", "herringbone", "strokes", "crossed")
 LAYOUTS = ("full", "beside_flat", "patches")
 _LAYOUT_P = (0.4, 0.4, 0.2)
+_HUE_LAYOUT_P = (0.7, 0.2, 0.1)  # the scenes in one saturated hue
 # The shortest period drawn by default (recipe ``patterns`` as run in session 38). A neutral pattern of period 2 px
 # puts its bright pixels on the same CFA sites as a flat saturated colour does (a 1-px checkerboard is a magenta
 # mosaic, a dot grid on the R sites a red one): a network taught such patterns draws a fine grid into saturated red
@@ -118,6 +124,32 @@ def _strokes(rng: np.random.Generator, yy: Tensor, xx: Tensor) -> Tensor:
     return (segments * cell).amax(dim=0)
 
 
+def _fine(rng: np.random.Generator, yy: Tensor, xx: Tensor, shortest: float) -> Tensor:
+    """A dot grid of period ``shortest``-4 px (axis-aligned, at a random phase), a twill (diagonal stripes of that
+    period) or 1-px grain (each pixel on or off at random): (H, W) in {0, 1}."""
+    roll = rng.random()
+    period = float(rng.integers(math.ceil(shortest), 5))
+    py, px = float(rng.integers(int(period))), float(rng.integers(int(period)))
+    iy, ix = torch.floor(yy + 0.5), torch.floor(xx + 0.5)  # the output pixel a (super)sample falls in
+    if roll < 0.35:
+        return ((torch.remainder(iy + py, period) < 1) & (torch.remainder(ix + px, period) < 1)).float()
+    if roll < 0.7:
+        sign = 1.0 if rng.random() < 0.5 else -1.0
+        return (torch.remainder(iy + sign * ix + py, period) < float(rng.integers(1, int(period)))).float()
+    return (_cell_hash(iy, ix, float(rng.uniform(0.0, 1000.0))) < float(rng.uniform(0.3, 0.7))).float()
+
+
+def _hue_shades(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Two shades of one saturated sRGB hue (any hue; HSV saturation 0.75-1): a bright one and one 30-85 % of it.
+    40 % of the time the same in grey (saturation 0): the neutral counterpart of the same fine texture, so the
+    network learns to tell the two apart from the samples rather than read every such mosaic as one of them."""
+    hue, sat = float(rng.uniform(0.0, 6.0)), float(rng.uniform(0.75, 1.0)) if rng.random() < 0.6 else 0.0
+    k = (np.array([5.0, 3.0, 1.0]) + hue) % 6.0
+    colour = 1.0 - sat * np.clip(np.minimum(k, 4.0 - k), 0.0, 1.0)
+    bright = float(rng.uniform(0.5, 1.0))
+    return colour * bright * float(rng.uniform(0.3, 0.85)), colour * bright
+
+
 def _texture(rng: np.random.Generator, yy: Tensor, xx: Tensor, shortest: float) -> Tensor:
     kind = TEXTURES[int(rng.integers(len(TEXTURES)))]
     if kind in ("square", "sine", "checker", "crossed"):
@@ -171,22 +203,29 @@ def _layout_mask(rng: np.random.Generator, yy: Tensor, xx: Tensor, layout: str, 
 
 
 def hard_pattern(rng: np.random.Generator, size: int, device: torch.device | str = "cpu",
-                 shortest: float = SHORTEST_PERIOD) -> Tensor:
+                 shortest: float = SHORTEST_PERIOD, hue_share: float = 0.0) -> Tensor:
     """A random hard scene (3, size, size) float32 sRGB in [0, 1] on ``device``; deterministic in ``rng``'s state.
 
     Half of the scenes are rendered at 2x and box-averaged (soft, anti-aliased edges), half at 1x (exact).
     ``shortest``: the shortest period of the gratings, checkerboards and woven stripes (2-4 px; see
-    :data:`SHORTEST_PERIOD`)."""
+    :data:`SHORTEST_PERIOD`). ``hue_share``: the share of scenes of fine texture in one saturated hue (module
+    docstring); 0 draws exactly the scenes of session 39 (2.2.0's recipe)."""
     if not 2.0 <= shortest <= 4.0:
         raise ValueError(f"the shortest period must be 2-4 px, got {shortest}")
     ss = 2 if rng.random() < 0.5 else 1
     n = size * ss
     grid = (torch.arange(n, device=device, dtype=torch.float32) + 0.5) / ss - 0.5  # output-pixel units
     yy, xx = torch.meshgrid(grid, grid, indexing="ij")
-    t = _texture(rng, yy, xx, shortest)
-    c0, c1 = _colours(rng)  # Python scalars only below: no host-to-device copy, no wait for the device
+    layout_p = _LAYOUT_P
+    if hue_share > 0 and rng.random() < hue_share:  # mostly over the whole crop: foliage, fabric
+        t = _fine(rng, yy, xx, max(shortest, 3.0)) if rng.random() < 0.6 else _texture(rng, yy, xx, shortest)
+        c0, c1 = _hue_shades(rng)
+        layout_p = _HUE_LAYOUT_P
+    else:
+        t = _texture(rng, yy, xx, shortest)
+        c0, c1 = _colours(rng)  # Python scalars only below: no host-to-device copy, no wait for the device
     img = torch.stack([float(c0[k]) + float(c1[k] - c0[k]) * t for k in range(3)])  # (3, n, n)
-    layout = LAYOUTS[int(rng.choice(len(LAYOUTS), p=_LAYOUT_P))]
+    layout = LAYOUTS[int(rng.choice(len(LAYOUTS), p=layout_p))]
     if layout == "full" and rng.random() < 0.3:  # a soft illumination gradient
         img = img * (1 + float(rng.normal(0.0, 0.2)) * (yy / n - 0.5))
     mask = _layout_mask(rng, yy, xx, layout, float(size))

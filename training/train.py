@@ -171,6 +171,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hard-min-period", type=float, default=None,
                    help="shortest period of the hard content's gratings and checkerboards, 2-4 px (default 2; 3 "
                    "leaves out the 2-px patterns that alias with saturated colours)")
+    p.add_argument("--hard-hue-share", type=float, default=None,
+                   help="share of the hard scenes drawn as fine texture in one saturated hue at two shades (dot "
+                   "grids, twills, 1-px grain; default 0): the truth of saturated green or cyan fine texture")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--crop", type=int, default=None, help="target crop (full-res pixels, even)")
     p.add_argument("--lr", type=float, default=None)
@@ -418,6 +421,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         recipe = data.with_hard_share(recipe, args.hard_share)
     if args.hard_min_period is not None:
         recipe = data.with_hard_min_period(recipe, args.hard_min_period)
+    if args.hard_hue_share is not None:
+        recipe = data.with_hard_hue_share(recipe, args.hard_hue_share)
     source = data.TrainingSource(args.photos, device, args.seed, dead_leaves_pool=dl_pool, dead_leaves_size=dl_size,
                                  recipe=recipe)
     eval_sets = data.held_out_batches(args.photos, device, size=64 if args.smoke else 192,

@@ -14,6 +14,11 @@ found from outside"); the training's hard content (training/patterns.py) is draw
 * ``bright_black``: a bright neutral fine texture beside flat black -- the same (magenta); region ``flat``.
 * ``herringbone``: a neutral 3-pixel herringbone, mean about 123/255 -- a tint at noise; region ``neutral`` (the
   mean colour of the texture; truth neutral).
+* ``hue_tex``: fine texture at the sampling limit in 12 saturated hues (bands 30 degrees apart; in each, a period-3
+  dot grid, a period-3 twill and 1-px grain, each in a bright and a darker shade of the band's hue, at high and at low
+  contrast) -- a false grid or
+  stripes where the red or blue samples are near black (green, cyan; found from outside on 2.2.0); region ``texture``
+  (RMS error, away from the bands' edges).
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-SCENES = ("checker", "lines", "weave_black", "bright_black", "herringbone")
+SCENES = ("checker", "lines", "weave_black", "bright_black", "herringbone", "hue_tex")
 DARK, LIGHT = 0.08, 0.85  # sRGB levels of the neutral sampling-limit patterns
 FLAT_BAND = (3, 30)  # pixels from the texture's edge where the glow into flat black is measured
 TEXTURE_SHARE = 0.4  # of the width, for the scenes with a texture beside flat black
+HUES = 12  # bands of ``hue_tex``, 360 / HUES degrees apart
+EDGE_MARGIN = 4  # pixels of ``hue_tex`` left out of its region on each side of a band's edge
 
 Regions = dict[str, np.ndarray]
 
@@ -88,9 +95,38 @@ def _herringbone(height: int, width: int) -> tuple[np.ndarray, Regions]:
     return img, {"neutral": np.ones((height, width), bool)}
 
 
+def _hue_rgb(hue: float, value: float) -> tuple[float, float, float]:
+    """A fully saturated sRGB colour of ``hue`` (degrees) at HSV value ``value``."""
+    k = (np.array([5.0, 3.0, 1.0]) + hue / 60.0) % 6.0
+    rgb = value * (1.0 - np.clip(np.minimum(k, 4.0 - k), 0.0, 1.0))
+    return float(rgb[0]), float(rgb[1]), float(rgb[2])
+
+
+def _hue_tex(height: int, width: int) -> tuple[np.ndarray, Regions]:
+    yy, xx = _grid(height, width)
+    dots = ((yy % 3 == 0) & (xx % 3 == 0)).astype(np.float32)
+    twill = (((yy + xx) % 3) == 0).astype(np.float32)
+    grain = (np.random.default_rng(17).random((height, width)) < 0.5).astype(np.float32)
+    row = np.minimum(yy * 6 // max(height, 1), 5)  # dots, twill, grain at high contrast, then at low contrast
+    t = np.choose(row % 3, [dots, twill, grain])
+    band = np.minimum(xx * HUES // max(width, 1), HUES - 1)
+    img = np.zeros((height, width, 3), np.float32)
+    for b in range(HUES):
+        hue = 360.0 * b / HUES
+        for low, dark in ((False, 0.5), (True, 0.75)):
+            sel = (band == b) & ((row >= 3) == low)
+            img[sel] = _two_tone(t[sel], _hue_rgb(hue, dark), _hue_rgb(hue, 0.95))
+    edges, margin = np.zeros((height, width), bool), min(EDGE_MARGIN, width // HUES // 4)
+    for cut in [width * b // HUES for b in range(1, HUES)]:
+        edges[:, max(cut - margin, 0) : cut + margin] = True
+    for cut in [height * r // 6 for r in range(1, 6)]:
+        edges[max(cut - margin, 0) : cut + margin] = True
+    return img, {"texture": ~edges}
+
+
 _BUILDERS: dict[str, Callable[[int, int], tuple[np.ndarray, Regions]]] = {
     "checker": _checker, "lines": _lines, "weave_black": _weave_black, "bright_black": _bright_black,
-    "herringbone": _herringbone,
+    "herringbone": _herringbone, "hue_tex": _hue_tex,
 }
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lab.quality.artefacts import ARTEFACT_CONTENT, every_phase, measure
+from lab.quality.artefacts import ARTEFACT_CONTENT, MEASURES, every_phase, measure
 from lab.synth.scenes import SCENES, scene
 from training import data
 from training.patterns import hard_pattern
@@ -63,6 +63,37 @@ def test_the_shortest_period_leaves_out_the_patterns_that_alias_with_colour() ->
             hard_pattern(np.random.default_rng(0), 16, shortest=bad)
 
 
+def _one_hue(image: torch.Tensor) -> str:
+    """``saturated``: every pixel a multiple of one colour (two shades of a hue, blends of them, black), that colour
+    not grey; ``grey``: the same in grey; else ``other``."""
+    px = image.reshape(3, -1).T.double().numpy()
+    s = np.linalg.svd(px, compute_uv=False)
+    colour = np.abs(np.linalg.svd(px, full_matrices=False)[2][0])
+    if s[1] >= 1e-4 * s[0]:
+        return "other"
+    return "saturated" if np.ptp(colour) > 0.3 * colour.max() else "grey"
+
+
+def test_the_hue_share_draws_fine_texture_in_one_saturated_hue() -> None:
+    """--hard-hue-share: that share of the hard scenes is texture in two shades of one saturated hue (the texture in
+    one or two channels only: green foliage, cyan fabric) or of grey; 0 draws exactly the scenes 2.2.0 was trained
+    on."""
+    def kinds(hue_share: float) -> list[str]:
+        rng = np.random.default_rng(2)
+        return [_one_hue(hard_pattern(rng, 48, shortest=3.0, hue_share=hue_share)) for _ in range(120)]
+
+    every, none = kinds(1.0), kinds(0.0)
+    assert every.count("saturated") > 0.3 * 120 and every.count("other") < 0.4 * 120
+    assert none.count("saturated") < 0.1 * 120
+    for seed in range(5):
+        a = hard_pattern(np.random.default_rng(seed), 32)
+        assert torch.equal(a, hard_pattern(np.random.default_rng(seed), 32, hue_share=0.0))
+    recipe = data.with_hard_hue_share(data.RECIPES["patterns"], 0.4)
+    assert recipe.hard_hue_share == 0.4 and data.RECIPES["patterns"].hard_hue_share == 0.0
+    with pytest.raises(ValueError, match="hue share"):
+        data.with_hard_hue_share(recipe, 1.5)
+
+
 def test_the_patterns_recipe_mixes_hard_crops_into_soft() -> None:
     recipe, soft = data.RECIPES["patterns"], data.RECIPES["soft"]
     assert recipe.weights["hard"] == pytest.approx(0.15) and recipe.weights["photos"] >= 0.5
@@ -83,8 +114,8 @@ def test_artefact_scenes_and_measures() -> None:
         assert regions and all(m.shape == (64, 48) and m[8:-8, 8:-8].any() for m in regions.values())
         truth = (img * 65535).round().astype(np.uint16)
         exact = measure(f"pattern:{name}", truth, truth)
-        assert all(abs(exact[k]) < 1e-6 for k in ("chroma_err", "glow", "tint") if k in exact)
+        assert all(abs(exact[k]) < 1e-6 for k in MEASURES if k in exact)
         tinted = np.clip(img + np.array([0.0, 0.0, 0.1], np.float32), 0, 1)
         off = measure(f"pattern:{name}", (tinted * 65535).round().astype(np.uint16), truth)
-        assert any(off[k] > 5 for k in ("chroma_err", "glow", "tint") if k in off)
+        assert any(off[k] > 5 for k in MEASURES if k in off)
     assert measure("photo:033", np.zeros((4, 4, 3)), np.zeros((4, 4, 3))) == {}
