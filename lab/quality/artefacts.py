@@ -9,8 +9,9 @@ controls, each at the four CFA phases, rendered like every shot of ``strata qual
   and its largest channel, in codes;
 * ``mean_rgb`` / ``tint`` (region ``neutral``): the texture's mean colour in codes, and max - min of it minus the
   truth's (0: neutral);
-* ``tex_err`` (region ``texture``): the RMS error in codes of saturated fine texture (a false grid drawn into it, or
-  the texture flattened, both count).
+* ``tex_err`` / ``grain_err`` (regions ``texture`` / ``grain``): the RMS error in codes of saturated fine texture
+  (a false grid or blotches drawn into it, or the texture flattened, all count), all of it / its low-contrast
+  1-px grain.
 
 Everything excludes the metrics' 8-pixel border (:data:`lab.quality.metrics.BORDER`).
 """
@@ -27,7 +28,8 @@ from lab.synth.scenes import SCENES, scene, scene_name
 CONTROLS = ("photo:033", "photo:037", "dead_leaves:900001")  # natural content: PSNR only
 ARTEFACT_CONTENT = tuple(f"pattern:{s}" for s in SCENES) + CONTROLS
 CFA_PHASES = ("RGGB", "BGGR", "GRBG", "GBRG")
-MEASURES = ("chroma_err", "glow", "tint", "tex_err")  # the headline measure of each region kind, codes, lower is better
+# the headline measure of each region kind, codes, lower is better
+MEASURES = ("chroma_err", "glow", "tint", "tex_err", "grain_err")
 CODES = 255.0
 
 
@@ -70,9 +72,10 @@ def measure(content: str, image: np.ndarray, truth: np.ndarray) -> dict:
         out["mean_rgb"] = [round(float(v), 2) for v in rgb]
         out["truth_rgb"] = [round(float(v), 2) for v in want]
         out["tint"] = float(np.ptp(rgb) - np.ptp(want))
-    if "texture" in regions:
-        m = _inner(regions["texture"])
-        out["tex_err"] = float(np.sqrt(np.mean((img[m] - ref[m]) ** 2)) * CODES)
+    for region, key in (("texture", "tex_err"), ("grain", "grain_err")):
+        if region in regions:
+            m = _inner(regions[region])
+            out[key] = float(np.sqrt(np.mean((img[m] - ref[m]) ** 2)) * CODES)
     return out
 
 
@@ -113,12 +116,13 @@ def _cell(v: float | list[float] | None, spec: str) -> str:
 def artefact_lines(summary: list[dict]) -> list[str]:
     """The artefact table as plain-text lines (one per content x level x method)."""
     lines = [f"{'content':<22} {'level':<5} {'method':<28} {'PSNR':>6} {'chroma':>7} {'glow':>6} {'tint':>6} "
-             f"{'tex':>6}  colour"]
+             f"{'tex':>6} {'grain':>6}  colour"]
     for e in summary:
         colour = e.get("flat_rgb") or e.get("mean_rgb")
         lines.append(f"{e['content']:<22} {e['level']:<5} {e['method'][:28]:<28} {_cell(e['psnr'], '6.2f'):>6} "
                      f"{_cell(e.get('chroma_err'), '7.2f'):>7} {_cell(e.get('glow'), '6.2f'):>6} "
-                     f"{_cell(e.get('tint'), '6.2f'):>6} {_cell(e.get('tex_err'), '6.2f'):>6}  {_cell(colour, '')}")
+                     f"{_cell(e.get('tint'), '6.2f'):>6} {_cell(e.get('tex_err'), '6.2f'):>6} "
+                     f"{_cell(e.get('grain_err'), '6.2f'):>6}  {_cell(colour, '')}")
     return lines
 
 

@@ -17,8 +17,9 @@ found from outside"); the training's hard content (training/patterns.py) is draw
 * ``hue_tex``: fine texture at the sampling limit in 12 saturated hues (bands 30 degrees apart; in each, a period-3
   dot grid, a period-3 twill and 1-px grain, each in a bright and a darker shade of the band's hue, at high and at low
   contrast) -- a false grid or
-  stripes where the red or blue samples are near black (green, cyan; found from outside on 2.2.0); region ``texture``
-  (RMS error, away from the bands' edges).
+  stripes where the red or blue samples are near black (green, cyan; found from outside on 2.2.0); regions
+  ``texture`` (all of it) and ``grain`` (the low-contrast grain, where 2.2.0 draws coloured blotches into yellow-green
+  to cyan), RMS error away from the bands' edges.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def _hue_tex(height: int, width: int) -> tuple[np.ndarray, Regions]:
     img = np.zeros((height, width, 3), np.float32)
     for b in range(HUES):
         hue = 360.0 * b / HUES
-        for low, dark in ((False, 0.5), (True, 0.75)):
+        for low, dark in ((False, 0.5), (True, 0.8)):
             sel = (band == b) & ((row >= 3) == low)
             img[sel] = _two_tone(t[sel], _hue_rgb(hue, dark), _hue_rgb(hue, 0.95))
     edges, margin = np.zeros((height, width), bool), min(EDGE_MARGIN, width // HUES // 4)
@@ -121,7 +122,7 @@ def _hue_tex(height: int, width: int) -> tuple[np.ndarray, Regions]:
         edges[:, max(cut - margin, 0) : cut + margin] = True
     for cut in [height * r // 6 for r in range(1, 6)]:
         edges[max(cut - margin, 0) : cut + margin] = True
-    return img, {"texture": ~edges}
+    return img, {"texture": ~edges, "grain": ~edges & (row == 5)}
 
 
 _BUILDERS: dict[str, Callable[[int, int], tuple[np.ndarray, Regions]]] = {
