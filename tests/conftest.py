@@ -55,15 +55,94 @@ def drop_everything(url: str) -> None:
     engine.dispose()
 
 
+_SQLITE_TEMPLATE = _TEST_ROOT / "template" / "strata.db"  # migrated once per process, copied for each database
+_MIGRATED: dict[str, tuple] = {}  # PostgreSQL URL -> the schema (fingerprint) of its last full migration
+
+
 def reset_database(url: str) -> None:
-    """An empty, fully migrated database."""
+    """An empty, fully migrated database. SQLite: a copy of one migrated once per process. PostgreSQL: migrated in
+    full once; later, while its schema is still the migrated one (a test may have dropped or changed it), every
+    table emptied instead (TRUNCATE ... RESTART IDENTITY: the state of a fresh migration, no rows, ids from 1)."""
     from services.db.migrate import upgrade
 
     if url.startswith("sqlite"):
-        Path(url.split("///", 1)[1]).unlink(missing_ok=True)
-    else:
+        _copy_sqlite_template(Path(url.split("///", 1)[1]))
+    elif not _empty_if_migrated(url):
         drop_everything(url)
-    upgrade(url)
+        upgrade(url)
+        _MIGRATED[url] = _pg_schema(url)
+
+
+def _copy_sqlite_template(path: Path) -> None:
+    import shutil
+    import sqlite3
+
+    from services.db.migrate import upgrade
+
+    if not _SQLITE_TEMPLATE.exists():
+        _SQLITE_TEMPLATE.parent.mkdir(parents=True, exist_ok=True)
+        upgrade(f"sqlite:///{_SQLITE_TEMPLATE}")
+        with sqlite3.connect(_SQLITE_TEMPLATE) as conn:  # every page in the file itself (WAL mode), none in -wal
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_SQLITE_TEMPLATE, path)
+
+
+_PG_SCHEMA_QUERIES = (
+    "SELECT table_name, column_name, ordinal_position, data_type, is_nullable, column_default "
+    "FROM information_schema.columns "
+    "WHERE table_schema = 'public' ORDER BY 1, 2",
+    "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1",
+    "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
+    "WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2",
+    "SELECT sequence_name FROM information_schema.sequences WHERE sequence_schema = 'public' ORDER BY 1",
+    "SELECT t.typname, e.enumlabel FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid ORDER BY 1, 2",
+    "SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2",
+    "SELECT version_num FROM alembic_version",
+)
+
+
+def _pg_schema(url: str) -> tuple:
+    """What a migration makes of the database at ``url``: tables, columns, indexes, constraints, sequences, enum
+    types, triggers and the Alembic revision (an error if there is no alembic_version)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return tuple(tuple(tuple(row) for row in conn.exec_driver_sql(q)) for q in _PG_SCHEMA_QUERIES)
+    finally:
+        engine.dispose()
+
+
+def _empty_if_migrated(url: str) -> bool:
+    """Empty every table of the PostgreSQL database at ``url`` if its schema is the one its last full migration
+    made; False (nothing done) when it is not, or there was none in this process."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    if url not in _MIGRATED:
+        return False
+    try:
+        if _pg_schema(url) != _MIGRATED[url]:
+            return False
+    except SQLAlchemyError:  # no alembic_version: dropped
+        return False
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            tables = conn.exec_driver_sql("SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = 'public' "
+                                          "AND tablename <> 'alembic_version'").scalars().all()
+            if tables:
+                conn.exec_driver_sql(f"TRUNCATE TABLE {', '.join(tables)} RESTART IDENTITY CASCADE")
+    finally:
+        engine.dispose()
+    return True
 
 
 def restore_environment(saved: dict[str, str]) -> None:
