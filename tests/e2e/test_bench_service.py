@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_end_to_end import Stack, stack  # noqa: F401 (the real-service fixture)
+from tests.e2e.conftest import Stack  # the real service's fixture `stack`: tests/e2e/conftest.py
 
 pytestmark = pytest.mark.e2e
 
 
-def test_bench_service_runs_every_scenario_and_writes_json(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+def test_bench_service_runs_every_scenario_and_writes_json(stack: Stack, tmp_path: Path) -> None:
     from lab.bench.service import main
 
     out = tmp_path / "bench.json"
@@ -36,7 +36,7 @@ def test_bench_service_runs_every_scenario_and_writes_json(stack: Stack, tmp_pat
     assert any(name.startswith("coordinator") for name in roles) and any(name.startswith("cpu") for name in roles)
 
 
-def test_bench_service_batch_uploaded_ahead_renders_after_its_window_opens(stack: Stack,  # noqa: F811
+def test_bench_service_batch_uploaded_ahead_renders_after_its_window_opens(stack: Stack,
                                                                           tmp_path: Path) -> None:
     """--upload-ahead: the shots go into a batch whose window opens after the uploads (a studio's night); no job
     starts before every shot is in, and the sustained rate is reported; --remove-files removes each job's files."""

@@ -1,5 +1,6 @@
-"""End to end through real parts: uvicorn API, real Redis, real Celery worker processes (a coordinator and two
-GPU-queue workers on the CPU), synthetic DNGs from `strata synth` that LibRaw decodes."""
+"""End to end through real parts: uvicorn API, real Redis, real Celery worker processes (coordinators and two
+GPU-queue workers on the CPU; the stack tests/e2e/conftest.py shares with the other modules that only use it),
+synthetic DNGs from `strata synth` that LibRaw decodes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,8 @@ import numpy as np
 import pytest
 import tifffile
 
-from tests.conftest import BACKENDS, backend_url, configure, psnr, reset_database, restore_environment
+from tests.conftest import psnr
+from tests.e2e.conftest import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -28,79 +28,6 @@ pytestmark = pytest.mark.e2e
 # a wrong CFA phase or white balance ~15-20 dB, a one-pixel stack misregistration or a colour-matrix error
 # ~20-24 dB. 30 dB leaves room for noise and the demosaic while catching every one of those.
 MIN_PSNR_DB = 30.0
-SHARD_DELAY_S = 0.4  # failure drill: every shard pauses, so a worker can be killed mid-shard
-VISIBILITY_S = 6  # an unacknowledged shard of a killed worker is redelivered after this
-
-
-@dataclass
-class Stack:
-    url: str
-    headers: dict[str, str]
-    supervisor: object
-    redis_url: str
-    env: dict[str, str]
-
-
-def _free_port() -> int:
-    from workers.launcher import free_port
-
-    return free_port()
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_url: str
-          ) -> Iterator[Stack]:
-    import redis
-
-    from services.db.session import session_scope
-    from services.stations import create_station_token
-    from workers.launcher import ProcSpec, Supervisor, worker_specs
-
-    root = tmp_path_factory.mktemp(f"e2e-{request.param}")
-    url = backend_url(request.param, root)
-    # A Redis database of our own, emptied, so no stale message reaches these workers.
-    base, _, db_number = redis_url.rpartition("/")
-    e2e_redis = f"{base}/{int(db_number or 0) + 1}"  # the next database: parallel runs on other bases stay apart
-    redis.Redis.from_url(e2e_redis).flushdb()
-    env = {"STRATA_DATABASE_URL": url, "STRATA_DATA_DIR": str(root / "var"), "STRATA_REDIS_URL": e2e_redis,
-           "STRATA_CPU_WORKERS": "2", "STRATA_TORCH_THREADS": "1", "STRATA_FAULT_SHARD_DELAY_S": str(SHARD_DELAY_S),
-           "STRATA_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S), "STRATA_WORKER_HEARTBEAT_S": "1",
-           "STRATA_MIGRATE_ON_START": "false", "STRATA_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
-           # a GPU worker's express lane (on by default on GPUs only): exercised on the CPU with one backend
-           "STRATA_GPU_EXPRESS_LANE": "1" if request.param == BACKENDS[-1] else "0"}
-    configure(url, root / "var")
-    reset_database(url)
-    with session_scope() as session:
-        token = create_station_token(session, "e2e")
-    saved_env = dict(os.environ)
-    os.environ.update(env)
-    from services.config import get_settings
-
-    get_settings.cache_clear()
-    port = _free_port()
-    specs = [ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host",
-                              "127.0.0.1", "--port", str(port), "--log-level", "warning"])]
-    specs += worker_specs(get_settings())
-    sup = Supervisor(specs, env=env, log_dir=root / "logs")
-    sup.start()
-    base = f"http://127.0.0.1:{port}"
-    ready = {}
-    for _ in range(240):
-        try:
-            r = httpx.get(f"{base}/readyz", timeout=2)
-            ready = r.json()
-            if r.status_code == 200 and ready["workers"].get("gpu", 0) >= 2:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    else:
-        sup.stop()
-        logs = "\n".join(p.read_text()[-2000:] for p in (root / "logs").glob("*.log"))
-        pytest.fail(f"service did not become ready: {ready}\n{logs}")
-    yield Stack(base, {"Authorization": f"Bearer {token}"}, sup, e2e_redis, env)
-    sup.stop()
-    restore_environment(saved_env)
 
 
 def _synth(out: Path, camera: str, *extra: str) -> list[Path]:
@@ -111,7 +38,7 @@ def _synth(out: Path, camera: str, *extra: str) -> list[Path]:
     return [Path(line) for line in done.stdout.split() if line.endswith(".dng")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": this module's tests run in two groups, one per backend's stack
 def shots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
     root = tmp_path_factory.mktemp("shots")
     return {"IQ3_S": _synth(root / "iq3s", "IQ3_S", "--seed", "11"),

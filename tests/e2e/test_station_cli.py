@@ -21,7 +21,7 @@ import httpx
 import pytest
 import tifffile
 
-from tests.e2e.test_end_to_end import Stack, stack  # noqa: F401 - the real service, started once for this module
+from tests.e2e.conftest import Stack  # the real service's fixture `stack`: tests/e2e/conftest.py
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +42,7 @@ def _job_ids(svc: Stack) -> set[str]:
     return {j["id"] for j in r.json()["jobs"]}
 
 
-def test_submit_a_folder_of_two_shots_with_json(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+def test_submit_a_folder_of_two_shots_with_json(stack: Stack, tmp_path: Path) -> None:
     _shot(tmp_path / "in" / "a", seed=21)
     _shot(tmp_path / "in" / "b", seed=22)
     done = subprocess.run(_cli(stack, "submit", str(tmp_path / "in"), "--json", "--out", str(tmp_path / "out"),
@@ -58,7 +58,7 @@ def test_submit_a_folder_of_two_shots_with_json(stack: Stack, tmp_path: Path) ->
     assert "upload 2 shot(s)" in done.stderr
 
 
-def test_submit_stacks_by_name_sends_a_named_run_as_one_stack(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+def test_submit_stacks_by_name_sends_a_named_run_as_one_stack(stack: Stack, tmp_path: Path) -> None:
     from lab.synth.synth import synthesize_shot
 
     frames = synthesize_shot("IQ2_XS", tmp_path / "in", scale=0.05, frames=3, seed=23, noise=0.0005).files
@@ -98,7 +98,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def test_watch_takes_a_slow_copy_once_complete_and_resends_nothing_after_a_restart(
-        stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+        stack: Stack, tmp_path: Path) -> None:
     hot, log = tmp_path / "hot", tmp_path / "watch.log"
     hot.mkdir()
     src_a, src_b = _shot(tmp_path / "src_a", seed=31), _shot(tmp_path / "src_b", seed=32)
@@ -142,7 +142,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_an_unreachable_service_exits_3_with_retry_messages(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+def test_an_unreachable_service_exits_3_with_retry_messages(stack: Stack, tmp_path: Path) -> None:
     shot = _shot(tmp_path / "s", seed=41)
     url = f"http://127.0.0.1:{_closed_port()}"
     cmd = [*_cli(stack, "submit", str(shot))[:3], "--retry-for", "2", *_cli(stack, "submit", str(shot))[3:]]
@@ -179,7 +179,7 @@ def _proxy(listen_port: int, target_port: int, stop: threading.Event) -> None:
     server.close()
 
 
-def test_a_service_down_at_start_is_waited_for_then_used(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+def test_a_service_down_at_start_is_waited_for_then_used(stack: Stack, tmp_path: Path) -> None:
     shot = _shot(tmp_path / "s", seed=42)
     port = _closed_port()
     cmd = _cli(stack, "submit", str(shot), "--out", str(tmp_path / "out"), "--timeout", "180")
@@ -197,7 +197,7 @@ def test_a_service_down_at_start_is_waited_for_then_used(stack: Stack, tmp_path:
     assert (tmp_path / "out" / "frame_00.tif").exists() and out.strip() == str(tmp_path / "out" / "frame_00.tif")
 
 
-def test_watch_rides_out_a_service_that_is_down_then_comes_up(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+def test_watch_rides_out_a_service_that_is_down_then_comes_up(stack: Stack, tmp_path: Path) -> None:
     hot, log = tmp_path / "hot", tmp_path / "watch.log"
     hot.mkdir()
     shutil.copy(_shot(tmp_path / "src", seed=43), hot / "c.dng")
@@ -223,7 +223,7 @@ def test_watch_rides_out_a_service_that_is_down_then_comes_up(stack: Stack, tmp_
 
 
 def test_watch_started_while_the_api_is_down_stops_on_a_bad_recipe_and_records_nothing(
-        stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+        stack: Stack, tmp_path: Path) -> None:
     """Found from outside: `--recipe tif16` with the API down at start (recipes not checked) recorded the file as
     refused (422 invalid_input); the restart with the right recipe sent nothing and exited 0."""
     hot, log = tmp_path / "hot", tmp_path / "watch.log"
@@ -253,7 +253,7 @@ def test_watch_started_while_the_api_is_down_stops_on_a_bad_recipe_and_records_n
     assert tifffile.imread(hot / "c.tif").dtype.name == "uint16"
 
 
-def test_watch_ends_an_entry_whose_outputs_were_removed(stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+def test_watch_ends_an_entry_whose_outputs_were_removed(stack: Stack, tmp_path: Path) -> None:
     """Found from outside: outputs removed (`strata jobs remove-files`) before the watcher collected them were asked
     for again twice a second (410 gone) forever; `--once --timeout 15` ended with "1 job(s) still running"."""
     hot = tmp_path / "hot"
@@ -280,7 +280,7 @@ def test_watch_ends_an_entry_whose_outputs_were_removed(stack: Stack, tmp_path: 
 
 
 def test_a_file_name_that_is_not_utf8_renders_through_submit_and_watch(
-        stack: Stack, tmp_path: Path) -> None:  # noqa: F811
+        stack: Stack, tmp_path: Path) -> None:
     """Found from outside: `caf\\xe9.dng` (Latin-1 bytes) crashed both commands in httpx's multipart encoding; the
     watcher, having recorded nothing, crashed on it at every restart."""
     hot = tmp_path / "hot"
