@@ -8,9 +8,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
+
+
+def _read_lines(proc: subprocess.Popen[bytes], lines: list[bytes]) -> None:
+    assert proc.stdout is not None
+    lines.extend(iter(proc.stdout.readline, b""))
 
 
 def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -> None:
@@ -22,17 +28,26 @@ def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -
            "STRATA_ADMISSION_INTERVAL_S": "0", "STRATA_RETENTION_INTERVAL_S": "0", "PYTHONUNBUFFERED": "1",
            "STRATA_DATABASE_URL": f"sqlite:///{tmp_path / 'var' / 'strata.db'}"}  # not an earlier test's
     cli = [sys.executable, "-m", "cli.main"]
+    waiting = f"coordinator@{node} waits for its database: not migrated (no Strata tables): run `strata db upgrade`"
     waits = subprocess.Popen([*cli, "coordinator", "--data-dir", str(tmp_path / "var")], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    lines: list[bytes] = []
+    reader = threading.Thread(target=_read_lines, args=(waits, lines), daemon=True)
+    reader.start()
     try:
-        time.sleep(20)  # an unmigrated database: not ready (found from outside: it was, and failed every pass)
+        # An unmigrated database: not ready (found from outside: it was, and failed every pass). It says it waits
+        # after its quiet time (10 s of waiting, services/db/schema.py): still no heartbeat by then.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and waits.poll() is None and waiting.encode() not in b"".join(lines):
+            time.sleep(0.2)
         ready = [w for w in live_workers(redis_client(redis_url)) if w.name.endswith(node)]
     finally:
         os.killpg(waits.pid, signal.SIGTERM)
-        said = waits.communicate(timeout=60)[0].decode(errors="replace")
+        waits.wait(timeout=60)
+        reader.join(timeout=60)
+    said = b"".join(lines).decode(errors="replace")
     assert not ready, said[-3000:]
-    assert f"coordinator@{node} waits for its database: not migrated (no Strata tables): run `strata db upgrade`" in \
-        said, said[-3000:]
+    assert waiting in said, said[-3000:]
     assert "Traceback" not in said, said[-3000:]
     subprocess.run([*cli, "db", "upgrade", "--data-dir", str(tmp_path / "var")], env=env, check=True, timeout=120)
     proc = subprocess.Popen([*cli, "coordinator", "--data-dir", str(tmp_path / "var")],
