@@ -12,15 +12,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import BACKENDS, backend_url, configure, reset_database, restore_environment
+from tests.e2e.supervised import wait_ready
 
 SHARD_DELAY_S = 0.4  # failure drill: every shard pauses, so a worker can be killed mid-shard
 VISIBILITY_S = 6  # an unacknowledged shard of a killed worker is redelivered after this
@@ -129,18 +128,10 @@ def _start_stack(backend: str, root: Path, redis_url: str) -> _Running:
 
 def _wait_ready(running: _Running) -> None:
     """Until /readyz answers 200 with both GPU-queue workers (after a restart: once the new one beats)."""
-    ready: dict = {}
-    for _ in range(240):
-        try:
-            r = httpx.get(f"{running.url}/readyz", timeout=2)
-            ready = r.json()
-            if r.status_code == 200 and ready["workers"].get("gpu", 0) >= 2:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    logs = "\n".join(p.read_text()[-2000:] for p in (running.root / "logs").glob("*.log"))
-    pytest.fail(f"service did not become ready: {ready}\n{logs}")
+    ready = wait_ready(running.url, lambda workers: workers.get("gpu", 0) >= 2)
+    if ready is not None:
+        logs = "\n".join(p.read_text()[-2000:] for p in (running.root / "logs").glob("*.log"))
+        pytest.fail(f"service did not become ready: {ready}\n{logs}")
 
 
 @pytest.fixture(scope="session")

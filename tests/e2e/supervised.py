@@ -27,7 +27,7 @@ class Service:
     redis_url: str
 
 
-def _wait_ready(base_url: str, ready_when: Callable[[dict], bool]) -> dict | None:
+def wait_ready(base_url: str, ready_when: Callable[[dict], bool]) -> dict | None:
     """None once /readyz answers 200 and ``ready_when`` its workers; else the last answer (after 120 s)."""
     ready: dict = {}
     for _ in range(240):
@@ -88,7 +88,7 @@ def supervised_service(root: Path, redis_url: str, env: dict[str, str], ready_wh
     threading.Thread(target=supervise, daemon=True).start()
     base_url = f"http://127.0.0.1:{port}"
     try:
-        if (ready := _wait_ready(base_url, ready_when)) is not None:
+        if (ready := wait_ready(base_url, ready_when)) is not None:
             logs = "\n".join(p.read_text()[-2000:] for p in (root / "logs").glob("*.log"))
             pytest.fail(f"service did not become ready: {ready}\n{logs}")
         yield Service(base_url, {"Authorization": f"Bearer {token}"}, sup, redis_url)

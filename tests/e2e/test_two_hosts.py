@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import PG_URL, S3Server, backend_url, configure, reset_database
+from tests.e2e.supervised import wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -86,16 +87,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, redis_url: str, s3_server: S
 
 
 def _wait_ready(url: str, sup: object, root: Path) -> None:
-    ready: dict = {}
-    for _ in range(240):
-        try:
-            r = httpx.get(f"{url}/readyz", timeout=2)
-            ready = r.json()
-            if r.status_code == 200 and ready["workers"].get("gpu", 0) >= 2:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    ready = wait_ready(url, lambda workers: workers.get("gpu", 0) >= 2)
+    if ready is None:
+        return
     sup.stop()  # type: ignore[attr-defined]
     logs = "\n".join(p.read_text()[-2000:] for p in (root / "logs").glob("*.log"))
     pytest.fail(f"service did not become ready: {ready}\n{logs}")
