@@ -119,14 +119,19 @@ def test_a_space_is_lean_when_every_recipe_of_it_is_made_from_gpu_tiles_or_bins(
     assert lean(["tiff16", "png16"]) == ()  # a full-size PNG reads every row
 
 
+SHOT_CROP = (256, 384)  # rows, columns: 4 x 3 tiles, several bins and strips; an eighth of the frame's pixels
+
+
 def _stored_shot(tmp_path, synth_dir):  # type: ignore[no-untyped-def]
-    """The synthetic IQ3_S frame decoded into a LocalStorage at ``raw.npy``: (storage, mosaic, render params)."""
+    """The synthetic IQ3_S frame decoded, its top-left ``SHOT_CROP`` (even: the CFA phase kept) stored in a
+    LocalStorage at ``raw.npy``: (storage, mosaic, render params). The tests' point is the strip, tile and bin
+    bookkeeping, not the frame's size: the crop renders in an eighth of the time."""
     from services.pipeline.shot import shot_render_params
     from services.raw.decode import decode_raw
 
     storage = LocalStorage(tmp_path)
     meta = decode_raw(synth_dir / "iq3s" / "frame_00.dng", tmp_path / "raw.npy")
-    mosaic = np.load(tmp_path / "raw.npy")
+    mosaic = np.ascontiguousarray(np.load(tmp_path / "raw.npy")[: SHOT_CROP[0], : SHOT_CROP[1]])
     with storage.array_writer("raw.npy", mosaic.shape, mosaic.dtype) as out:
         out[:] = mosaic
     return storage, mosaic, shot_render_params(meta, mosaic, "srgb")
