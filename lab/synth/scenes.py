@@ -16,10 +16,9 @@ found from outside"); the training's hard content (training/patterns.py) is draw
   mean colour of the texture; truth neutral).
 * ``hue_tex``: fine texture at the sampling limit in 12 saturated hues (bands 30 degrees apart; in each, a period-3
   dot grid, a period-3 twill and 1-px grain, each in a bright and a darker shade of the band's hue, at high and at low
-  contrast) -- a false grid or
-  stripes where the red or blue samples are near black (green, cyan; found from outside on 2.2.0); regions
-  ``texture`` (all of it) and ``grain`` (the low-contrast grain, where 2.2.0 draws coloured blotches into yellow-green
-  to cyan), RMS error away from the bands' edges.
+  contrast) -- a false grid, stripes or blotches where the red or blue samples are near black (green, cyan; found
+  from outside on 2.2.0); regions ``texture`` (all of it) and ``grain`` (the low-contrast grain, where 2.2.0 draws
+  coloured blotches into yellow-green to cyan), RMS error away from the bands' edges.
 """
 
 from __future__ import annotations
