@@ -11,7 +11,8 @@ processing split from the shards' own stamps (``timeline``): ``ingest`` (decode,
 job's ``prepare_s``), ``queue`` (the rest of job started -> first shard started: dispatch and the wait for a GPU
 worker slot; before 2026-12-03 ``ingest`` held both), each phase's span (its first shard started -> its last
 finished), the ``hop`` between phases (dispatch of the next phase's shards) and ``finalize`` (last shard
-finished -> job finished: the TIFF). The first run of each scenario also warms the workers (model load, CUDA
+finished -> job finished: the TIFF; ``finalize_split`` its parts from the job's own timings: wait, read, encode,
+rest). The first run of each scenario also warms the workers (model load, CUDA
 start, decoder children); the table marks it.
 Frames are the pipeline benchmark's procedural DNGs (content does not change the work).
 
@@ -84,6 +85,22 @@ def timeline(job: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+FINALIZE_PARTS = (("wait", "finalize_wait_s"), ("read", "finalize_read_s"), ("encode", "encode_s"))
+
+
+def finalize_split(job: dict[str, Any], finalize: float) -> dict[str, float]:
+    """The finalize's parts from the job's own timings, where its coordinator recorded them (since session 41):
+    ``wait`` (last strip finished -> finalize began), ``read`` (strips found and read back), ``encode`` (every
+    output written and fsync'd) and ``rest`` (the outputs' record up to the job's finished stamp, and clock skew
+    between the worker's and the coordinator's stamps)."""
+    timings = job.get("timings") or {}
+    if "finalize_read_s" not in timings:
+        return {}
+    out = {name: float(timings[key]) for name, key in FINALIZE_PARTS if key in timings}
+    out["rest"] = round(finalize - sum(out.values()), 4)
+    return out
+
+
 def upload_job(client: httpx.Client, files: list[Path], recipes: Sequence[str] = ("tiff16",),
                priority: str = "interactive", into: dict[str, Any] | None = None) -> tuple[dict[str, Any], float]:
     """POST ``files`` as one job (``into``: a shot of that batch, which sets its recipes and priority); (the job
@@ -118,13 +135,15 @@ def wait_job(client: httpx.Client, job: dict[str, Any], timeout: float) -> dict[
 def job_timings(job: dict[str, Any], upload: float) -> dict[str, Any]:
     """A finished job's timings: upload, processing (started -> finished), queued -> done, shards, timeline."""
     phases: dict[str, float] = {}
+    line = timeline(job)
     for s in job["shards"]:
         key = f"phase {s['phase']} {s['kind']} (max of {sum(x['phase'] == s['phase'] for x in job['shards'])})"
         phases[key] = max(phases.get(key, 0.0), float(s["seconds"] or 0.0))
     return {"job": job["id"], "upload_s": upload,
             "processing_s": _seconds(job["started_at"], job["finished_at"]),
             "queued_to_done_s": _seconds(job["created_at"], job["finished_at"]),
-            "gpus": sorted({s["gpu"] for s in job["shards"]}), "shard_max_s": phases, "timeline_s": timeline(job),
+            "gpus": sorted({s["gpu"] for s in job["shards"]}), "shard_max_s": phases, "timeline_s": line,
+            "finalize_split_s": finalize_split(job, line.get("finalize", 0.0)),
             "shards_by_gpu": {g: sum(1 for s in job["shards"] if s["gpu"] == g)
                               for g in sorted({s["gpu"] for s in job["shards"]})}}
 
@@ -201,7 +220,9 @@ def latency_scenario(client: httpx.Client, sampler: ResourceSampler, scenario: s
               f"processing {r['processing_s']:6.2f} s  queued->done {r['queued_to_done_s']:6.2f} s  "
               f"GPUs {','.join(r['gpus'])}  [{shards}]", flush=True)
         if r["timeline_s"]:
+            parts = "".join(f" {k} {v:.2f}" for k, v in r.get("finalize_split_s", {}).items())
             print("    " + ", ".join(f"{k} {v:.2f}" for k, v in r["timeline_s"].items()) +
+                  (f" (of which{parts})" if parts else "") +
                   (f"; preview {r['preview_after_upload_s']:.3f} s after the upload"
                    if r["preview_after_upload_s"] is not None else ""), flush=True)
     warm = [r["processing_s"] for r in runs if r["warm"]] or [runs[0]["processing_s"]]

@@ -7,6 +7,7 @@ re-run (same names, same bytes, the same rows updated).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections.abc import Sequence
@@ -143,11 +144,23 @@ def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe], found: _S
                                    "and the strips were rendered for files made from GPU tiles and bins only")
 
 
+def _finalize_split(begun: dt.datetime, strips: Sequence[Shard], read_s: float) -> dict[str, float]:
+    """The finalize's first parts in a job's timings: ``finalize_wait_s`` (the last strip finished -> this finalize
+    began: the result's way to the coordinator and its slot) and ``finalize_read_s`` (the strips' rows, tiles and
+    bins found and read back)."""
+    ends = [as_utc(s.finished_at) for s in strips if s.finished_at is not None]
+    out = {"finalize_read_s": round(read_s, 4)}
+    if ends:
+        out["finalize_wait_s"] = round(max((begun - max(ends)).total_seconds(), 0.0), 4)
+    return out
+
+
 def finalize_job(session: Session, storage: Storage, settings: Settings, job_id: str,
                  quiet: QuietWindow | None = None) -> None:
     """Write one output per recipe from the last phase's strips (of each recipe's colour space), record them,
     mark the job done, drop intermediates. ``quiet``: an interactive job's outputs open the disk's quiet window
     until they are recorded; a batch-lane job's TIFF writes wait while it is open."""
+    begun, t_begun = utcnow(), time.perf_counter()
     job = session.get(Job, job_id)
     if job is None:
         raise NotFound(f"job {job_id} not found")
@@ -155,6 +168,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     strips = list(session.scalars(select(Shard).where(Shard.job_id == job_id, Shard.phase == len(plan.phases) - 1)
                                   .order_by(Shard.index)))
     found = _space_bands(storage, job, plan, strips)
+    split = _finalize_split(begun, strips, time.perf_counter() - t_begun)
     spaces = found.bands
     t0 = time.perf_counter()
     recipes = recipes_of_job(job.params, job_recipes(job))
@@ -177,7 +191,7 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
                                                      prebinned=found.prebinned, proofs=found.proofs, pause=pause),
                                settings.batch_encode_nice if batch_lane else 0)
         t_written = time.perf_counter()
-        timings = {**job.params.get("timings", {}), "encode_s": round(t_written - t0, 4)}
+        timings = {**job.params.get("timings", {}), **split, "encode_s": round(t_written - t0, 4)}
         if not _mark_done(session, storage, job, outs, timings):
             return
     t1 = time.perf_counter()

@@ -233,7 +233,8 @@ def test_preview_fast_then_final_with_etag(client: TestClient, synth_dir: Path) 
     _run(job["id"])
     done = client.get(f"/v1/jobs/{job['id']}", headers=a).json()
     assert done["status"] == "done" and done["preview_kind"] == "final"
-    assert {"decode_s", "prepare_s", "phase_0_s", "encode_s"} <= set(done["timings"])  # stage timings
+    assert {"decode_s", "prepare_s", "phase_0_s", "encode_s", "finalize_wait_s",
+            "finalize_read_s"} <= set(done["timings"])  # stage timings
     assert all(v >= 0 for v in done["timings"].values())
     render = done["render"]  # how it was rendered, decided at ingest
     assert render["frames"] == 1 and render["frames_package"] is None and render["noise_shot"] >= 0

@@ -4,7 +4,7 @@ import datetime as dt
 import subprocess
 import sys
 
-from lab.bench.service import sustained_rate, timeline
+from lab.bench.service import finalize_split, sustained_rate, timeline
 
 
 def _shard(phase: int, kind: str, start: str, end: str) -> dict:
@@ -32,6 +32,14 @@ def test_the_wait_for_a_gpu_slot_is_told_apart_from_the_ingest() -> None:
     assert list(t) == ["ingest", "queue", "phase 0 strip", "finalize"]
     assert abs(t["ingest"] - 0.2) < 1e-9 and abs(t["queue"] - 0.7) < 1e-9
     assert abs(sum(t.values()) - 2.0) < 1e-9
+
+
+def test_the_finalize_is_split_from_the_jobs_own_timings() -> None:
+    job = {"timings": {"prepare_s": 0.2, "finalize_wait_s": 0.05, "finalize_read_s": 0.02, "encode_s": 0.3}}
+    split = finalize_split(job, 0.4)
+    assert list(split) == ["wait", "read", "encode", "rest"]
+    assert abs(split["rest"] - 0.03) < 1e-9  # the parts cover the finalize
+    assert finalize_split({"timings": {"encode_s": 0.3}}, 0.4) == {}  # a job finalized before the split existed
 
 
 def test_the_sustained_rate_leaves_out_the_pipeline_fill() -> None:
