@@ -4,7 +4,6 @@ the e2e modules that kill or stop its processes; and the shots, uploads and wait
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -98,12 +97,12 @@ def supervised_service(root: Path, redis_url: str, env: dict[str, str], ready_wh
         restore_environment(saved_env)
 
 
-def synth_shot(out: Path, seed: int) -> list[Path]:
-    """A small IQ3_S shot (`strata synth`, scale 0.05, low noise)."""
-    done = subprocess.run([sys.executable, "-m", "cli.main", "synth", "--camera", "IQ3_S", "--out", str(out),
-                           "--scale", "0.05", "--noise", "0.0005", "--seed", str(seed)],
-                          capture_output=True, text=True, check=True)
-    return [Path(line) for line in done.stdout.split() if line.endswith(".dng")]
+def synth_shot(out: Path, seed: int, camera: str = "IQ3_S", frames: int | None = None) -> list[Path]:
+    """A small shot (scale 0.05, low noise): what `strata synth --camera CAMERA --scale 0.05 --noise 0.0005 --seed
+    SEED [--frames N]` writes, byte for byte, made in this process (no interpreter to start and import)."""
+    from lab.synth.synth import synthesize_shot
+
+    return list(synthesize_shot(camera, out, scale=0.05, frames=frames, seed=seed, noise=0.0005).files)
 
 
 def submit(service: Service, files: list[Path]) -> str:

@@ -24,6 +24,7 @@ import tifffile
 
 from services.batches.webhook import verify
 from tests.conftest import backend_url, configure, reset_database, restore_environment
+from tests.e2e.supervised import synth_shot
 
 pytestmark = pytest.mark.e2e
 BATCH_SHOTS = 8
@@ -40,10 +41,7 @@ class Service:
 def import_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Small synthetic IQ3_S shots (scale 0.05) in folders under the import root."""
     root = tmp_path_factory.mktemp("import")
-    cmd = [sys.executable, "-m", "cli.main", "synth", "--camera", "IQ3_S", "--out", str(root / "synth"), "--scale",
-           "0.05", "--noise", "0.0005", "--seed", "21"]
-    subprocess.run(cmd, capture_output=True, text=True, check=True)
-    shot = root / "synth" / "frame_00.dng"
+    [shot] = synth_shot(root / "synth", 21)
     for folder, n in (("night", BATCH_SHOTS), ("window", 3)):
         (root / folder).mkdir()
         for i in range(n):
