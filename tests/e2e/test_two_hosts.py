@@ -7,11 +7,10 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import PG_URL, S3Server, backend_url, configure, reset_database
-from tests.e2e.supervised import wait_ready
+from tests.e2e.supervised import synth_shot, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -98,15 +97,21 @@ def _wait_ready(url: str, sup: object, root: Path) -> None:
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
     root = tmp_path_factory.mktemp("shots-s3")
+    return {"IQ3_S": synth_shot(root / "iq3s", 21), "IQ2_XS": synth_shot(root / "iq2xs", 22, "IQ2_XS", frames=4)}
 
-    def synth(out: Path, camera: str, *extra: str) -> list[Path]:
-        cmd = [sys.executable, "-m", "cli.main", "synth", "--camera", camera, "--out", str(out), "--scale", "0.05",
-               "--noise", "0.0005", *extra]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        return [Path(line) for line in done.stdout.split() if line.endswith(".dng")]
 
-    return {"IQ3_S": synth(root / "iq3s", "IQ3_S", "--seed", "21"),
-            "IQ2_XS": synth(root / "iq2xs", "IQ2_XS", "--frames", "4", "--seed", "22")}
+@pytest.fixture(scope="module")
+def fault_free(hosts: Hosts, shots: dict[str, list[Path]]) -> Callable[[str], dict]:
+    """The finished job of a fault-free render of a camera's shot, rendered once for the module: the IQ3_S one is
+    both checked by its own test and the reference the kill test compares with."""
+    jobs: dict[str, dict] = {}
+
+    def render(camera: str) -> dict:
+        if camera not in jobs:
+            jobs[camera] = _wait(hosts, _submit(hosts, shots[camera]))
+        return jobs[camera]
+
+    return render
 
 
 def _submit(h: Hosts, files: list[Path]) -> str:
@@ -143,8 +148,9 @@ def _bucket_keys(h: Hosts, job_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("camera", ["IQ2_XS", "IQ3_S"])
-def test_both_hosts_take_shards_through_the_bucket(hosts: Hosts, shots: dict[str, list[Path]], camera: str) -> None:
-    job = _wait(hosts, _submit(hosts, shots[camera]))
+def test_both_hosts_take_shards_through_the_bucket(hosts: Hosts, fault_free: Callable[[str], dict],
+                                                   camera: str) -> None:
+    job = fault_free(camera)
     assert job["status"] == "done", job["error"]
     gpu_shards = [s for s in job["shards"] if s["kind"] in ("strip", "frame_group")]
     assert {s["worker"].split("@")[1] for s in gpu_shards} == {"hosta", "hostb"}, gpu_shards
@@ -163,10 +169,11 @@ def test_both_hosts_take_shards_through_the_bucket(hosts: Hosts, shots: dict[str
     assert list((hosts.root / "api" / "scratch" / "obj").glob("*/*")) == []  # ...which the probe never filled
 
 
-def test_a_host_killed_mid_shard_job_completes_identically(hosts: Hosts, shots: dict[str, list[Path]]) -> None:
+def test_a_host_killed_mid_shard_job_completes_identically(hosts: Hosts, shots: dict[str, list[Path]],
+                                                           fault_free: Callable[[str], dict]) -> None:
     from workers.registry import live_workers, redis_client
 
-    reference = _download(hosts, _wait(hosts, _submit(hosts, shots["IQ3_S"])))
+    reference = _download(hosts, fault_free("IQ3_S"))
     job_id = _submit(hosts, shots["IQ3_S"])
     victim = None
     deadline = time.monotonic() + 60
