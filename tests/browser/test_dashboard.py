@@ -123,6 +123,15 @@ def browser() -> Iterator[WebDriver]:
     driver.quit()
 
 
+@pytest.fixture(scope="module")
+def small_frame(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small IQ3_S frame (scale 0.05, a quarter of synth_dir's pixels) for the jobs whose render is only waited
+    for: what the page shows of them does not depend on the frame's size, and they render sooner."""
+    from lab.synth.synth import synthesize_shot
+
+    return synthesize_shot("IQ3_S", tmp_path_factory.mktemp("small"), scale=0.05, seed=1, noise=0.0005).files[0]
+
+
 def _submit(service: Service, who: str, path: Path, name: str) -> str:
     r = httpx.post(f"{service.url}/v1/jobs", headers={"Authorization": f"Bearer {service.tokens[who]}"},
                    files=[("frames", (name, path.read_bytes()))], timeout=60)
@@ -197,13 +206,13 @@ def test_a_wrong_token_shows_a_clear_message(service: Service, browser: WebDrive
 
 
 def test_a_station_watches_its_job_from_queued_to_done(service: Service, browser: WebDriver,
-                                                      synth_dir: Path) -> None:
-    frame = synth_dir / "iq3s" / "frame_00.dng"
+                                                      synth_dir: Path, small_frame: Path) -> None:
+    frame = synth_dir / "iq3s" / "frame_00.dng"  # full size: the window to see the job queued or running
     other = _submit(service, "b", frame, "studio_b_shot.dng")
     _sign_in(browser, service.url, service.tokens["a"])
     _until(lambda: "studio-a" in browser.find_element(By.ID, "who").text, 20, "the signed-in banner")
     job = _submit(service, "a", frame, "portrait_001.dng")
-    xss = _submit(service, "a", frame, XSS_NAME)
+    xss = _submit(service, "a", small_frame, XSS_NAME)  # only listed: its render is not waited for
     seen: list[str] = []
     focused: list = []
 
@@ -243,8 +252,8 @@ def test_a_station_watches_its_job_from_queued_to_done(service: Service, browser
 
 
 def test_job_detail_shows_preview_timeline_and_downloads(service: Service, browser: WebDriver,
-                                                          synth_dir: Path) -> None:
-    job = _submit(service, "a", synth_dir / "iq3s" / "frame_00.dng", "detail_shot.dng")
+                                                          small_frame: Path) -> None:
+    job = _submit(service, "a", small_frame, "detail_shot.dng")
     _sign_in(browser, service.url, service.tokens["a"])
     _until(lambda: _row_status(browser, job) == "done", 180, "the job to be done")
     browser.find_element(By.CSS_SELECTOR, f'tr[data-job-id="{job}"] a.shot').click()
@@ -386,8 +395,8 @@ def _row_ids(driver: WebDriver) -> list[str | None]:
     return [r.get_attribute("data-job-id") for r in driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")]
 
 
-def test_only_an_admin_sees_every_station(service: Service, browser: WebDriver, synth_dir: Path) -> None:
-    other = _submit(service, "b", synth_dir / "iq3s" / "frame_00.dng", "only_for_admins.dng")
+def test_only_an_admin_sees_every_station(service: Service, browser: WebDriver, small_frame: Path) -> None:
+    other = _submit(service, "b", small_frame, "only_for_admins.dng")
     _sign_in(browser, service.url, service.tokens["admin"])
     _until(lambda: _row_status(browser, other), 30, "studio-b's job in the admin's list")
     assert browser.find_element(By.ID, "f-station-wrap").is_displayed()
