@@ -172,8 +172,10 @@ def test_windowed_batch_waits_runs_reports_and_notifies(service: Service, hook: 
     payload = json.loads(hook.received[1][1])
     assert payload["event"] == "batch.finished" and payload["batch"]["id"] == created["id"]
     assert payload["batch"]["counts"]["done"] == 3 and payload["report_url"] == f"/v1/batches/{created['id']}/report"
-    time.sleep(0.5)
-    webhook = _get(service, f"/v1/batches/{created['id']}").json()["webhook"]
+    deadline = time.monotonic() + 10  # the receiver has answered; the batch row notes the delivery just after
+    while not (webhook := _get(service, f"/v1/batches/{created['id']}").json()["webhook"])["delivered_at"] \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert webhook["attempts"] == 2 and webhook["last_status"] == "HTTP 200" and webhook["delivered_at"]
 
 
@@ -182,7 +184,9 @@ def test_interactive_shot_overtakes_a_queued_batch(service: Service) -> None:
                    json={"name": "night", "paths": ["night"]})
     assert r.status_code == 201, r.text
     batch_id = r.json()["id"]
-    time.sleep(1.0)  # the batch is under way
+    deadline = time.monotonic() + 30  # the batch is under way: a shot of it running (or done)
+    while not _under_way(_get(service, f"/v1/batches/{batch_id}").json()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     shot = service.import_root / "night" / "night_00.dng"
     submitted, submitted_at = time.monotonic(), dt.datetime.now(dt.UTC)
     job = httpx.post(service.url + "/v1/jobs", headers=service.headers, timeout=60,
@@ -205,6 +209,10 @@ def test_interactive_shot_overtakes_a_queued_batch(service: Service) -> None:
     # moves the rest).
     in_flight = 2 * 1 + 2 * 3  # STRATA_CPU_WORKERS=1; two batch coordinators of three threads (the defaults)
     assert before - already <= in_flight, f"{before - already} batch shots finished first after it was submitted"
+
+
+def _under_way(batch: dict) -> bool:
+    return bool(batch["counts"].get("running", 0) or batch["counts"].get("done", 0))
 
 
 def _assert_exif_reads_back(data: bytes, path: Path) -> None:
