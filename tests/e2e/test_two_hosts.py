@@ -47,8 +47,9 @@ def _specs(root: Path) -> tuple[int, list]:  # type: ignore[type-arg]
     port = free_port()
     specs = [ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host",
                               "127.0.0.1", "--port", str(port), "--log-level", "warning"], _host_env(root, "api"))]
-    for node, coordinator in (("hosta", True), ("hostb", False)):
-        for spec in worker_specs(Settings(node_name=node, cpu_workers=1), coordinator=coordinator):
+    for node, coordinator in (("hosta", True), ("hostb", False)):  # host A: one coordinator (no express one)
+        settings = Settings(node_name=node, cpu_workers=1, coordinators=1, express_coordinators=0)
+        for spec in worker_specs(settings, coordinator=coordinator):
             specs.append(ProcSpec(spec.name, spec.argv, {**spec.env, **_host_env(root, node)}))
     return port, specs
 
