@@ -77,7 +77,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
     port = free_port()
     specs = [ProcSpec("api", [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host",
                               "127.0.0.1", "--port", str(port), "--log-level", "warning"])]
-    specs += worker_specs(Settings(**{"cpu_workers": 1}))
+    specs += worker_specs(Settings(cpu_workers=1, coordinators=1, express_coordinators=0))  # one coordinator
     sup = Supervisor(specs, env=env, log_dir=root / "logs")
     sup.start()
     base_url = f"http://127.0.0.1:{port}"
