@@ -20,7 +20,8 @@ from tests.e2e.supervised import wait as _wait
 
 pytestmark = pytest.mark.e2e
 
-INGEST_DELAY_S = 4.0  # failure drill: every ingest pauses after marking the job running, a window for the kill
+INGEST_DELAY_S = 2.0  # failure drill: every ingest pauses after marking the job running, a window for the kill
+# (the holder is seen, the job read and the coordinator killed within about 0.1 s of the ingest starting)
 
 
 def _three_coordinators(specs: list) -> None:
