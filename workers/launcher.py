@@ -301,6 +301,7 @@ class Supervisor:
             try:
                 proc.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
+                log.warning("pid %d did not stop within %.0f s of SIGTERM; killing it (SIGKILL)", proc.pid, timeout)
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 

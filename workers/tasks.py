@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 import httpx
 import redis
 from celery import Task
-from celery.signals import after_setup_logger, worker_init, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    after_setup_logger,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import LockError
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -499,6 +506,11 @@ def _on_ready(sender: object = None, **_: object) -> None:
         global _express
         _express = ExpressLane(celery_app, INTERACTIVE_GPU_QUEUE, express_shard)
         _express.start()
+
+
+@worker_shutting_down.connect
+def _on_shutting_down(**_: object) -> None:
+    runtime.request_stop()  # a start still waiting for its database returns now
 
 
 @worker_shutdown.connect
