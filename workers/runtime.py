@@ -312,7 +312,7 @@ def holding(job_id: str) -> Iterator[None]:
 
 def request_stop() -> None:
     """Celery's warm or cold shutdown was asked for (its signal handler, on the main thread): end the start's waits
-    for the database and storage at once. Found from outside: a worker still waiting for an unmigrated database
+    for the database and storage at once. Found timing the tests: a worker still waiting for an unmigrated database
     said "Warm shutdown" and ran on until its supervisor's SIGKILL 20 s later, since :func:`stop` runs only once
     Celery's loop, blocked in that wait, gets to its shutdown. Set from a thread: the handler may have
     interrupted this very thread inside the Event's non-reentrant lock."""

@@ -49,7 +49,7 @@ def test_strata_coordinator_starts_its_workers(tmp_path: Path, redis_url: str) -
     assert not ready, said[-3000:]
     assert waiting in said, said[-3000:]
     assert "Traceback" not in said, said[-3000:]
-    # SIGTERM ends the wait: found from outside, it said "Warm shutdown" and waited on until the supervisor's SIGKILL
+    # SIGTERM ends the wait: it said "Warm shutdown" and waited on until the supervisor's SIGKILL (20 s later)
     assert "did not stop within" not in said, said[-3000:]
     subprocess.run([*cli, "db", "upgrade", "--data-dir", str(tmp_path / "var")], env=env, check=True, timeout=120)
     proc = subprocess.Popen([*cli, "coordinator", "--data-dir", str(tmp_path / "var")],
