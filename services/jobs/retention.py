@@ -17,6 +17,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -77,9 +78,14 @@ def usage(storage: Storage) -> dict[str, int]:
     return totals
 
 
-def sweep_intermediates(session: Session, storage: Storage) -> list[str]:
-    """Remove intermediates left behind by jobs that ended (or no longer exist); returns their ids."""
-    holders = {job for job, kind in (_kind(k) for k, _ in storage.list_sizes("jobs")) if kind == "intermediates"}
+Listing = Sequence[tuple[str, int]]  # (key, bytes) under "jobs": one storage listing shared by a retention pass
+
+
+def sweep_intermediates(session: Session, storage: Storage, listing: Listing | None = None) -> list[str]:
+    """Remove intermediates left behind by jobs that ended (or no longer exist); returns their ids. ``listing``:
+    the storage's listing of "jobs", where the caller has one."""
+    keys = storage.list_sizes("jobs") if listing is None else listing
+    holders = {job for job, kind in (_kind(k) for k, _ in keys) if kind == "intermediates"}
     if not holders:
         return []
     active = set(session.scalars(select(Job.id).where(Job.id.in_(holders), Job.status.in_(ACTIVE))))
@@ -89,14 +95,15 @@ def sweep_intermediates(session: Session, storage: Storage) -> list[str]:
     return swept
 
 
-def sweep_orphan_uploads(session: Session, storage: Storage, older_than_s: float) -> list[str]:
+def sweep_orphan_uploads(session: Session, storage: Storage, older_than_s: float, listing: Listing | None = None
+                         ) -> list[str]:
     """Remove job folders that hold only uploads, have no job row and were last written more than
     ``older_than_s`` ago: an API killed after storing a shot and before recording its job (the client retried
     and got a new job). Any other file (an output, a preview) keeps a folder; so does a listing of more than
     :data:`ORPHAN_SWEEP_LIMIT` such folders at once, which means this database is not the one the storage was
     written with (a wrong STRATA_DATABASE_URL): logged, nothing removed."""
     kinds: dict[str, set[str]] = defaultdict(set)
-    for key, _ in storage.list_sizes("jobs"):
+    for key, _ in storage.list_sizes("jobs") if listing is None else listing:
         job_id, kind = _kind(key)
         if job_id:
             kinds[job_id].add(kind)
@@ -138,13 +145,14 @@ def _due(session: Session, before: dt.datetime) -> list[Job]:
 
 
 def prune(session: Session, storage: Storage, *, older_than_days: float, dry_run: bool = False,
-          now: dt.datetime | None = None) -> PruneReport:
+          now: dt.datetime | None = None, listing: Listing | None = None) -> PruneReport:
     """Remove uploads and outputs of jobs that finished more than ``older_than_days`` ago (and still hold them),
-    unless still referenced; ``dry_run`` only reports what would go."""
+    unless still referenced; ``dry_run`` only reports what would go. ``listing``: the storage's listing of "jobs"
+    (the bytes reported), where the caller has one."""
     now = now or utcnow()
     report = PruneReport()
     sizes: dict[str, int] = defaultdict(int)
-    for key, size in storage.list_sizes("jobs"):
+    for key, size in storage.list_sizes("jobs") if listing is None else listing:
         sizes[_kind(key)[0]] += size
     open_batches = set(session.scalars(select(Batch.id).where(Batch.status.in_(BATCH_UNFINISHED))))
     for job in _due(session, now - dt.timedelta(days=older_than_days)):
@@ -209,13 +217,18 @@ def drop_if_removed(session: Session, storage: Storage, job_id: str) -> bool:
 
 
 def retention_pass(session: Session, storage: Storage, retention_days: float) -> PruneReport:
-    """The periodic pass: sweep left-behind intermediates, then prune expired jobs (none when days is 0)."""
-    swept = sweep_intermediates(session, storage)
-    report = prune(session, storage, older_than_days=retention_days) if retention_days > 0 else PruneReport()
+    """The periodic pass: sweep left-behind intermediates, then prune expired jobs (none when days is 0). One
+    listing of the storage serves the sweeps and the prune (an object store lists 1000 keys a request: a year of
+    shots is hundreds of requests, three listings a pass before); what a step removed is gone from storage but not
+    from the listing, which the later steps tolerate (the prune's bytes may count swept intermediates)."""
+    listing = list(storage.list_sizes("jobs"))
+    swept = sweep_intermediates(session, storage, listing)
+    report = (prune(session, storage, older_than_days=retention_days, listing=listing) if retention_days > 0
+              else PruneReport())
     report.intermediates_swept = swept
     report.uploads_aborted = storage.abort_stale_uploads(STALE_UPLOAD_S)
     # half-written files no job will finish: an upload whose API died mid-stream has no job row to sweep it by
     report.partials_swept = storage.sweep_partials("jobs", STALE_PARTIAL_S)
-    report.orphans_swept = sweep_orphan_uploads(session, storage, STALE_PARTIAL_S)
+    report.orphans_swept = sweep_orphan_uploads(session, storage, STALE_PARTIAL_S, listing)
     return report
 

@@ -100,6 +100,25 @@ def test_retention_pass_sweeps_and_prunes(backend: str) -> None:
         assert retention.retention_pass(session, storage, retention_days=0).jobs == []  # 0 = keep forever
 
 
+def test_a_retention_pass_lists_the_storage_once(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object store lists 1000 keys a request: the sweeps and the prune share one listing of "jobs" (each
+    step listed it anew before), and do the same work with it."""
+    storage = get_storage()
+    ids = _jobs(storage)
+    calls: list[str] = []
+    real = storage.list_sizes
+
+    def counted(prefix: str = "") -> Iterator[tuple[str, int]]:
+        calls.append(prefix)
+        return real(prefix)
+
+    monkeypatch.setattr(storage, "list_sizes", counted)
+    with session_scope() as session:
+        report = retention.retention_pass(session, storage, retention_days=30)
+    assert calls.count("jobs") == 1  # one listing of everything (removing a job's files lists that job's folder)
+    assert report.jobs == [ids["expired"]] and report.bytes == 8 and report.intermediates_swept == [ids["crashed"]]
+
+
 def test_storage_cli_usage_and_prune(backend: str, tmp_path: Path) -> None:
     from cli.main import app
 
