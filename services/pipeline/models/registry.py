@@ -9,6 +9,7 @@ package, else ``classical_v1.strata``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -82,11 +83,20 @@ def package_ref(path: str | Path) -> str:
     return p.name if p.resolve().parent == PACKAGES_DIR and p.exists() else str(path)
 
 
+@functools.lru_cache(maxsize=64)
+def _is_smoke(path: Path, mtime_ns: int, size: int) -> bool:
+    """Whether the package file is a smoke-test one, read once per version of the file (every ingest asks: reading
+    and verifying the package cost 10 ms of each shot's plan)."""
+    return read_package(path).manifest.is_smoke
+
+
 def _shipped_learned(name: str, camera: str) -> Path | None:
     path = PACKAGES_DIR / name
-    if not path.exists():
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
         return None
-    if read_package(path).manifest.is_smoke:
+    if _is_smoke(path, stat.st_mtime_ns, stat.st_size):
         log.warning("%s is a smoke-test package; %s does not render with it", name, camera)
         return None
     return path
