@@ -259,6 +259,11 @@ class Settings(BaseSettings):
         default=True, description="A worker whose strip holds the whole image (one GPU, a shot that fits) also "
         "finishes each resized output from its bins (filter, transfer, sharpening, 8-bit codes) on its device; the "
         "writer then only encodes the file. Needs STRATA_GPU_ENCODE.")
+    worker_tiffs: bool = Field(
+        default=True, description="A GPU worker whose strip holds the whole image of an interactive shot also writes "
+        "the full-size 16-bit deflate TIFF itself, from the tiles it compressed, durably; the finalize then only "
+        "moves it into the job's outputs (local storage; batch-lane jobs keep the coordinator's write, which yields "
+        "the disk to interactive shots).")
     gpu_deflate: Literal["off", "batch", "on"] = Field(
         default="on", description="Which jobs' 16-bit deflate TIFF tiles GPU workers compress with nvCOMP (where "
         "the nvidia-nvcomp wheel is installed; elsewhere the writer's CPU does): every job (default: about 9 "

@@ -228,7 +228,7 @@ def compute_shard(shard_id: int, urgent: bool, attempt: int,
     try:
         with runtime.computing(shard_id, ctx.device, urgent), session_scope() as session:
             outcome = flow.run_shard(session, get_storage(), shard_id, worker=ctx.name, gpu=ctx.gpu,
-                                     device=ctx.device, delay_s=settings.fault_shard_delay_s)
+                                     device=ctx.device, delay_s=settings.fault_shard_delay_s, quiet=_quiet())
     except NotFound:
         return
     except IntermediateLost as exc:

@@ -67,6 +67,9 @@ summary() {  # summary DATA SUFFIX: the stage figures from one service's logs, i
   echo "TIFF writes (encode+write / durable close / rest of the hash, s):"
   grep -h "MB encoded and written in" "$1"/logs/*.log | grep "\.tif" \
     | sed -E 's/.*written in ([0-9.]+)s, durable ([0-9.]+)s later, hashed ([0-9.]+)s.*/\1\/\2\/\3/' | tr '\n' ' '; echo
+  echo "TIFFs the GPU worker wrote from its tiles (written / durable close, s):"
+  grep -h "written from the device's tiles in" "$1"/logs/*.log \
+    | sed -E 's/.*tiles in ([0-9.]+)s, durable ([0-9.]+)s later.*/\1\/\2/' | tr '\n' ' '; echo
   echo "TIFF layouts of GPU tiles (s):"
   grep -h ": laid out (" "$1"/logs/*.log | grep -o "in [0-9.]*s" | sed -E 's/in |s$//g' | tr '\n' ' '; echo
   echo "finalize: record and commit (s):"

@@ -15,7 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO
+from dataclasses import dataclass
+from typing import Any, BinaryIO
 
 import imagecodecs
 import numpy as np
@@ -152,7 +153,7 @@ def write_tiff(
     """
     source, shape, dtype = _source(rgb)
     data: np.ndarray | Iterator[np.ndarray] | Iterator[bytes] = source
-    codec, predictor, codec_args = tiff_compression(compression)
+    codec = tiff_compression(compression)[0]
     tile = (TILE, TILE)
     laid_out = False
     if codec == "adobe_deflate" and pretiled and not isinstance(rgb, np.ndarray) and dtype == np.uint16:
@@ -161,14 +162,10 @@ def write_tiff(
         whole = source if not isinstance(source, np.ndarray) else _tiles([(0, source)], shape[0], shape[1])
         data = _deflated_tiles(whole, encode_threads(threads))  # type: ignore[assignment]  # only bytes here
 
+    tags = TiffTags(colour_space, software, ppi, description, tuple(extratags))
+
     def encode(f: BinaryIO) -> None:
-        tifffile.imwrite(
-            f, data, shape=shape, dtype=dtype, photometric="rgb", tile=tile,
-            compression=codec, compressionargs=codec_args, predictor=predictor, maxworkers=encode_threads(threads),
-            iccprofile=icc_profile(colour_space), software=software, description=description,
-            resolution=None if ppi is None else (ppi, ppi), resolutionunit=None if ppi is None else "INCH",
-            extratags=list(extratags), metadata=None,
-        )
+        _imwrite(f, data, shape, dtype, tile, compression, encode_threads(threads), tags)
 
     if laid_out:
         t0 = time.perf_counter()
@@ -178,6 +175,50 @@ def write_tiff(
         log.info("%s: laid out (%d tiles) in %.2fs", key, len(layout.placed), time.perf_counter() - t0)
         return write_segments(storage, key, segments, pause)
     return write_hashed(storage, key, encode, pause)
+
+
+@dataclass(frozen=True)
+class TiffTags:
+    """What a TIFF records beside its pixels: the output space (its ICC profile) and the tags."""
+
+    colour_space: str = "srgb"
+    software: str = "Strata"
+    ppi: float | None = None
+    description: str | None = None
+    extratags: tuple[tuple, ...] = ()
+
+
+def _imwrite(f: BinaryIO, data: Any, shape: tuple[int, ...], dtype: np.dtype, tile: tuple[int, int],
+             compression: str | None, threads: int, tags: TiffTags) -> None:
+    codec, predictor, codec_args = tiff_compression(compression)
+    tifffile.imwrite(
+        f, data, shape=shape, dtype=dtype, photometric="rgb", tile=tile,
+        compression=codec, compressionargs=codec_args, predictor=predictor, maxworkers=threads,
+        iccprofile=icc_profile(tags.colour_space), software=tags.software, description=tags.description,
+        resolution=None if tags.ppi is None else (tags.ppi, tags.ppi),
+        resolutionunit=None if tags.ppi is None else "INCH", extratags=list(tags.extratags), metadata=None,
+    )
+
+
+def tiff_around(height: int, width: int, index: np.ndarray, tags: TiffTags) -> tuple[bytes, list[bytes]]:
+    """The bytes a 16-bit deflate TIFF of a ``height`` x ``width`` image has before and after its tile data, when
+    one container of GPU-compressed tiles (:mod:`services.pipeline.tiles`, ``index``) holds every tile: the file
+    is then ``head``, the container's streams as they are, ``tail`` (bytes for bytes what :func:`write_tiff`
+    writes from the same container and tags). A worker writes its strip's TIFF so, straight from the device."""
+    rows = -(-height // int(index[0]))
+    if int(index[2]) != 0 or int(index[3]) != rows:
+        raise ValueError(f"the container holds tile rows {int(index[2])}..{int(index[2] + index[3])} of {rows}")
+    tile, items = _pretiled_items([], height, width, [(_NO_BLOB, index)])
+    layout = _Layout()
+    _imwrite(layout, iter([_StandIn(t) for t in items]), (height, width, 3), np.dtype(np.uint16), tile,  # type: ignore[arg-type]
+             "deflate", 1, tags)
+    head, first, last, tail = layout.around()
+    if (first, last) != (0, int(index[-1])):
+        raise ValueError(f"tifffile placed the container's bytes {first}..{last}, expected 0..{int(index[-1])}")
+    return head, tail
+
+
+_NO_BLOB = np.empty(0, np.uint8)  # the container's stand-in when only the layout is made (never read)
 
 
 def _with_stored_tiles(bands: Bands, height: int, width: int, pretiled: PreTiled, threads: int
@@ -288,6 +329,17 @@ class _Layout(io.RawIOBase):
         if self.pos > self.end:
             self.end = self.pos
         return n
+
+    def around(self) -> tuple[bytes, int, int, list[bytes]]:
+        """Where every tile is a stored stream of one container, in order: the bytes before the tiles, the
+        container's first and last byte offsets placed, and the bytes after them (a gap as zeros)."""
+        segments = self.segments()
+        views = [s for s in segments if isinstance(s, memoryview)]
+        if len(views) != 1 or not self.placed or not all(isinstance(t, _Stored) for _, t in self.placed):
+            raise ValueError("the tiles are not one run of one container")
+        first, last = self.placed[0][1], self.placed[-1][1]
+        at = segments.index(views[0])
+        return bytes(segments[0]), first.start, last.end, [bytes(s) for s in segments[at + 1 :]]  # type: ignore[union-attr]
 
     def segments(self) -> list[bytes | memoryview]:
         """The whole file in order: what tifffile wrote itself (later writes over earlier ones), the tiles where it

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -25,7 +26,7 @@ from services.errors import IntermediateLost, NotFound
 from services.export.derive import ProofSpec, box_factor, fit_long_edge, proof_spec
 from services.export.metadata import OutputMetadata
 from services.export.naming import NameTokens
-from services.export.output import WrittenOutput, write_outputs
+from services.export.output import WorkerFile, WrittenOutput, file_spec, write_outputs, written_by_worker
 from services.export.recipes import Recipe, recipes_of_job
 from services.jobs.lowprio import at_low_priority
 from services.jobs.plan import JobPlan, served_without_rows, strip_keys
@@ -37,7 +38,7 @@ from services.pipeline.preview import preview_factor
 from services.raw.meta import CaptureInfo
 from services.storage import Storage
 from services.storage.intermediates import drop_intermediates, load_intermediate
-from services.storage.keys import bin_key, preview_sums_key, proof_key, tile_keys
+from services.storage.keys import bin_key, preview_sums_key, proof_key, tile_keys, worker_file_keys
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class _Strips:
     prebinned: dict[str, dict[int, list[tuple[int, np.ndarray]]]] = field(default_factory=dict)  # proof bins
     proofs: dict[ProofSpec, np.ndarray] = field(default_factory=dict)  # resized outputs the workers finished
     preview: list[tuple[int, np.ndarray]] = field(default_factory=list)  # the final preview's block sums (sRGB)
+    files: dict[str, WorkerFile] = field(default_factory=dict)  # full-size TIFFs a worker wrote, by space
 
 
 def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard]) -> _Strips:
@@ -71,6 +73,8 @@ def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard])
                 if bin_space == space and storage.exists(bin_key(key, k)):
                     found.prebinned.setdefault(space, {}).setdefault(k, []).append(
                         (-(-y0 // k), load_intermediate(storage, job.id, bin_key(key, k))))
+            if len(strips) == 1 and any(f.space == space for f in plan.file_specs):
+                _worker_file(storage, job.id, key, space, found)
             for spec in plan.proof_specs if len(strips) == 1 else ():  # a strip that held the whole image
                 if spec[0] == space and storage.exists(proof_key(key, *spec[1:])):
                     found.proofs[spec] = load_intermediate(storage, job.id, proof_key(key, *spec[1:]))
@@ -83,6 +87,34 @@ def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard])
         if covered != plan.height:  # the writer checks their widths and order
             raise ValueError(f"{space} strips cover {covered} of the image's {plan.height} rows")
     return found
+
+
+def _worker_file(storage: Storage, job_id: str, key: str, space: str, found: _Strips) -> None:
+    """The full-size TIFF the worker of a whole-image strip wrote from ``key``'s tiles, where its record is."""
+    out, record = worker_file_keys(key)
+    if storage.exists(record):
+        with storage.open(record) as f:
+            written = json.loads(f.read())
+        found.files[space] = WorkerFile(out, str(written["sha256"]), int(written["bytes"]))
+
+
+def _moved(plan: JobPlan, recipes: Sequence[Recipe], found: _Strips, original: str) -> dict[int, WorkerFile]:
+    """The recipes (by position) whose file a worker wrote: the one full-size 16-bit deflate TIFF of a space
+    whose spec (resolution, names, software) is still the planned one."""
+    moved: dict[int, WorkerFile] = {}
+    for i, r in enumerate(recipes):
+        made = found.files.get(r.colour_space)
+        if made is not None and written_by_worker(r) and file_spec(r, original) in plan.file_specs \
+                and made not in moved.values():
+            moved[i] = made
+    return moved
+
+
+def original_name(job: Job) -> str:
+    """The shot's file name as the station sent it (the folder dropped), else the safe stored one: what its
+    outputs record (DocumentName, ImageDescription)."""
+    first = job.frames[0]
+    return PurePosixPath((first.original_name or "").replace("\\", "/")).name or first.name
 
 
 def _name_tokens(session: Session, job: Job, capture: CaptureInfo) -> NameTokens:
@@ -128,14 +160,18 @@ def _mark_done(session: Session, storage: Storage, job: Job, outs: list[WrittenO
     return True
 
 
-def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe], found: _Strips) -> None:
-    """A recipe that needs the full rows of a space the workers rendered lean, or the bins of one whose worker
-    finished other resized outputs instead (a studio's recipe changed after the job was planned): the job starts
-    over, re-planned for the recipes it has now (IntermediateLost)."""
-    for r in recipes:
-        if r.colour_space not in plan.lean_spaces:
+def _check_lean(job_id: str, plan: JobPlan, recipes: Sequence[Recipe], found: _Strips,
+                moved: Mapping[int, WorkerFile] | None = None) -> None:
+    """A recipe that needs the full rows of a space the workers rendered lean, the bins of one whose worker
+    finished other resized outputs instead, or the tiles of one whose worker wrote another TIFF from them (a
+    studio's recipe changed after the job was planned): the job starts over, re-planned for the recipes it has
+    now (IntermediateLost)."""
+    for i, r in enumerate(recipes):
+        if r.colour_space not in plan.lean_spaces or i in (moved or {}):
             continue
         missing = not served_without_rows(r, plan.tile_spaces, plan.bin_specs, *plan.size)
+        if not missing and r.long_edge is None and r.colour_space in found.files:
+            missing = r.colour_space not in found.pretiled  # its worker wrote a file instead of storing the tiles
         if not missing and r.long_edge is not None and proof_spec(r) not in found.proofs:
             h, w = fit_long_edge(*plan.size, r.long_edge)
             missing = box_factor(*plan.size, h, w) not in found.prebinned.get(r.colour_space, {})
@@ -172,13 +208,12 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
     spaces = found.bands
     t0 = time.perf_counter()
     recipes = recipes_of_job(job.params, job_recipes(job))
-    _check_lean(job_id, plan, recipes, found)
+    capture, original = plan.capture, original_name(job)
+    moved = _moved(plan, recipes, found, original)
+    _check_lean(job_id, plan, recipes, found, moved)
     naming = job.params.get("naming")
     if naming:  # the job's own template for every recipe (validated at creation)
         recipes = [r.model_copy(update={"naming": naming}) for r in recipes]
-    capture = plan.frames[0].capture or CaptureInfo(make=plan.frames[0].make, model=plan.frames[0].model)
-    first = job.frames[0]  # its name as the station sent it (the folder dropped) in DocumentName, else the safe one
-    original = PurePosixPath((first.original_name or "").replace("\\", "/")).name or first.name
     tokens, meta = _name_tokens(session, job, capture), OutputMetadata(capture, original)
     batch_lane = in_batch_lane(job.priority, job.batch_id)
     # A batch shot's encode yields the cores to an interactive shot's (measured: an interactive 80 MP frame's TIFF
@@ -188,7 +223,8 @@ def finalize_job(session: Session, storage: Storage, settings: Settings, job_id:
         pause = quiet.waiter() if quiet is not None and batch_lane else None
         outs = at_low_priority(lambda: write_outputs(storage, job_id, spaces, recipes, tokens, meta,
                                                      threads=settings.tiff_threads, pretiled=found.pretiled,
-                                                     prebinned=found.prebinned, proofs=found.proofs, pause=pause),
+                                                     prebinned=found.prebinned, proofs=found.proofs, pause=pause,
+                                                     moved=moved),
                                settings.batch_encode_nice if batch_lane else 0)
         t_written = time.perf_counter()
         timings = {**job.params.get("timings", {}), **split, "encode_s": round(t_written - t0, 4)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
@@ -25,7 +26,7 @@ from services.errors import FramesMismatch, IntermediateLost, NotFound, RawError
 from services.export.recipes import job_model_tier, job_spaces, recipes_of_job
 from services.jobs.cameras import PROFILES
 from services.jobs.ending import end_unfinished_shards
-from services.jobs.finalize import finalize_job
+from services.jobs.finalize import finalize_job, original_name
 from services.jobs.plan import (
     PLAN_VERSION,
     PLANNED_KEYS,
@@ -155,7 +156,8 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
     if shot.preview_bins is not None:  # the preview's JPEG is encoded while the shards are planned and sent
         begin_fast_preview(storage, job, shot.frames[0], shot.render, shot.preview_bins, settings.batch_encode_nice)
     plan = plan_shot(job_id, shot, recipes, job.params, settings, stack=stack, n_workers=n_workers,
-                     gpu_memory_mb=gpu_memory_mb, batch_lane=in_batch_lane(job.priority, job.batch_id))
+                     gpu_memory_mb=gpu_memory_mb, batch_lane=in_batch_lane(job.priority, job.batch_id),
+                     original=original_name(job), worker_files=storage.renames)
     # Claim the plan: a duplicate ingest (redelivered while this one ran) loses here.
     if not _claim(session, job_id, -1, phase=0):
         return []
@@ -175,8 +177,9 @@ def ingest_job(session: Session, storage: Storage, settings: Settings, job_id: s
 
 
 def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str, gpu: str, device: str,
-              delay_s: float = 0.0) -> ShardOutcome:
-    """Run a shard unless it is done already; the outcome says whether its phase is now complete."""
+              delay_s: float = 0.0, quiet: QuietWindow | None = None) -> ShardOutcome:
+    """Run a shard unless it is done already; the outcome says whether its phase is now complete. ``quiet``:
+    the disk's quiet window, held while the worker writes an interactive shot's output file itself."""
     shard = session.get(Shard, shard_id)
     if shard is None:
         raise NotFound(f"shard {shard_id} not found")
@@ -195,8 +198,10 @@ def run_shard(session: Session, storage: Storage, shard_id: int, *, worker: str,
         if plan.version != PLAN_VERSION:  # planned by another version of the code: start over with this one
             raise IntermediateLost(job.id, f"plan v{plan.version}",
                                    f"planned by layout version {plan.version}, this worker runs {PLAN_VERSION}")
+        hold = partial(quiet.holding, job.id) if quiet is not None and not in_batch_lane(job.priority,
+                                                                                          job.batch_id) else None
         compute_shard(storage, shard_input(job.id, plan, shard.phase, shard.index,
-                                           ShardPayload.from_dict(shard.payload)), device, gpu)
+                                           ShardPayload.from_dict(shard.payload), hold), device, gpu)
         seconds = time.perf_counter() - t0
         if _ended_meanwhile(session, storage, job.id):
             return ShardOutcome(job.id, job.priority, False, shard.kind)

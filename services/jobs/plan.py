@@ -6,18 +6,30 @@ service has always stored, so rows written by an older coordinator still load.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from services.export.derive import ProofSpec, box_factor, fit_long_edge, proof_spec
+from services.export.output import FileSpec, file_spec, written_by_worker
 from services.export.recipes import Compression, Format, Recipe
+from services.export.tiff import tiff_around
 from services.pipeline.render import RenderParams
-from services.pipeline.shards import FrameGroupShard, PreEncode, ProofWork, ShardInput, StackStripShard, StripShard
+from services.pipeline.shards import (
+    FrameGroupShard,
+    PreEncode,
+    ProofWork,
+    ShardInput,
+    StackStripShard,
+    StripShard,
+    WholeFile,
+)
 from services.raw.colour import output_space
-from services.raw.meta import RawMeta
-from services.storage.keys import proof_key, raw_key, shard_key, space_shard_key
+from services.raw.meta import CaptureInfo, RawMeta
+from services.storage.keys import proof_key, raw_key, shard_key, space_shard_key, worker_file_keys
 
 Offsets = tuple[tuple[int, int], ...]
 
@@ -91,7 +103,7 @@ class ShardPayload:
 
 # What ingest adds to a job's params (removed again when the job starts over).
 PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings",
-                "tile_spaces", "tile_level", "bin_specs", "proof_specs", "lean_spaces")
+                "tile_spaces", "tile_level", "bin_specs", "proof_specs", "lean_spaces", "file_specs")
 # The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
 # (5|6|11, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators); version 2 had
 # no raw-sample merge (``RenderParams.raw_merge``, 11-channel accumulators); version 3 summed the Bayer channel of
@@ -119,12 +131,19 @@ class JobPlan:
     bin_specs: tuple[tuple[str, int], ...] = ()  # (space, factor): linear-light bins made on the GPU (:func:`bin_plan`)
     proof_specs: tuple[ProofSpec, ...] = ()  # resized outputs a whole-image strip finishes (:func:`proof_plan`)
     lean_spaces: tuple[str, ...] = ()  # spaces no output reads the full rows of (:func:`lean_plan`)
+    file_specs: tuple[FileSpec, ...] = ()  # TIFFs a whole-image strip's worker writes itself (:func:`file_plan`)
     extra: Mapping[str, Any] = field(default_factory=dict)  # other keys of jobs.params, kept as they are
     version: int = PLAN_VERSION  # the layout version of the plan, its payloads and intermediates
 
     @property
     def height(self) -> int:
         return self.size[0]
+
+    @property
+    def capture(self) -> CaptureInfo:
+        """What the outputs record of the capture (the reference frame's)."""
+        first = self.frames[0]
+        return first.capture or CaptureInfo(make=first.make, model=first.model)
 
     def to_params(self) -> dict[str, Any]:
         return {
@@ -141,6 +160,7 @@ class JobPlan:
             **({"bin_specs": [list(b) for b in self.bin_specs]} if self.bin_specs else {}),
             **({"proof_specs": [list(p) for p in self.proof_specs]} if self.proof_specs else {}),
             **({"lean_spaces": list(self.lean_spaces)} if self.lean_spaces else {}),
+            **({"file_specs": [f.to_list() for f in self.file_specs]} if self.file_specs else {}),
         }
 
     @classmethod
@@ -162,6 +182,7 @@ class JobPlan:
             bin_specs=tuple((str(s), int(k)) for s, k in params.get("bin_specs") or ()),
             proof_specs=tuple((str(s), int(e), int(b), float(a)) for s, e, b, a in params.get("proof_specs") or ()),
             lean_spaces=tuple(params.get("lean_spaces") or ()),
+            file_specs=tuple(FileSpec.from_list(f) for f in params.get("file_specs") or ()),
             extra={k: v for k, v in params.items() if k not in PLANNED_KEYS},
             version=int(params.get("plan_version", 1)),
         )
@@ -197,6 +218,22 @@ def proof_plan(recipes: Sequence[Recipe], bin_specs: Sequence[tuple[str, int]], 
         return ()
     return tuple(dict.fromkeys(proof_spec(r) for r in recipes if r.long_edge is not None and served_without_rows(
         r, (), bin_specs, height, width)))
+
+
+def file_plan(recipes: Sequence[Recipe], tile_spaces: Sequence[str], original: str, enabled: bool
+              ) -> tuple[FileSpec, ...]:
+    """The plan's ``file_specs``: for each space with GPU tiles and exactly one recipe a worker can write from
+    them (a full-size 16-bit deflate TIFF), that file's spec; the worker of a strip holding the whole image then
+    writes it itself (none when switched off: ``STRATA_WORKER_TIFFS``, batch-lane jobs, storage that cannot
+    rename)."""
+    if not enabled:
+        return ()
+    specs = []
+    for space in tile_spaces:
+        served = [r for r in recipes if r.colour_space == space and written_by_worker(r)]
+        if len(served) == 1:
+            specs.append(file_spec(served[0], original))
+    return tuple(specs)
 
 
 def lean_plan(recipes: Sequence[Recipe], tile_spaces: Sequence[str], bin_specs: Sequence[tuple[str, int]],
@@ -235,6 +272,19 @@ def proof_work(plan: JobPlan, keys: Mapping[str, str]) -> tuple[ProofWork, ...]:
     return tuple(work)
 
 
+def file_work(plan: JobPlan, keys: Mapping[str, str], hold: Callable[[], AbstractContextManager[object]] | None
+              ) -> tuple[WholeFile, ...]:
+    """The TIFFs (``plan.file_specs``) a strip holding the whole image writes from the tiles of its result
+    ``keys`` (by output space)."""
+    work = []
+    for spec in plan.file_specs:
+        if spec.space in keys and spec.space in plan.tile_spaces:
+            out, record = worker_file_keys(keys[spec.space])
+            work.append(WholeFile(key=keys[spec.space], out=out, record=record, hold=hold,
+                                  around=partial(tiff_around, plan.height, plan.size[1], tags=spec.tags(plan.capture))))
+    return tuple(work)
+
+
 def is_planned(params: Mapping[str, Any]) -> bool:
     return "plan" in params
 
@@ -244,8 +294,10 @@ def phase_count(params: Mapping[str, Any]) -> int:
     return len(params.get("plan", []))
 
 
-def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: ShardPayload) -> ShardInput:
-    """What the pipeline needs to compute shard ``index`` of ``phase``: keys to read and write, parameters."""
+def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: ShardPayload,
+                hold: Callable[[], AbstractContextManager[object]] | None = None) -> ShardInput:
+    """What the pipeline needs to compute shard ``index`` of ``phase``: keys to read and write, parameters.
+    ``hold``: held while its worker writes an output file itself (:class:`WholeFile`)."""
     spec = plan.phases[phase]
     out = shard_key(job_id, phase, spec.kind.value, index)
     if spec.kind == ShardKind.FRAME_GROUP:
@@ -260,11 +312,13 @@ def shard_input(job_id: str, plan: JobPlan, phase: int, index: int, payload: Sha
     params = replace(r, noise_shot=r.noise_shot * spec.noise_scale, noise_read=r.noise_read * spec.noise_scale)
     keys = strip_keys(job_id, plan.render, phase, spec.kind.value, index)
     extra = tuple(keys.values())[1:]
+    whole = (payload.y0, payload.y1) == (0, plan.height)
     ahead = PreEncode(tiles=tuple(k for space, k in keys.items() if space in plan.tile_spaces), level=plan.tile_level,
                       bins=tuple((keys[space], k, output_space(space).transfer) for space, k in plan.bin_specs
                                  if space in keys),
                       lean=tuple(k for space, k in keys.items() if space in plan.lean_spaces),
-                      proofs=proof_work(plan, keys) if (payload.y0, payload.y1) == (0, plan.height) else ())
+                      proofs=proof_work(plan, keys) if whole else (),
+                      files=file_work(plan, keys, hold) if whole else ())
     if spec.groups_phase is not None:
         groups = tuple(shard_key(job_id, spec.groups_phase, ShardKind.FRAME_GROUP.value, i)
                        for i in range(payload.groups or 0))

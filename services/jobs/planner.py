@@ -15,6 +15,7 @@ from services.jobs.plan import (
     ShardKind,
     ShardPayload,
     bin_plan,
+    file_plan,
     lean_plan,
     proof_plan,
     single_frame_phases,
@@ -132,10 +133,12 @@ def plan_phase_shards(plan: JobPlan, phase: int, *, groups_done: int, strip_rows
 
 
 def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params: dict[str, Any], settings: Settings,
-              *, stack: bool, n_workers: int, gpu_memory_mb: int, batch_lane: bool = False) -> JobPlan:
+              *, stack: bool, n_workers: int, gpu_memory_mb: int, batch_lane: bool = False,
+              original: str = "", worker_files: bool = False) -> JobPlan:
     """The job's plan once its frames are decoded: phases, the render (with the raw-sample merge where the
     settings ask for it), the GPU output work (tiles for the lanes ``STRATA_GPU_DEFLATE`` names, proof bins) its
-    recipes need, and the split ratios."""
+    recipes need, and the split ratios. ``worker_files``: the GPU worker of a strip holding the whole image may
+    write the full-size TIFF itself (``original``: the shot's file name it records)."""
     ratios = parse_split_ratio(settings.split_ratio)
     render = replace(shot.render, raw_merge=True) if stack and settings.stack_raw_merge and not shot.pixel_shift \
         else shot.render
@@ -148,4 +151,6 @@ def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params
                    tile_spaces=tiles, tile_level=settings.gpu_deflate_level, bin_specs=bins,
                    proof_specs=proof_plan(recipes, bins, height, width, settings.worker_proofs),
                    lean_spaces=lean_plan(recipes, tiles, bins, height, width) if settings.lean_strips else (),
+                   file_specs=file_plan(recipes, tiles, original, worker_files and settings.worker_tiffs
+                                        and not batch_lane),
                    extra=with_decoded_source(params, shot.frames[0]))

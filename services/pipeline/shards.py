@@ -8,10 +8,13 @@ Results are intermediates, not synced (docs/ARCHITECTURE.md, "Durability").
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -58,6 +61,24 @@ class ProofWork:
     out: str
 
 
+Around = Callable[[np.ndarray], tuple[bytes, list[bytes]]]  # a tile index -> the file's bytes before / after them
+
+
+@dataclass(frozen=True)
+class WholeFile:
+    """A full-size TIFF the worker of a strip holding the whole image writes itself from the strip's tiles
+    (``key``'s), durably, to ``out`` with its SHA-256 and size beside it (``record``): the finalize then only moves
+    it into the job's outputs. ``around`` lays the file out around the tile streams
+    (:func:`services.export.tiff.tiff_around`); ``hold`` is held while the file is written (an interactive
+    shot's disk quiet window, :mod:`services.jobs.quiet`)."""
+
+    key: str
+    out: str
+    record: str
+    around: Around
+    hold: Callable[[], AbstractContextManager[object]] | None = None
+
+
 @dataclass(frozen=True)
 class PreEncode:
     """Output work the worker does beside a strip, for the writer: the TIFF tiles of ``tiles`` (result keys: the
@@ -71,6 +92,7 @@ class PreEncode:
     bins: tuple[tuple[str, int, str], ...] = ()
     lean: tuple[str, ...] = ()  # result keys no output reads the full rows of once their tiles and bins are made
     proofs: tuple[ProofWork, ...] = ()  # asked of a strip holding the whole image only
+    files: tuple[WholeFile, ...] = ()  # the same
 
 
 @dataclass(frozen=True)
@@ -332,7 +354,8 @@ def _pre_encode(storage: Storage, ahead: PreEncode, results: dict[str, np.ndarra
             streams = made.tiles.get(key)
             if streams is None and key in results:
                 streams = _device_tiles(key, results[key], y0, height, device, ahead.level)
-            if streams is not None:
+            whole = next((w for w in ahead.files if w.key == key), None)
+            if streams is not None and not (whole is not None and _write_whole(storage, whole, height, *streams)):
                 _write_tiles(storage, key, *streams)
 
 
@@ -355,6 +378,45 @@ def _write_tiles(storage: Storage, key: str, blob: torch.Tensor, index: np.ndarr
         download_to(blob, f)
     with storage.array_writer(index_key, index.shape, np.int64, durable=False) as out:
         out[:] = index
+
+
+def _write_whole(storage: Storage, whole: WholeFile, height: int, blob: torch.Tensor, index: np.ndarray) -> bool:
+    """Write ``whole``'s TIFF: the bytes before the tiles, the tile streams from the device through the pinned
+    slots (hashed on a second thread beside the write), the bytes after them; durably (the finalize moves it
+    into the outputs as it is), then its record. False, with nothing written, when the tiles do not cover the
+    image (the finalize writes the file from the stored tiles then)."""
+    try:
+        head, tail = whole.around(index)
+    except ValueError as exc:
+        log.warning("%s: not written by the worker (%s)", whole.out, exc)
+        return False
+    t0 = time.perf_counter()
+    digest = hashlib.sha256()
+    with whole.hold() if whole.hold is not None else nullcontext(), ThreadPoolExecutor(1) as pool, \
+            storage.writer(whole.out) as f:
+        def write(part: bytes | memoryview) -> None:
+            hashed = pool.submit(digest.update, part)  # hashlib releases the GIL too
+            f.write(part)
+            hashed.result()  # before download_to refills the slot
+
+        write(head)
+        download_to(blob, _Sink(write))  # type: ignore[arg-type]
+        for part in tail:
+            write(part)
+        t_written = time.perf_counter()
+    size = len(head) + int(blob.numel()) + sum(len(t) for t in tail)
+    with storage.writer(whole.record, durable=False) as rec:
+        rec.write(json.dumps({"sha256": digest.hexdigest(), "bytes": size}).encode())
+    log.info("%s: %.1f MB written from the device's tiles in %.2fs, durable %.2fs later", whole.out, size / 1e6,
+             t_written - t0, time.perf_counter() - t_written)
+    return True
+
+
+class _Sink:
+    """A file-like ``write`` for :func:`download_to`."""
+
+    def __init__(self, write: Callable[[bytes | memoryview], None]) -> None:
+        self.write = write
 
 
 def load_accumulator(storage: Storage, job_id: str, key: str) -> np.ndarray:

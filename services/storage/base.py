@@ -8,6 +8,7 @@ which methods stream and which go through its local scratch cache).
 from __future__ import annotations
 
 import hashlib
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -57,6 +58,15 @@ class Storage(ABC):
 
     @abstractmethod
     def delete_prefix(self, prefix: str) -> None: ...
+
+    renames = False  # whether :meth:`move` is a rename (no bytes copied)
+
+    def move(self, src: str, dst: str) -> None:
+        """Make the durable object ``src`` the object ``dst`` (replacing one there) and remove ``src``. Here a
+        copy through a durable writer; a backend that can rename does."""
+        with self.open(src) as f, self.writer(dst) as out:
+            shutil.copyfileobj(f, out, 8 << 20)
+        self.delete_prefix(src)
 
     @abstractmethod
     def iter_chunks(self, key: str, start: int = 0, end: int | None = None, chunk: int = 1 << 20) -> Iterator[bytes]:

@@ -8,6 +8,7 @@ jobs/<id>/p<phase>/strip_NNN.<space>.npy  a strip in a further output space (a j
 jobs/<id>/p<phase>/strip_NNN[.<space>].tiles.npy / .tidx.npy  its TIFF tiles compressed on the GPU, their index
 jobs/<id>/p<phase>/strip_NNN[.<space>].bin<k>.npy  its linear-light k x k bins, made on the GPU (resized outputs)
 jobs/<id>/p<phase>/strip_NNN[.<space>].psum<k>.npy  its k x k code sums for the final preview (the sRGB result's)
+jobs/<id>/p<phase>/strip_NNN[.<space>].tif / .tif.json  the whole TIFF a worker wrote from it, its SHA-256 and size
 jobs/<id>/p<phase>/frame_group_NNN.pending  a frame group still being stored after its task (a marker)
 jobs/<id>/out/<name>                outputs (durable)
 jobs/<id>/preview.jpg               the JPEG preview (durable; fast at ingest, replaced at finalize)
@@ -48,6 +49,13 @@ def tile_keys(result_key: str) -> tuple[str, str]:
     """Where a strip result's GPU-compressed TIFF tiles (uint8 streams) and their index (int64) are kept."""
     stem = result_key.removesuffix(".npy")
     return f"{stem}.tiles.npy", f"{stem}.tidx.npy"
+
+
+def worker_file_keys(result_key: str) -> tuple[str, str]:
+    """Where the whole TIFF a worker wrote from a strip result's tiles (a strip holding the whole image) is kept
+    until the finalize moves it into the outputs, and its record (SHA-256 and size, JSON)."""
+    stem = result_key.removesuffix(".npy")
+    return f"{stem}.tif", f"{stem}.tif.json"
 
 
 def bin_key(result_key: str, factor: int) -> str:

@@ -107,6 +107,19 @@ class LocalStorage(Storage):
         elif path.is_file():
             path.unlink(missing_ok=True)
 
+    renames = True
+
+    def move(self, src: str, dst: str) -> None:
+        """A rename (``src`` must already be durable: its bytes are not synced again)."""
+        target = self._path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(self._path(src), target)
+        except OSError as exc:
+            if is_full(exc, self.root):
+                raise full(self.root) from exc
+            raise
+
     def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """Every file under ``prefix`` with its size. A file or folder removed while the listing runs (another
         process deleting the job's files: DELETE .../files beside a finalize) is skipped, not an error."""

@@ -545,7 +545,7 @@ def _run_to_the_end(job_id: str, n_workers: int = 2, quiet: QuietWindow | None =
     while tickets:
         for t in tickets:
             with session_scope() as session:
-                flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu")
+                flow.run_shard(session, storage, t.shard_id, worker="w@h", gpu="0", device="cpu", quiet=quiet)
             ran += 1
         with session_scope() as session:
             tickets = flow.advance_job(session, storage, settings, job_id, quiet)
@@ -858,3 +858,62 @@ def test_a_stack_clipped_flat_in_its_shift_window_is_ingested(db: str, tmp_path:
         job = session.get(Job, job_id)
         assert job.status != "failed", job.error
         assert job.params["render"]["shifts"] == [[0.0, 0.0]] * 3
+
+
+@pytest.mark.one_backend
+def test_a_tiff_the_worker_of_a_whole_image_strip_writes_itself_is_the_writers_file(
+        db: str, synth_dir: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With GPU tiles (nvCOMP stood in for by the CPU container) and one worker, the one strip holds the whole
+    image and its worker writes the TIFF itself (the plan's file_specs), durably, holding an interactive shot's
+    quiet window; the finalize moves it into the outputs. With two workers (two strips), or the setting off, the
+    coordinator writes it from the stored tiles: the same file, byte for byte, and the recorded SHA-256 is the
+    file's."""
+    import hashlib
+
+    import torch
+
+    from services.config import get_settings
+    from services.jobs.plan import JobPlan
+    from services.pipeline import shards, tiles
+    from services.storage import get_storage
+    from services.storage.keys import worker_file_keys
+
+    def cpu_tiles(rows, y0, height, device, level=0):  # type: ignore[no-untyped-def]
+        blob, index = tiles.cpu_tile_streams(rows.cpu().numpy(), y0, height)
+        return torch.from_numpy(blob.copy()), index
+
+    monkeypatch.setattr(shards.tiles, "gpu_available", lambda device: True)
+    monkeypatch.setattr(shards.tiles, "device_tile_streams", cpu_tiles)
+    written: list[str] = []
+    real = shards._write_whole
+    monkeypatch.setattr(shards, "_write_whole", lambda storage, whole, *a: real(storage, whole, *a)
+                        and not written.append(whole.out))
+    quiet = _Recorded(redis_url, max_wait_s=0.3)
+    quiet.client.delete(KEY)
+    frame = synth_dir / "iq3s" / "frame_00.dng"
+    storage = get_storage()
+
+    def run(name: str, n_workers: int) -> tuple[bytes, str, JobPlan]:
+        job_id = _stack_job([frame], f"worker-tiff-{name}", camera="IQ3_S")
+        tickets = 0
+        with session_scope() as session:
+            tickets = len(flow.ingest_job(session, storage, get_settings(), job_id, n_workers=n_workers))
+        assert tickets == n_workers
+        _run_to_the_end(job_id, n_workers=n_workers, quiet=quiet)
+        with session_scope() as session:
+            job = session.get(Job, job_id)
+            assert job.status == "done", job.error
+            (out,) = job.outputs
+            data = storage.local_path(out.storage_key).read_bytes()
+            assert (hashlib.sha256(data).hexdigest(), len(data)) == (out.sha256, out.bytes)
+            return data, job_id, JobPlan.from_params(job.params)
+
+    whole, job_id, plan = run("one", 1)
+    assert plan.file_specs and len(written) == 1  # the worker wrote it
+    assert quiet.events == [("open", job_id), ("close", job_id)] * 2  # its write, then the finalize
+    assert not storage.exists(worker_file_keys(shard_key(job_id, 0, "strip", 0))[0])  # moved, not copied
+    split, _, _ = run("two", 2)
+    assert len(written) == 1 and split == whole  # two strips: the coordinator wrote it from their tiles
+    monkeypatch.setattr(get_settings(), "worker_tiffs", False)
+    off, _, plan = run("off", 1)
+    assert not plan.file_specs and len(written) == 1 and off == whole

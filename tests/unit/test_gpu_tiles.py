@@ -501,3 +501,55 @@ def test_a_strip_holds_a_device_slot_while_it_renders_and_stores_its_tiles_witho
     finally:
         gate.configure(None)
     assert free_at == {"render": 0, "store": 1}
+
+
+def test_a_file_a_worker_wrote_is_moved_only_for_its_planned_recipe_and_a_changed_one_starts_over(tmp_path) -> None:
+    """The finalize moves a worker's TIFF into the outputs for the one recipe whose spec is still the planned one;
+    a finalize run again after the move finds it there. A recipe changed meanwhile (another resolution) is not
+    served by it, and since its worker stored no tiles for a lean space, the job starts over."""
+    from types import SimpleNamespace
+
+    from services.errors import IntermediateLost
+    from services.export.output import WorkerFile, file_spec
+    from services.export.recipes import resolve_recipes
+    from services.jobs.finalize import _check_lean, _moved, _Strips
+
+    recipes = resolve_recipes(["tiff16", "jpeg-proof"])
+    plan = SimpleNamespace(lean_spaces=("srgb",), tile_spaces=("srgb",), bin_specs=(("srgb", 3),),
+                           size=(7728, 10304), file_specs=(file_spec(recipes[0], "shot.dng"),))
+    storage = LocalStorage(tmp_path)
+    with storage.writer("jobs/j/p0/strip_000.tif") as f:
+        f.write(b"tiff")
+    made = WorkerFile("jobs/j/p0/strip_000.tif", "ab" * 32, 4)
+    found = _Strips(prebinned={"srgb": {3: []}}, files={"srgb": made})
+    moved = _moved(plan, recipes, found, "shot.dng")  # type: ignore[arg-type]
+    assert moved == {0: made}
+    _check_lean("j", plan, recipes, found, moved)  # type: ignore[arg-type]
+    for _ in range(2):  # the second: a finalize run again
+        made.move_to(storage, "j", "jobs/j/out/shot.tif")
+        assert storage.open("jobs/j/out/shot.tif").read() == b"tiff"
+    assert not storage.exists(made.key)
+    storage.delete_prefix("jobs/j/out")
+    with pytest.raises(IntermediateLost):
+        made.move_to(storage, "j", "jobs/j/out/shot.tif")
+    changed = [recipes[0].model_copy(update={"ppi": 600.0}), recipes[1]]
+    assert _moved(plan, changed, found, "shot.dng") == {}  # type: ignore[arg-type]
+    assert _moved(plan, recipes, found, "other.dng") == {}  # type: ignore[arg-type]
+    with pytest.raises(IntermediateLost, match="tiff16"):
+        _check_lean("j", plan, changed, found, {})  # type: ignore[arg-type]
+    _check_lean("j", plan, changed, _Strips(prebinned={"srgb": {3: []}}, pretiled={"srgb": []},  # type: ignore[arg-type]
+                                            files={"srgb": made}), {})
+
+
+def test_a_worker_writes_the_tiff_only_when_its_tiles_cover_the_image() -> None:
+    """tiff_around lays a file out around one container holding every tile row; one holding some raises (the
+    worker then stores its tiles for the writer)."""
+    from services.export.tiff import TiffTags, tiff_around
+
+    img = _image(200, 300, seed=3)
+    _, index = tiles.cpu_tile_streams(img, 0, 200)
+    head, tail = tiff_around(200, 300, index, TiffTags("srgb", "Strata t", 300.0, "shot.dng"))
+    assert head[:4] in (b"II*\x00", b"MM\x00*") and len(head) > 1000
+    _, part = tiles.cpu_tile_streams(img[:128], 0, 200)
+    with pytest.raises(ValueError, match="tile rows"):
+        tiff_around(200, 300, part, TiffTags())
