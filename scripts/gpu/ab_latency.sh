@@ -17,9 +17,12 @@ for r in $(seq 1 "$ROUNDS"); do
     python3 -m cli.main bench service --data-dir "$DATA" --scale 1.0 --scenarios "$SCEN" --repeats "$REPEATS" \
       --json "$OUT/r$r-s$i.json" > "$OUT/r$r-s$i.txt" 2>&1
     echo "round $r, ${SETS[$i]}:"; grep -E "^(single|stack4|stack8) " "$OUT/r$r-s$i.txt"
-    kill "$SERVE"; wait "$SERVE" 2>/dev/null; sleep 2; rm -rf "$DATA"
+    kill "$SERVE"; wait "$SERVE" 2>/dev/null; sleep 2
+    mkdir -p "$OUT/.logs/r$r-s$i" && cp -r "$DATA/logs" "$DATA/serve.log" "$OUT/.logs/r$r-s$i/" 2>/dev/null
+    rm -rf "$DATA"
   done
 done
+tar czf "$OUT/logs.tgz" -C "$OUT/.logs" . && rm -rf "$OUT/.logs"  # one file: a call brings back only a few
 python3 - "$OUT" "${SETS[@]}" <<'PY'
 import json, statistics, sys
 from pathlib import Path
