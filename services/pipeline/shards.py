@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +35,7 @@ from services.pipeline.stack import (
     render_stack_strip_spaces,
 )
 from services.pipeline.tiles import TILE_H, tile_rows_in
-from services.pipeline.transfer import download_to, prefault
+from services.pipeline.transfer import download_each, download_to, prefault
 from services.raw.meta import RawMeta
 from services.storage.base import Storage
 from services.storage.intermediates import load_intermediate
@@ -382,27 +381,22 @@ def _write_tiles(storage: Storage, key: str, blob: torch.Tensor, index: np.ndarr
 
 def _write_whole(storage: Storage, whole: WholeFile, height: int, blob: torch.Tensor, index: np.ndarray) -> bool:
     """Write ``whole``'s TIFF: the bytes before the tiles, the tile streams from the device through the pinned
-    slots (hashed on a second thread beside the write), the bytes after them; durably (the finalize moves it
-    into the outputs as it is), then its record. False, with nothing written, when the tiles do not cover the
-    image (the finalize writes the file from the stored tiles then)."""
+    slots (written and hashed each on a thread, :func:`download_each`), the bytes after them; durably (the
+    finalize moves it into the outputs as it is), then its record. False, with nothing written, when the tiles do
+    not cover the image (the finalize writes the file from the stored tiles then)."""
     try:
         head, tail = whole.around(index)
     except ValueError as exc:
         log.warning("%s: not written by the worker (%s)", whole.out, exc)
         return False
     t0 = time.perf_counter()
-    digest = hashlib.sha256()
-    with whole.hold() if whole.hold is not None else nullcontext(), ThreadPoolExecutor(1) as pool, \
-            storage.writer(whole.out) as f:
-        def write(part: bytes | memoryview) -> None:
-            hashed = pool.submit(digest.update, part)  # hashlib releases the GIL too
-            f.write(part)
-            hashed.result()  # before download_to refills the slot
-
-        write(head)
-        download_to(blob, _Sink(write))  # type: ignore[arg-type]
+    digest = hashlib.sha256(head)
+    with whole.hold() if whole.hold is not None else nullcontext(), storage.writer(whole.out) as f:
+        f.write(head)
+        download_each(blob, [f.write, digest.update])  # the write and the hash each on a thread (both release the GIL)
         for part in tail:
-            write(part)
+            f.write(part)
+            digest.update(part)
         t_written = time.perf_counter()
     size = len(head) + int(blob.numel()) + sum(len(t) for t in tail)
     with storage.writer(whole.record, durable=False) as rec:
@@ -410,13 +404,6 @@ def _write_whole(storage: Storage, whole: WholeFile, height: int, blob: torch.Te
     log.info("%s: %.1f MB written from the device's tiles in %.2fs, durable %.2fs later", whole.out, size / 1e6,
              t_written - t0, time.perf_counter() - t_written)
     return True
-
-
-class _Sink:
-    """A file-like ``write`` for :func:`download_to`."""
-
-    def __init__(self, write: Callable[[bytes | memoryview], None]) -> None:
-        self.write = write
 
 
 def load_accumulator(storage: Storage, job_id: str, key: str) -> np.ndarray:

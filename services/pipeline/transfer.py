@@ -199,6 +199,50 @@ def download_to(tensor: torch.Tensor, f: BinaryIO) -> None:
     _through_slots(tensor, lambda _at, part: f.write(part.data), threaded=False)
 
 
+def download_each(tensor: torch.Tensor, consumers: Sequence[Callable[[memoryview], object]]) -> None:
+    """Hand a device int32, uint16 or uint8 tensor's bytes (C order) to every one of ``consumers``, in order, each on
+    a thread of its own (a file's write and its SHA-256): through the pinned slots, a slot filled again once every
+    consumer has taken it, so the device copies, the writes and the hash overlap and the slowest sets the pace (one
+    after the other per slot, the hash and the write of an 80 MP TIFF took 0.33-0.44 s where the hash alone takes
+    0.33 on an H100 host)."""
+    dtype = _host_dtype(tensor)
+    if tensor.device.type != "cuda":
+        whole = tensor.contiguous().cpu().numpy().view(np.uint8).reshape(-1).data
+        for consume in consumers:
+            consume(whole)
+        return
+    flat = tensor.reshape(-1)
+    with _pinned(tensor.device).buffer() as raw:
+        bufs = _slots(raw, tensor.dtype)
+        _stage_each(flat.numel(), [b.numpy().view(dtype) for b in bufs],
+                    lambda offset, n, s: bufs[s][:n].copy_(flat[offset : offset + n]), consumers)
+
+
+def _stage_each(size: int, slots: Sequence[np.ndarray], fetch: Callable[[int, int, int], object],
+                consumers: Sequence[Callable[[memoryview], object]]) -> None:
+    """Move ``size`` flat elements out through ``slots``: ``fetch(offset, n, slot)`` fills a slot (on this thread,
+    in order) once every consumer is done with what it held; each consumer takes the slots' bytes in order on its
+    own thread. The first error of a consumer is raised."""
+    step = slots[0].size
+    held: list[list[Future[object]]] = [[] for _ in slots]
+    threads = [ThreadPoolExecutor(1, thread_name_prefix="strata-take") for _ in consumers]
+    try:
+        for k, start in enumerate(range(0, size, step)):
+            s = k % len(slots)
+            for taken in held[s]:
+                taken.result()
+            n = min(step, size - start)
+            fetch(start, n, s)
+            part = slots[s][:n].view(np.uint8).data
+            held[s] = [thread.submit(consume, part) for thread, consume in zip(threads, consumers, strict=True)]
+        for futures in held:
+            for taken in futures:
+                taken.result()
+    finally:
+        for thread in threads:
+            thread.shutdown(wait=True, cancel_futures=True)
+
+
 def _through_slots(tensor: torch.Tensor, put: Callable[[int, np.ndarray], object], threaded: bool) -> None:
     flat = tensor.reshape(-1)
     dtype = _host_dtype(tensor)
@@ -241,4 +285,4 @@ def prefault(arr: np.ndarray) -> Callable[[], None]:
     return wait
 
 
-__all__ = ["PREFAULT_THREADS", "SLOTS", "STAGING_BYTES", "download", "prefault", "upload"]
+__all__ = ["PREFAULT_THREADS", "SLOTS", "STAGING_BYTES", "download", "download_each", "prefault", "upload"]

@@ -79,3 +79,36 @@ def test_prefault_touches_a_fresh_memory_map_and_the_real_bytes_follow(tmp_path:
     np.testing.assert_array_equal(np.load(tmp_path / "acc.npy"), values)
     with pytest.raises(ValueError, match="writable C-contiguous"):
         prefault(values[:, :, ::2])
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_each_consumer_takes_every_slot_in_order_before_the_slot_is_filled_again(slots: int) -> None:
+    """download_each's loop with a numpy "device": a slow consumer and a fast one (a file's hash and its write,
+    each on a thread of its own) both get every byte in order; a slot refilled before both took it would show."""
+    import hashlib
+    import time
+
+    from services.pipeline.transfer import _stage_each
+
+    device = np.arange(1000, dtype=np.uint16) * 7
+    bufs = [np.empty(64, np.uint16) for _ in range(slots)]
+
+    def fetch(offset: int, n: int, s: int) -> None:
+        bufs[s][:n] = device[offset : offset + n]
+
+    written: list[bytes] = []
+    digest = hashlib.sha256()
+
+    def slow(part: memoryview) -> None:
+        time.sleep(0.002)
+        digest.update(part)
+
+    _stage_each(device.size, bufs, fetch, [lambda part: written.append(bytes(part)), slow])
+    assert b"".join(written) == device.tobytes()
+    assert digest.hexdigest() == hashlib.sha256(device.tobytes()).hexdigest()
+
+    def failing(part: memoryview) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _stage_each(device.size, bufs, fetch, [failing, slow])
