@@ -147,6 +147,22 @@ def test_path_writer_publishes_the_file(storage: Storage) -> None:
     assert np.array_equal(storage.load_array("jobs/f/raw/01.npy"), big)
 
 
+def test_move_makes_one_object_another_and_replaces_what_was_there(storage: Storage) -> None:
+    """A file a worker wrote, moved into the outputs (a rename on local files, a copy on object storage)."""
+    with storage.writer("jobs/m/p0/strip_000.tif") as f:
+        f.write(b"worker's file")
+    with storage.writer("jobs/m/out/shot.tif") as f:
+        f.write(b"an earlier run's")
+    storage.move("jobs/m/p0/strip_000.tif", "jobs/m/out/shot.tif")
+    assert not storage.exists("jobs/m/p0/strip_000.tif")
+    with storage.open("jobs/m/out/shot.tif") as f:
+        assert f.read() == b"worker's file"
+    storage.move("jobs/m/out/shot.tif", "jobs/m/elsewhere/deeper/shot.tif")  # folders made as needed
+    assert storage.size("jobs/m/elsewhere/deeper/shot.tif") == 13
+    with pytest.raises(FileNotFoundError):
+        storage.move("jobs/m/p0/gone.tif", "jobs/m/out/gone.tif")
+
+
 def test_delete_prefix_and_listing(storage: Storage) -> None:
     for key in ("jobs/g/raw/00.npy", "jobs/g/raw/01.npy", "jobs/g/out/x.tif", "jobs/gg/raw/00.npy"):
         with storage.writer(key) as f:
