@@ -92,10 +92,15 @@ def _space_bands(storage: Storage, job: Job, plan: JobPlan, strips: list[Shard])
 def _worker_file(storage: Storage, job_id: str, key: str, space: str, found: _Strips) -> None:
     """The full-size TIFF the worker of a whole-image strip wrote from ``key``'s tiles, where its record is."""
     out, record = worker_file_keys(key)
-    if storage.exists(record):
+    if not storage.exists(record):
+        return
+    try:
         with storage.open(record) as f:
             written = json.loads(f.read())
         found.files[space] = WorkerFile(out, str(written["sha256"]), int(written["bytes"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # torn by a host crash (not synced): as if absent
+        log.warning("job %s: the record of the TIFF its worker wrote (%s) is unreadable (%s); not used", job_id,
+                    record, exc)
 
 
 def _moved(plan: JobPlan, recipes: Sequence[Recipe], found: _Strips, original: str) -> dict[int, WorkerFile]:

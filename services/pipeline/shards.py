@@ -386,8 +386,8 @@ def _write_whole(storage: Storage, whole: WholeFile, height: int, blob: torch.Te
     not cover the image (the finalize writes the file from the stored tiles then)."""
     try:
         head, tail = whole.around(index)
-    except ValueError as exc:
-        log.warning("%s: not written by the worker (%s)", whole.out, exc)
+    except Exception as exc:  # noqa: BLE001 - the layout failing costs only the speed: the tiles are stored
+        log.warning("%s: not written by the worker (%s: %s)", whole.out, type(exc).__name__, exc)
         return False
     t0 = time.perf_counter()
     digest = hashlib.sha256(head)

@@ -553,3 +553,61 @@ def test_a_worker_writes_the_tiff_only_when_its_tiles_cover_the_image() -> None:
     _, part = tiles.cpu_tile_streams(img[:128], 0, 200)
     with pytest.raises(ValueError, match="tile rows"):
         tiff_around(200, 300, part, TiffTags())
+
+
+def test_a_torn_record_of_a_workers_tiff_is_as_good_as_none(tmp_path) -> None:
+    """The record beside a worker's TIFF is not synced: one a host crash left empty or half-written is ignored
+    (the finalize then writes the file, or starts the job over), never a failed job."""
+    from services.jobs.finalize import _Strips, _worker_file
+    from services.storage.keys import worker_file_keys
+
+    storage = LocalStorage(tmp_path)
+    key = "jobs/j/p0/strip_000.npy"
+    _, record = worker_file_keys(key)
+    for body in (b"", b'{"sha256": "ab"', b'{"bytes": 4}', b"[1, 2]"):
+        with storage.writer(record) as f:
+            f.write(body)
+        found = _Strips()
+        _worker_file(storage, "j", key, "srgb", found)
+        assert found.files == {}
+    with storage.writer(record) as f:
+        f.write(b'{"sha256": "ab", "bytes": 4}')
+    _worker_file(storage, "j", key, "srgb", found)
+    assert found.files["srgb"].bytes == 4
+
+
+def test_a_worker_whose_tiff_cannot_be_laid_out_stores_the_tiles_instead(tmp_path, synth_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A whole-image strip asked to write its TIFF (WholeFile): written, with its record, and no tile streams
+    stored; where the layout fails, the tiles are stored for the writer as before and no file is left."""
+    import json
+    from functools import partial
+
+    from services.export.tiff import TiffTags, tiff_around
+    from services.pipeline import shards
+    from services.pipeline.shards import PreEncode, StripShard, WholeFile, compute_shard
+    from services.storage.keys import tile_keys, worker_file_keys
+
+    def fake_device_tiles(rows, y0, height, device, level=0):  # type: ignore[no-untyped-def]
+        blob, index = tiles.cpu_tile_streams(rows.cpu().numpy(), y0, height)
+        return torch.from_numpy(blob.copy()), index
+
+    def broken(index):  # type: ignore[no-untyped-def]
+        raise RuntimeError("tifffile could not lay it out")
+
+    monkeypatch.setattr(shards.tiles, "gpu_available", lambda device: True)
+    monkeypatch.setattr(shards.tiles, "device_tile_streams", fake_device_tiles)
+    storage, mosaic, params = _stored_shot(tmp_path, synth_dir)
+    height, width = mosaic.shape
+    for name, around in (("ok", partial(tiff_around, height, width, tags=TiffTags())), ("broken", broken)):
+        key = f"{name}/strip_000.npy"
+        out, record = worker_file_keys(key)
+        whole = WholeFile(key=key, out=out, record=record, around=around)
+        compute_shard(storage, StripShard(job_id="j", out=key, params=params, y0=0, y1=height, source="raw.npy",
+                                          ahead=PreEncode(tiles=(key,), level=0, files=(whole,))), "cpu")
+        assert storage.exists(out) == storage.exists(record) == (name == "ok")
+        assert storage.exists(tile_keys(key)[0]) == (name == "broken")
+        if name == "ok":
+            with storage.open(record) as f:
+                assert json.loads(f.read())["bytes"] == storage.size(out)
+            with storage.open(out) as f, tifffile.TiffFile(io.BytesIO(f.read())) as tif:
+                np.testing.assert_array_equal(tif.pages[0].asarray(), storage.load_array(key))
