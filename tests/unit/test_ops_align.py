@@ -12,6 +12,7 @@ from services.pipeline.ops.align import (
     estimate_shift,
     grey_pyramid,
     mosaic_grey,
+    refinement_terms,
     shift_estimator,
     tiles_to_pixels,
     warp,
@@ -50,6 +51,22 @@ def test_local_motion_gets_its_own_vectors() -> None:
     flow = align_frame(reference, frame, AlignParams(tile_size=16))  # (10, 12, 2)
     assert float(flow[2:-2, :4, 1].abs().max()) < 0.2
     assert float((flow[2:-2, -4:, 1] - 3.0).abs().max()) < 0.2
+
+
+def test_refinement_terms_kept_by_the_caller_give_the_same_flow() -> None:
+    """A stack's frame group computes the reference's refinement terms once: bit for bit the flow computed alone,
+    with the frame partly outside the reference (the masked border) and a prior."""
+    rgb = textured_rgb(H, W, seed=4)
+    reference = mosaic_grey(_noisy(mosaic_of(rgb, "RGGB"), seed=5), "RGGB")
+    moved = torch.roll(reference, shifts=(2, -3), dims=(0, 1))
+    frame = moved + 0.01 * torch.randn(moved.shape, generator=torch.Generator().manual_seed(6))
+    pyramid = grey_pyramid(reference)
+    terms = refinement_terms(pyramid[0])
+    for prior in (None, (2.0, -3.0)):
+        alone = align_frame(pyramid, frame, AlignParams(tile_size=16), prior=prior)
+        kept = align_frame(pyramid, frame, AlignParams(tile_size=16), prior=prior, refinement=terms)
+        assert torch.equal(alone, kept)
+        assert float((alone[2:-2, 2:-2] - torch.tensor([2.0, -3.0])).abs().max()) < 0.2
 
 
 def test_identical_frames_give_zero_flow_and_pyramid_shapes() -> None:

@@ -14,6 +14,7 @@ from services.pipeline.ops.merge import (
     MergeParams,
     demosaic_camera,
     integer_shift,
+    motion_weights,
     pixel_shift_accumulate,
     prepare_reference,
 )
@@ -246,3 +247,20 @@ def test_positions_pick_each_frames_orientation() -> None:
     assert seen == [oriented_cfa("RGGB", 1), oriented_cfa("RGGB", 2)] == ["BGGR", "GRBG"]
     with pytest.raises(ValueError, match="stack position"):
         accumulate_frames(reference, frames[1:], params, positions=[1])
+
+
+@pytest.mark.parametrize("local_range", [False, True])
+def test_motion_weights_pool_one_shared_mask_once(local_range: bool) -> None:
+    """A frame's warp gives one mask for all three channels (expanded): its window mean is taken once, and the
+    weights are bit for bit those of the same mask given as three planes of their own."""
+    g = torch.Generator().manual_seed(9)
+    h, w = 96, 128
+    ref = torch.rand(3, h, w, generator=g)
+    cand = ref + 0.03 * torch.randn(3, h, w, generator=g)
+    cand[:, 30:60, 40:90] += 2.0  # something moved, far outside the local range too
+    valid = (torch.rand(h, w, generator=g) > 0.1).float()
+    params = MergeParams(cfa="RGGB", gains=(2.0, 1.0, 1.5), shot=1e-3, read=1e-5)
+    shared = motion_weights(ref, cand, valid.expand(3, h, w), params, local_range=local_range)
+    planes = motion_weights(ref, cand, valid.expand(3, h, w).clone(), params, local_range=local_range)
+    assert torch.equal(shared, planes)
+    assert 0.0 < float(shared.mean()) < 1.0

@@ -244,7 +244,8 @@ def _tile_sums(x: Tensor, tile: int) -> Tensor:
     planes = x if x.dim() == 3 else x[None]
     c, h, w = planes.shape
     ny, nx = _tile_grid((h, w), tile)
-    padded = F.pad(planes[None], (0, nx * tile - w, 0, ny * tile - h))  # zeros: outside adds nothing
+    pad = (0, nx * tile - w, 0, ny * tile - h)
+    padded = F.pad(planes[None], pad) if any(pad) else planes[None]  # zeros: outside adds nothing (no copy if none)
     sums = padded.reshape(1, c, ny, tile, nx, tile).sum(dim=(3, 5))  # (1, C, ny, nx)
     pooled = F.avg_pool2d(sums, 3, stride=1, padding=1, count_include_pad=False)[0] * 9.0  # (C, ny, nx)
     return pooled if x.dim() == 3 else pooled[0]
@@ -266,23 +267,40 @@ def _smooth_tiles(flow: Tensor, confidence: Tensor) -> Tensor:
     return (num / den)[0].permute(1, 2, 0)  # (ny, nx, 2)
 
 
-def _refine(reference: Tensor, frame: Tensor, flow: Tensor, tile: int, iterations: int) -> Tensor:
-    """Lucas-Kanade sub-pixel refinement of the tile flow (ny, nx, 2) float on the finest level.
+# A reference's finest level blurred (1, H, W), the products of its gradients (3, H, W): [gy gy, gx gy, gx gx], and the
+# gradients (2, H, W): [gy, gx] (:func:`refinement_terms`).
+Refinement = tuple[Tensor, Tensor, Tensor]
+
+
+def refinement_terms(finest: Tensor) -> Refinement:
+    """What the Lucas-Kanade refinement needs of the reference's finest level (H, W): the level blurred (smoothing
+    keeps noise out of the gradients), the products of its gradients and the gradients. The same for every frame
+    aligned to that reference: a stack's frame group computes them once (:func:`align_frame`'s ``refinement``)."""
+    blurred = _blur(finest)
+    gy, gx = _gradients(blurred)
+    return blurred, torch.stack([gy * gy, gx * gy, gx * gx]), torch.stack([gy, gx])
+
+
+def _refine(reference: Tensor | Refinement, frame: Tensor, flow: Tensor, tile: int, iterations: int) -> Tensor:
+    """Lucas-Kanade sub-pixel refinement of the tile flow (ny, nx, 2) float on the finest level (``reference``: that
+    level, or its :func:`refinement_terms`).
 
     Gradients come from the reference only: the warped frame's interpolated noise is correlated with its own
     gradient at fractional positions, which biases symmetric schemes by ~0.05 px. The normal equations are
     damped by a fraction of the median tile's texture, so flat tiles keep
-    their integer vector instead of chasing noise.
+    their integer vector instead of chasing noise. Only the frame's side changes from one iteration to the next:
+    the mask of samples inside it (0 or 1, so a product of masked gradients is the masked product) and the error.
     """
-    ref = _blur(reference)  # smoothing keeps noise out of the gradients
+    ref, squares, grads = reference if isinstance(reference, tuple) else refinement_terms(reference)
     src = _blur(frame)[None]  # (1, h, w)
-    ref_gy, ref_gx = _gradients(ref)  # (h, w) each
-    shape = (reference.shape[0], reference.shape[1])
+    shape = (ref.shape[0], ref.shape[1])
+    terms = torch.empty(5, *shape, dtype=ref.dtype, device=ref.device)  # the normal equations' terms, per pixel
     for _ in range(iterations):
         moved, valid = warp(src, tiles_to_pixels(flow, tile, shape), mode="bicubic")  # (1, h, w), (h, w)
-        gy, gx = ref_gy * valid, ref_gx * valid  # (h, w) each
         err = (moved[0] - ref) * valid  # (h, w)
-        sums = _tile_sums(torch.stack([gy * gy, gx * gy, gx * gx, gy * err, gx * err]), tile)  # (5, ny, nx)
+        torch.mul(squares, valid, out=terms[:3])  # gy gy, gx gy, gx gx where the frame has samples
+        torch.mul(grads, err, out=terms[3:])  # gy err, gx err
+        sums = _tile_sums(terms, tile)  # (5, ny, nx)
         a_yy, a_xy, a_xx, b_y, b_x = sums.unbind(0)
         damping = _DAMPING * (0.5 * (a_yy + a_xx)).median().clamp(min=1e-20)
         a_yy, a_xx = a_yy + damping, a_xx + damping
@@ -295,7 +313,7 @@ def _refine(reference: Tensor, frame: Tensor, flow: Tensor, tile: int, iteration
 
 
 def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignParams | None = None,
-                prior: tuple[float, float] | None = None) -> Tensor:
+                prior: tuple[float, float] | None = None, refinement: Refinement | None = None) -> Tensor:
     """Per-tile flow (ny, nx, 2) float32 in pixels that maps grey ``frame`` (H, W) onto ``reference``.
 
     ``reference`` is a (H, W) grey image or its :func:`grey_pyramid` (build it once per group); tiles are
@@ -304,6 +322,7 @@ def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignPa
     starts from it and, at every level, a tile takes it (rounded to that level's pixels) unless its own best
     displacement is clearly better (:data:`_PRIOR_MARGIN`). Without it a fine periodic texture, flat on the
     coarse levels, locked onto another repeat of itself (docs/QUALITY.md).
+    ``refinement``: the reference's :func:`refinement_terms` when the caller keeps them (computed here otherwise).
     """
     p = params or AlignParams()
     check_mosaic(frame, "frame", min_size=16)
@@ -323,10 +342,12 @@ def align_frame(reference: Tensor | list[Tensor], frame: Tensor, params: AlignPa
         radius = p.search_radius if level > 0 else 1
         at_level = None if shift is None else torch.round(shift / 2**level).long()  # (2,)
         flow = _median3(_search(ref_pyr[level], frame_pyr[level], flow, p.tile_size, radius, at_level))
-    return _refine(ref_pyr[0], frame_pyr[0], flow.to(torch.float32), p.tile_size, p.lk_iterations)
+    return _refine(ref_pyr[0] if refinement is None else refinement, frame_pyr[0], flow.to(torch.float32), p.tile_size,
+                   p.lk_iterations)
 
 
-__all__ = ["AlignParams", "align_frame", "grey_pyramid", "mosaic_grey", "tiles_to_pixels", "warp"]
+__all__ = ["AlignParams", "Refinement", "align_frame", "grey_pyramid", "mosaic_grey", "refinement_terms",
+           "tiles_to_pixels", "warp"]
 
 
 # ---------------------------------------------------------------------------------------------------------

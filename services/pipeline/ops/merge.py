@@ -40,7 +40,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from services.pipeline.ops._checks import check_mosaic, small
-from services.pipeline.ops.align import AlignParams, align_frame, grey_pyramid, tiles_to_pixels, warp
+from services.pipeline.ops.align import (
+    AlignParams,
+    Refinement,
+    align_frame,
+    grey_pyramid,
+    refinement_terms,
+    tiles_to_pixels,
+    warp,
+)
 from services.pipeline.ops.cfa import (
     ORIENTATIONS,
     cfa_channels,
@@ -208,8 +216,10 @@ def motion_weights(reference: Tensor, candidate: Tensor, samples: Tensor, params
         diff = ((candidate[None] - hi).clamp(min=0.0) - (lo - candidate[None]).clamp(min=0.0)) * samples
     else:
         diff = ((candidate - reference) * samples)[None]  # (1, 3, H, W)
-    means = _window_mean(torch.cat([diff, samples[None]], dim=1), r)  # (1, 6, H, W)
-    count = means[:, 3:]  # (1, 3, H, W) fraction of the window with samples
+    # one mask for every channel (an expanded (H, W) one, as a frame's warp gives): its window mean once, not thrice
+    shared = samples.stride(0) == 0
+    means = _window_mean(torch.cat([diff, (samples[:1] if shared else samples)[None]], dim=1), r)  # (1, 4|6, H, W)
+    count = means[:, 3:].expand(1, 3, *means.shape[2:])  # (1, 3, H, W) fraction of the window with samples
     mean_diff = means[:, :3] / count.clamp(min=1e-6)  # (1, 3, H, W)
     if level is None or spread is None:
         level, spread = _window_moments(reference, r)
@@ -231,6 +241,7 @@ class _Reference:
     pyramid: list[Tensor]
     level: Tensor  # (1, 3, H, W) window means of rgb for the motion test
     spread: Tensor  # (1, 3, H, W) window variances of rgb for the motion test
+    refinement: Refinement  # the alignment's refinement terms of the pyramid's finest level (once, not per frame)
 
 
 def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
@@ -239,8 +250,8 @@ def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
     check_mosaic(reference, "reference", min_size=8)
     ref = reference.to(torch.float32).clamp(min=0.0)
     rgb = demosaic_camera(ref, params)  # (3, H, W)
-    return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels),
-                      *_window_moments(rgb, params.window_radius))
+    pyramid = grey_pyramid(rgb.mean(dim=0), params.align.levels)
+    return _Reference(ref, rgb, pyramid, *_window_moments(rgb, params.window_radius), refinement_terms(pyramid[0]))
 
 
 def _fixed(x: Tensor) -> Tensor:
@@ -353,7 +364,7 @@ def _add_aligned(acc: Tensor, ref: _Reference, frame: Tensor, params: MergeParam
     its position's orientation, aligned (``prior``: its global shift), warped and weighted by the motion test."""
     h, w = ref.mosaic.shape
     rgb = demosaic_camera(frame.clamp(min=0.0), params, position % len(ORIENTATIONS))  # (3, H, W)
-    flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align, prior)  # (ny, nx, 2)
+    flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align, prior, ref.refinement)  # (ny, nx, 2)
     # Resampling at fractional offsets is a low-pass that differs from frame to frame: bilinear cost up to 2.9 dB
     # of the 8-frame gain on detailed photographs; Lanczos-3 (STRATA_STACK_WARP) keeps more detail near the finest
     # scale than bicubic (a zone plate at random sub-pixel shifts), at about 0.14 s a 50 MP frame on an H100.
