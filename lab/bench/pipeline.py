@@ -85,6 +85,19 @@ def write_frame(path: Path, mosaic: np.ndarray, model: str) -> None:
               as_shot_neutral=NEUTRAL, make="Phase One", model=model, noise_profile=NoiseProfile(2e-4, 1e-7))
 
 
+def write_stack_frames(tmp: Path, frames: int, height: int, width: int) -> list[Path]:
+    """An IQ2_XS-style stack's DNGs in ``tmp``: frame 0 unshifted, the others shifted at random by up to 1.5 px (the
+    same shifts for the same count: seed 5)."""
+    rng = np.random.default_rng(5)
+    paths = []
+    for k in range(frames):
+        shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        path = tmp / f"iq2xs_{k:02d}.dng"
+        write_frame(path, procedural_mosaic(height, width, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
+        paths.append(path)
+    return paths
+
+
 def _gpu_pool(devices: list[str], jobs: list[Callable[[str], Any]]) -> list[Any]:
     """Run jobs on devices the way the shared GPU queue does: each device's worker pulls the next job."""
     todo: queue.Queue[tuple[int, Callable[[str], Any]]] = queue.Queue()
@@ -159,13 +172,7 @@ def bench_single_frame(devices: list[str], height: int, width: int, tmp: Path, t
 def bench_stack(devices: list[str], frames: int, height: int, width: int, tmp: Path, tiff_threads: int) -> dict:
     """IQ2_XS-style stack: decode all → frame groups on the GPUs → strips (each fuses its rows) → TIFF."""
     t = Timer()
-    rng = np.random.default_rng(5)
-    paths = []
-    for k in range(frames):
-        shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-        path = tmp / f"iq2xs_{k:02d}.dng"
-        write_frame(path, procedural_mosaic(height, width, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
-        paths.append(path)
+    paths = write_stack_frames(tmp, frames, height, width)
     _decode_all(paths, tmp)  # warm-up: a running coordinator has its decoder children started ahead (raw/decode.py)
     time.sleep(1.0)
     mosaics, metas = t.run(f"decode {frames} frames (LibRaw children in parallel)", lambda: _decode_all(paths, tmp))

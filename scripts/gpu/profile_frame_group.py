@@ -23,20 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from lab.bench.pipeline import _decode_all, procedural_mosaic, write_frame
+from lab.bench.pipeline import _decode_all, write_stack_frames
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import frame_shifts, merge_group_tensor, stack_params
 
 
 def _frames(tmp: Path, frames: int, h: int, w: int) -> tuple[list[np.ndarray], list[Any]]:
-    rng = np.random.default_rng(5)
-    paths = []
-    for k in range(frames):
-        shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-        p = tmp / f"f{k}.dng"
-        write_frame(p, procedural_mosaic(h, w, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
-        paths.append(p)
-    return _decode_all(paths, tmp)
+    return _decode_all(write_stack_frames(tmp, frames, h, w), tmp)
 
 
 def profiled(run: Callable[[], object], sync: Callable[[], None], dev: torch.device, walls: list[float], top: int,

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lab.bench.pipeline import _decode_all, _encode, procedural_mosaic, write_frame
+from lab.bench.pipeline import _decode_all, _encode, write_stack_frames
 from services.pipeline.ops.align import align_frame, tiles_to_pixels, warp
 from services.pipeline.ops.merge import _fixed, demosaic_camera, motion_weights, prepare_reference
 from services.pipeline.shot import shot_render_params
@@ -67,17 +67,6 @@ def tiff_steps(img: np.ndarray, tmp: Path) -> None:
     _encode(img, tmp, os.cpu_count() or 4)
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(10)
-
-
-def _write_frames(tmp: Path, frames: int, h: int, w: int) -> list[Path]:
-    rng = np.random.default_rng(5)
-    paths = []
-    for k in range(frames):
-        shift = (0.0, 0.0) if k == 0 else tuple(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-        p = tmp / f"f{k}.dng"
-        write_frame(p, procedural_mosaic(h, w, 7, shift), "IQ2_XS")  # type: ignore[arg-type]
-        paths.append(p)
-    return paths
 
 
 def _profile_merge_steps(mosaics: list[np.ndarray], metas: list, params: object, dev: torch.device,
@@ -178,7 +167,7 @@ def main() -> None:
     h, w = int(7296 * args.scale) // 2 * 2, int(6912 * args.scale) // 2 * 2
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        paths = _write_frames(tmp, args.frames, h, w)
+        paths = write_stack_frames(tmp, args.frames, h, w)
         with timed("decode 1 frame (cold)"):
             _decode_all(paths[:1], tmp)
         with timed(f"decode {args.frames} frames (1 spare)"):
