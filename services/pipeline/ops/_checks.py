@@ -15,6 +15,8 @@ def small(values: object, device: torch.device | str | None, dtype: torch.dtype 
     host = values.detach().to("cpu", dtype) if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
     if device is None or torch.device(device).type != "cuda":
         return host if device is None else host.to(device)
+    if torch.compiler.is_compiling():  # traced by torch.compile: a constant of the graph (pinning has no tracer)
+        return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
 
 
