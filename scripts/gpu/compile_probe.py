@@ -5,7 +5,8 @@ python3 scripts/gpu/compile_probe.py --device cuda:0 [--scale 1.0 --json OUT.jso
 Times, on a reference and one frame shifted by a sub-pixel amount (the frame already demosaiced, as in
 ``ops.merge._add_aligned``): the alignment (``align_frame``), and the rest (dense flow, warp, motion weights,
 fixed-point accumulation, the Bayer planes' warp), each eager and through ``torch.compile`` (first call = compile
-time, then the warm median of 5), and how far the compiled results are from the eager ones. Also two eager
+time, then the warm median of 5), the first call of another job's parameters (compiled again or not), and how far the
+compiled results are from the eager ones. Also two eager
 rewrites: the motion test's 7 x 7 box mean as two 1-D pools, and the alignment's blur. The service is not changed.
 """
 
@@ -17,6 +18,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,13 @@ def compiled(ref: Any, grey: torch.Tensor, rgb: torch.Tensor, frame: torch.Tenso
             cpost = torch.compile(post, mode=mode)
             acc_c = timed(f"rest, compiled {mode}",
                           partial(cpost, acc0, ref.rgb, ref.level, ref.spread, rgb, frame, flow_e, mp), dev)
+            # another job: new parameters (another noise level, a new model closure) and a prior elsewhere; does
+            # the compiled code serve it or compile again (its first call's time says)?
+            other = replace(mp, shot=mp.shot * 1.7, read=mp.read * 0.6, demosaic=lambda b, c: b)
+            timed(f"align_frame, compiled {mode}, another job", partial(calign, ref.pyramid, grey, other.align,
+                                                                        (prior[0] + 0.3, prior[1] - 0.2)), dev, 1)
+            timed(f"rest, compiled {mode}, another job",
+                  partial(cpost, acc0, ref.rgb, ref.level, ref.spread, rgb, frame, flow_e, other), dev, 1)
             RESULTS[f"{mode}_flow_max_abs"] = float((flow_c - flow_e).abs().max())
             RESULTS[f"{mode}_acc_max_abs"] = int((acc_c - acc_e).abs().max())
             RESULTS[f"{mode}_acc_equal"] = bool(torch.equal(acc_c, acc_e))
