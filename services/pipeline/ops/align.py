@@ -267,7 +267,7 @@ def _smooth_tiles(flow: Tensor, confidence: Tensor) -> Tensor:
     return (num / den)[0].permute(1, 2, 0)  # (ny, nx, 2)
 
 
-# A reference's finest level blurred (1, H, W), the products of its gradients (3, H, W): [gy gy, gx gy, gx gx], and the
+# A reference's finest level blurred (H, W), the products of its gradients (3, H, W): [gy gy, gx gy, gx gx], and the
 # gradients (2, H, W): [gy, gx] (:func:`refinement_terms`).
 Refinement = tuple[Tensor, Tensor, Tensor]
 

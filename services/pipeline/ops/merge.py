@@ -241,7 +241,7 @@ class _Reference:
     pyramid: list[Tensor]
     level: Tensor  # (1, 3, H, W) window means of rgb for the motion test
     spread: Tensor  # (1, 3, H, W) window variances of rgb for the motion test
-    refinement: Refinement  # the alignment's refinement terms of the pyramid's finest level (once, not per frame)
+    refinement: Refinement | None = None  # the alignment's terms of the finest level, made by the first frame aligned
 
 
 def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
@@ -250,8 +250,8 @@ def prepare_reference(reference: Tensor, params: MergeParams) -> _Reference:
     check_mosaic(reference, "reference", min_size=8)
     ref = reference.to(torch.float32).clamp(min=0.0)
     rgb = demosaic_camera(ref, params)  # (3, H, W)
-    pyramid = grey_pyramid(rgb.mean(dim=0), params.align.levels)
-    return _Reference(ref, rgb, pyramid, *_window_moments(rgb, params.window_radius), refinement_terms(pyramid[0]))
+    return _Reference(ref, rgb, grey_pyramid(rgb.mean(dim=0), params.align.levels),
+                      *_window_moments(rgb, params.window_radius))
 
 
 def _fixed(x: Tensor) -> Tensor:
@@ -364,6 +364,8 @@ def _add_aligned(acc: Tensor, ref: _Reference, frame: Tensor, params: MergeParam
     its position's orientation, aligned (``prior``: its global shift), warped and weighted by the motion test."""
     h, w = ref.mosaic.shape
     rgb = demosaic_camera(frame.clamp(min=0.0), params, position % len(ORIENTATIONS))  # (3, H, W)
+    if ref.refinement is None:  # once per group, for every frame aligned to it (pixel shift aligns none)
+        ref.refinement = refinement_terms(ref.pyramid[0])
     flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align, prior, ref.refinement)  # (ny, nx, 2)
     # Resampling at fractional offsets is a low-pass that differs from frame to frame: bilinear cost up to 2.9 dB
     # of the 8-frame gain on detailed photographs; Lanczos-3 (STRATA_STACK_WARP) keeps more detail near the finest
