@@ -20,7 +20,8 @@ Scenarios (``--scenarios``): ``single`` (an IQ3_S frame), ``stack4`` / ``stack8`
 (``--frames`` frames), each ``--repeats`` times, reported as the warm runs' median and spread; ``batch``
 (``--batch-size`` IQ3_S shots at batch priority, uploaded by ``--upload-threads`` threads, throughput over the
 span from the first job started to the last one finished, and the sustained rate, (N - 1) over the span from the
-first job finished to the last, which leaves out the pipeline's fill (:func:`sustained_rate`);
+first job finished to the last, which leaves out the pipeline's fill (:func:`sustained_rate`), with the
+resources over that window too (``resources_sustained``);
 ``--interactive-during-batch`` adds one interactive shot, ``--interactive-shots N`` up to N one after another while
 the batch runs, and compares their median latency with the idle ``single`` runs).
 During every scenario a sampler (:mod:`lab.bench.sampler`) records GPU busy fractions and GPU memory per process
@@ -260,7 +261,8 @@ def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[P
               "uploaded_ahead": ahead is not None,
               **sustained_rate([_stamp(j["finished_at"]) for j in done]),  # type: ignore[misc]
               "upload_span_s": sum(u for _, u in uploads) / args.upload_threads, "recipes": list(args.recipe),
-              "shards_by_gpu": _count_shards(done), "resources": sampler.window(t0, time.monotonic())}
+              "shards_by_gpu": _count_shards(done), "resources": sampler.window(t0, time.monotonic()),
+              "resources_sustained": sustained_window(sampler, [_stamp(j["finished_at"]) for j in done])}
     if inter is not None:
         result["interactive_during_batch"] = {**inter, "idle_latency_s": idle_latency,
                                               "ratio_to_idle": (inter["queued_to_done_s"] / idle_latency
@@ -268,6 +270,7 @@ def batch_scenario(client: httpx.Client, sampler: ResourceSampler, files: list[P
     print(f"batch  {len(done)} shots  render span {span:6.2f} s  {result['frames_per_s']:.2f} frames/s "
           f"(sustained {_fmt(result['sustained_frames_per_s'])})  {busy_summary(result['resources'])}", flush=True)
     print(f"       {cpu_summary(result['resources'], len(done))}", flush=True)
+    print(f"       from the first shot done to the last: {busy_summary(result['resources_sustained'])}", flush=True)
     if inter is not None:
         runs = inter["queued_to_done_runs_s"]
         spread = f" (median of {len(runs)}: {min(runs):.2f}-{max(runs):.2f} s)" if len(runs) > 1 else ""
@@ -341,6 +344,18 @@ def sustained_rate(finished: Sequence[dt.datetime]) -> dict[str, float | None]:
         return {"sustained_frames_per_s": None, "finish_span_s": None}
     window = (ends[-1] - ends[0]).total_seconds()
     return {"sustained_frames_per_s": (len(ends) - 1) / window, "finish_span_s": window}
+
+
+def sustained_window(sampler: ResourceSampler, finished: Sequence[dt.datetime | None]) -> dict[str, Any]:
+    """The resources over the sustained rate's window (the first job finished -> the last): busy fractions without
+    the pipeline's fill (the first shots' ingest, the GPU idle) and the tail after the last job (interactive shots
+    still running), which dilute the whole span's means. The jobs' wall-clock stamps are put on the sampler's
+    monotonic clock (the service runs on this host); empty when fewer than two jobs finished."""
+    ends = sorted(e if e.tzinfo else e.replace(tzinfo=dt.UTC) for e in finished if e is not None)  # naive: UTC
+    if len(ends) < 2:
+        return {}
+    offset = time.time() - time.monotonic()
+    return sampler.window(ends[0].timestamp() - offset, ends[-1].timestamp() - offset)
 
 
 def _fmt(rate: float | None) -> str:
@@ -437,6 +452,8 @@ def print_summary(results: list[dict[str, Any]]) -> None:
             print(f"{'batch':<8} {r['shots']:>6} {'':>9} {'':>13} {r['frames_per_s']:>9.2f}  "
                   f"sustained {_fmt(r.get('sustained_frames_per_s'))}, {busy_summary(r['resources'])}")
             print(f"{'':<8} {cpu_summary(r['resources'], r['shots'])}")
+            if r.get("resources_sustained"):
+                print(f"{'':<8} first shot done -> last: {busy_summary(r['resources_sustained'])}")
             continue
         print(f"{r['scenario']:<8} {r['frames']:>6} {r['processing_median_s']:>9.2f} "
               f"{r['processing_min_s']:>6.2f}-{r['processing_max_s']:<6.2f} {r['frames_per_s']:>9.2f}  "

@@ -52,6 +52,7 @@ def test_bench_service_batch_uploaded_ahead_renders_after_its_window_opens(stack
                  "--remove-files", "--scenarios", "batch", "--json", str(out)]) == 0
     batch = json.loads(out.read_text())["scenarios"][0]
     assert batch["uploaded_ahead"] and batch["shots"] == 3 and batch["sustained_frames_per_s"] > 0
+    assert "resources_sustained" in batch  # the busy fractions over the sustained rate's window
     jobs = httpx.get(f"{stack.url}/v1/jobs", headers=stack.headers, params={"limit": 3}).json()["jobs"]
     created = [dt.datetime.fromisoformat(j["created_at"]) for j in jobs]
     started = [dt.datetime.fromisoformat(j["started_at"]) for j in jobs]

@@ -3,8 +3,10 @@
 import datetime as dt
 import subprocess
 import sys
+import time
 
-from lab.bench.service import finalize_split, sustained_rate, timeline
+from lab.bench.sampler import ResourceSampler, Sample
+from lab.bench.service import finalize_split, sustained_rate, sustained_window, timeline
 
 
 def _shard(phase: int, kind: str, start: str, end: str) -> dict:
@@ -49,6 +51,23 @@ def test_the_sustained_rate_leaves_out_the_pipeline_fill() -> None:
     rate = sustained_rate(list(reversed(ends)))
     assert rate["finish_span_s"] == 2.0 and rate["sustained_frames_per_s"] == 4.0
     assert sustained_rate(ends[:1]) == {"sustained_frames_per_s": None, "finish_span_s": None}
+
+
+def test_the_sustained_window_leaves_out_the_fill_and_the_tail() -> None:
+    """The resources over the sustained rate's window: the jobs' wall-clock stamps (aware or naive UTC) put on the
+    sampler's monotonic clock; the idle fill before the first finish and the tail after the last are left out."""
+    sampler = ResourceSampler()
+    now_wall, now_mono = dt.datetime.now(dt.UTC), time.monotonic()
+    for k in range(40):  # one sample every 0.25 s over the last 10 s: busy only between 6 and 2 s ago
+        t = now_mono - 10 + 0.25 * k
+        busy = 0.9 if now_mono - 6 <= t <= now_mono - 2 else 0.1
+        sampler.samples.append(Sample(t, busy, 1 << 30, [busy]))
+    first, last = now_wall - dt.timedelta(seconds=5.9), (now_wall - dt.timedelta(seconds=2.1)).replace(tzinfo=None)
+    window = sustained_window(sampler, [last, None, first])
+    assert abs(window["gpu_busy_mean"][0] - 0.9) < 1e-9 and abs(window["cpu_busy_mean"] - 0.9) < 1e-9
+    assert 14 <= window["samples"] <= 16
+    assert sampler.window(now_mono - 10, now_mono)["gpu_busy_mean"][0] < 0.6  # the whole span's mean is diluted
+    assert sustained_window(sampler, [first]) == {}
 
 
 def test_timeline_is_empty_without_stamps() -> None:
