@@ -120,8 +120,8 @@ class Settings(BaseSettings):
     gpu_worker_threads: int = Field(
         default=2, ge=1, le=4, description="Device slots of a GPU worker process: shards on the device at once, each "
         "on its own CUDA stream (one model copy): one shard's downloads overlap another's model pass (a batch on one "
-        "H200: 1.58 frames/s with 2, 1.17-1.19 with 1). Each plans strips for its share of the GPU's memory. CPU "
-        "workers compute one shard at a time.")
+        "H200: 1.58 frames/s with 2, 1.17-1.19 with 1; on an H100 3 gave 2.29 against 3.09, every frame split in "
+        "two strips). Each plans strips for its share of the GPU's memory. CPU workers compute one shard at a time.")
     gpu_urgent_slots: int | None = Field(
         default=None, ge=0, le=2, description="Device slots of a GPU worker kept for interactive shots' shards beyond "
         "STRATA_GPU_WORKER_THREADS (and a worker thread each): batch strips hold at most STRATA_GPU_WORKER_THREADS, "
@@ -275,7 +275,8 @@ class Settings(BaseSettings):
         default=False, description="nvCOMP compresses a strip's tiles on the strip's own CUDA stream, with a codec "
         "per stream, instead of one codec per device on its own stream behind a lock (the strip's stream "
         "synchronised first): no host wait before the compression, no lock between the worker's device slots. "
-        "Off until measured on a GPU (docs/PERFORMANCE.md, session 44).")
+        "Off: on two H100 100-shot batches no faster (2.81 / 2.94 frames/s against 3.09 / 2.80; the tiles' time in "
+        "the slot is GPU work queued behind the model, not the lock; docs/PERFORMANCE.md, session 45).")
     lean_strips: bool = Field(
         default=True, description="When every output of a colour space is made from what the GPU workers make "
         "beside the strips (deflate TIFF tiles, proof bins, the final preview's sums), a worker that made them all "
