@@ -271,12 +271,6 @@ class Settings(BaseSettings):
         "threads, docs/PERFORMANCE.md), batch-lane jobs only, or none. true / false mean on / off.")
     gpu_deflate_level: int = Field(default=0, ge=0, le=5, description="nvCOMP deflate algorithm type (0-5); 0 is "
                                    "the fastest, and no type compresses a 16-bit render more than 1.5 % smaller.")
-    gpu_deflate_streams: bool = Field(
-        default=False, description="nvCOMP compresses a strip's tiles on the strip's own CUDA stream, with a codec "
-        "per stream, instead of one codec per device on its own stream behind a lock (the strip's stream "
-        "synchronised first): no host wait before the compression, no lock between the worker's device slots. "
-        "Off: on two H100 100-shot batches no faster (2.81 / 2.94 frames/s against 3.09 / 2.80; the tiles' time in "
-        "the slot is GPU work queued behind the model, not the lock; docs/PERFORMANCE.md, session 45).")
     lean_strips: bool = Field(
         default=True, description="When every output of a colour space is made from what the GPU workers make "
         "beside the strips (deflate TIFF tiles, proof bins, the final preview's sums), a worker that made them all "

@@ -137,9 +137,6 @@ def start(name: str, reconcile: Callable[[], object] | None = None, admit: Calla
     recipes.read_at_start()
     if kind == "gpu" and device.startswith("cuda"):  # device slots; the worker's other threads store results
         gate.configure(max(1, settings.gpu_worker_threads), settings.gpu_urgent_slots or 0, settings.gpu_urgent_yield_s)
-        from services.pipeline import tiles
-
-        tiles.configure(settings.gpu_deflate_streams)
     if kind == "gpu":
         _warm_up(device)
         log.info("%s: pipeline resident on %s (gpu %s)", name, device, gpu)

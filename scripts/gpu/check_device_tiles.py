@@ -3,11 +3,7 @@ uint16 rows already on the device (the rendered strip, before its download), the
 through the pinned slots (Storage.array_stream + transfer.download_to). Checks every sampled tile inflates to
 the rows' predicted samples and the stream equals a plain download; times the 8 strips of an 80 MP frame.
 
-    python scripts/gpu/check_device_tiles.py [--strips 8] [--stream-codecs]
-
-``--stream-codecs`` then compresses the same strips on two threads at once, each on its own CUDA stream, both with
-the shared codec (``STRATA_GPU_DEFLATE_STREAMS=false``) and with a codec per stream (``true``, tiles.configure):
-the streams must be the same bytes; prints the time of each (a worker's two device slots, without the model).
+    python scripts/gpu/check_device_tiles.py [--strips 8]
 Needs only torch, numpy, pydantic-settings and nvidia-nvcomp (no imagecodecs): a small carry.
 """
 
@@ -29,7 +25,6 @@ from services.storage.local import LocalStorage
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--strips", type=int, default=8)
-    ap.add_argument("--stream-codecs", action="store_true")
     args = ap.parse_args()
     dev = "cuda:0"
     height, width, rows_per = 10304, 7728, 1288
@@ -65,48 +60,7 @@ def main() -> int:
         print(f"{args.strips} strips of {rows_per} x {width} RGB16 (an 80 MP frame): nvCOMP tiles from device rows "
               f"{times['compress']:.3f} s, stream write through the pinned slots {times['stream write']:.3f} s; "
               "sampled tiles inflate exact, streams equal a plain download")
-    if args.stream_codecs:
-        stream_codecs(dev, height, width, rows_per, base, gen, args.strips)
     return 0
-
-
-def stream_codecs(dev: str, height: int, width: int, rows_per: int, base: torch.Tensor, gen: torch.Generator,
-                  strips: int) -> None:
-    """The strips compressed by two threads at once, each on its own stream, with the shared codec and then with a
-    codec per stream: the same bytes either way; the time of each (best of three)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    strip_rows = [((base + torch.randn((rows_per, width, 3), device=dev, generator=gen) * 300).clamp(0, 65535)
-                   .to(torch.uint16), i * rows_per) for i in range(strips)]
-    streams = [torch.cuda.Stream(device=dev) for _ in range(2)]
-    torch.cuda.synchronize()
-
-    def half(k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        out = []
-        with torch.cuda.stream(streams[k]):
-            for rows, y0 in strip_rows[k::2]:
-                blob, index = tiles.device_tile_streams(rows, y0, height, dev, 0)
-                out.append((download(blob), index))
-        return out
-
-    results = {}
-    for mode in (False, True):
-        tiles.configure(mode)
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(2) as pool:
-                got = list(pool.map(half, (0, 1)))
-            best = min(best, time.perf_counter() - t0)
-        results[mode] = (got, best)
-    tiles.configure(False)
-    same = all(np.array_equal(a[0], b[0]) for a, b in zip(sum(results[True][0], []), sum(results[False][0], []),
-                                                         strict=True))
-    for k in (0, 1):  # every strip's tiles inflate exact with a codec per stream
-        for (blob, index), (rows, y0) in zip(results[True][0][k], strip_rows[k::2], strict=True):
-            tiles.check_streams(blob, index, rows.cpu().numpy(), y0, sample=64)
-    print(f"{strips} strips on two threads: shared codec {results[False][1]:.3f} s, a codec per stream "
-          f"{results[True][1]:.3f} s; sampled tiles inflate exact; {'the same' if same else 'other'} bytes")
 
 
 if __name__ == "__main__":

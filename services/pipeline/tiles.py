@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import zlib
-from contextlib import nullcontext
 from functools import lru_cache
 from typing import Any
 
@@ -111,42 +110,14 @@ def cpu_tile_streams(rows: np.ndarray, y0: int, height: int, level: int = 1) -> 
 
 
 _CODEC_LOCK = threading.Lock()
-_STREAM_CODECS = False  # configure(): nvCOMP on each strip's own CUDA stream, a codec per stream
-
-
-def configure(stream_codecs: bool) -> None:
-    """``STRATA_GPU_DEFLATE_STREAMS`` (a GPU worker's start): whether nvCOMP runs on the calling thread's current
-    CUDA stream (the strip's), with a codec of that stream's own (nvCOMP's codecs are thread-local; a worker thread
-    keeps its streams), so the host does not wait for the strip's predictor before the compression and the device
-    slots share no lock. Off (the default): one codec per device on nvCOMP's internal stream, behind a lock, the
-    strip's stream synchronised first."""
-    global _STREAM_CODECS
-    _STREAM_CODECS = stream_codecs
-
-
-def _new_codec(device_index: int, algorithm_type: int, **stream: int) -> Any:
-    from nvidia import nvcomp  # type: ignore[import-not-found]  # optional: the GPU hosts' nvidia-nvcomp wheel
-
-    return nvcomp.Codec(algorithm="Deflate", algorithm_type=algorithm_type, device_id=device_index,
-                        bitstream_kind=nvcomp.BitstreamKind.RAW, uncomp_chunk_size=TILE_H * TILE_W * 6, **stream)
 
 
 @lru_cache(maxsize=4)
 def _codec(device_index: int, algorithm_type: int) -> Any:
-    return _new_codec(device_index, algorithm_type)
+    from nvidia import nvcomp  # type: ignore[import-not-found]  # optional: the GPU hosts' nvidia-nvcomp wheel
 
-
-@lru_cache(maxsize=32)
-def _stream_codec(device_index: int, algorithm_type: int, stream: int) -> Any:
-    return _new_codec(device_index, algorithm_type, cuda_stream=stream)
-
-
-def _codec_for(dev: torch.device, algorithm_type: int) -> tuple[Any, Any, bool]:
-    """(codec, the lock its calls take, whether it runs in the current stream's order)."""
-    if _STREAM_CODECS:
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        return _stream_codec(dev.index or 0, algorithm_type, stream), nullcontext(), True
-    return _codec(dev.index or 0, algorithm_type), _CODEC_LOCK, False
+    return nvcomp.Codec(algorithm="Deflate", algorithm_type=algorithm_type, device_id=device_index,
+                        bitstream_kind=nvcomp.BitstreamKind.RAW, uncomp_chunk_size=TILE_H * TILE_W * 6)
 
 
 class _Interface:
@@ -213,25 +184,22 @@ class _Raw:
 ENCODE_PATH: list[str] = []  # how the last chunk's streams came back (scripts/gpu/check_tiles.py prints it)
 
 
-def _encode_chunk(codec: Any, data: torch.Tensor, lock: Any = _CODEC_LOCK, ordered: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode_chunk(codec: Any, data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """nvCOMP raw deflate of each row of ``data`` ((n, L) uint8 on a CUDA device): the n raw streams back to back
     (uint8 on the device) and their sizes. The input is one contiguous buffer carved by an offset table
     (``nvcomp.as_arrays(buffer, offsets, sizes)``); the output goes into one carved buffer too where nvCOMP takes
-    it, else into its own allocation (read at a fixed stride where its entries have one). ``codec`` runs on the
-    current stream when ``ordered`` (:func:`configure`), else on its own after this stream is synchronised."""
+    it, else into its own allocation (read at a fixed stride where its entries have one)."""
     from nvidia import nvcomp
 
     n, length = data.shape
     dev = data.device
     srcs = nvcomp.as_arrays(_Interface(data.reshape(-1)), [i * length for i in range(n)], [length] * n)
-    if not ordered:
-        torch.cuda.current_stream(dev).synchronize()  # nvCOMP runs on its own stream: this one's rows must be there
+    torch.cuda.current_stream(dev).synchronize()  # nvCOMP runs on its own stream: this one's rows must be there
     stride = _align16(length * 23 // 10 + 4096)  # nvCOMP 6 asks 111200 bytes for a 49152-byte deflate chunk
     out = torch.empty((n, stride), dtype=torch.uint8, device=dev)
     try:
         dst = nvcomp.as_arrays(_Interface(out.reshape(-1)), [i * stride for i in range(n)], [stride] * n)
-        with lock:  # a shared codec per device: a worker's threads take turns (STRATA_GPU_WORKER_THREADS)
+        with _CODEC_LOCK:  # one codec per device, shared by a worker's threads (STRATA_GPU_WORKER_THREADS)
             encoded = codec.encode(srcs, out=dst)
             sizes = _sizes(encoded)  # reading the sizes waits for the compression
         ENCODE_PATH[:] = ["one carved output buffer"]
@@ -239,7 +207,7 @@ def _encode_chunk(codec: Any, data: torch.Tensor, lock: Any = _CODEC_LOCK, order
     except (ValueError, TypeError) as exc:
         del out
         ENCODE_PATH[:] = [f"nvCOMP's own output ({type(exc).__name__}: {exc})"]
-    with lock:
+    with _CODEC_LOCK:
         encoded = codec.encode(srcs)
         sizes = _sizes(encoded)
     ptrs = np.array([encoded[i].__cuda_array_interface__["data"][0] for i in range(n)], dtype=np.int64)
@@ -284,7 +252,7 @@ def device_tile_streams(rows: np.ndarray | torch.Tensor, y0: int, height: int, d
     if not len(tile_rows):
         blob, index = _container([], tile_rows, per_row)
         return torch.from_numpy(blob).to(dev), index
-    codec, lock, ordered = _codec_for(dev, algorithm_type)
+    codec = _codec(dev.index or 0, algorithm_type)
     parts: list[torch.Tensor] = []
     all_sizes: list[torch.Tensor] = []
     for first in range(tile_rows.start, tile_rows.stop, _CHUNK):
@@ -294,7 +262,7 @@ def device_tile_streams(rows: np.ndarray | torch.Tensor, y0: int, height: int, d
         gpu = (part.to(dev) if isinstance(part, torch.Tensor) else upload(part, dev)).to(torch.int32)
         data = _to_bytes(_tiled(gpu, chunk, y0 + top)).contiguous()
         checks = _adler32(data)
-        flat, sizes = _encode_chunk(codec, data, lock, ordered)
+        flat, sizes = _encode_chunk(codec, data)
         parts.append(zlib_pack(flat, sizes, checks))
         all_sizes.append(sizes + len(_ZLIB_HEADER) + 4)
         del gpu, data, flat
@@ -316,7 +284,6 @@ def check_streams(blob: np.ndarray, index: np.ndarray, rows: np.ndarray, y0: int
             raise AssertionError(f"tile {i} does not inflate to its predicted samples")
 
 
-__all__ = ["HEADER", "TILE_H", "TILE_W", "check_streams", "configure", "cpu_tile_streams", "device_tile_streams",
-           "gpu_available",
+__all__ = ["HEADER", "TILE_H", "TILE_W", "check_streams", "cpu_tile_streams", "device_tile_streams", "gpu_available",
            "gpu_tile_streams",
            "tile_rows_in", "zlib_pack", "zlib_wrap"]
