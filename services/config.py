@@ -214,9 +214,9 @@ class Settings(BaseSettings):
         default="auto", description="The package a stack's frames' model pass uses: auto (the shot package's "
         "shipped companion: strata_jdd_v2_frames 2.2.0, trained on stacks, for strata_jdd_v2; +0.1..+0.5 dB over "
         "strata_jdd_v2 on the stack benchmark's photographs at mid noise; but the shot's package where the frames "
-        "sample the scene at one place, a tripod or whole-pixel offsets, where the companion's false colour on fine "
-        "detail stays: stack.sampling_concentration), same (the shot's package) or a package name or path. Chosen "
-        "once per shot.")
+        "sample the scene at one place, a tripod, whole-pixel offsets or frames within about half a pixel of each "
+        "other, where the companion's false colour on fine detail stays: stack.samples_in_one_place), same (the "
+        "shot's package) or a package name or path. Chosen once per shot.")
     model_tf32: bool = Field(default=True, description="TF32 tensor cores for model convolutions on GPUs.")
     model_precision: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="The model pass's numerics: float32 | bfloat16 | float16; default float16 on GPUs "

@@ -150,7 +150,8 @@ def main() -> None:
                               positions=list(range(len(frames))))
     stacked = render_rgb(fuse_groups([group]), params, "cpu", stack_noise_factors(False))
     print(f"{args.mode} shifts, {args.frames} frames, noise {args.noise}, seed {args.seed}, oracle {args.oracle}, "
-          f"concentration {sampling_concentration(measured):.2f}, frames' package {params.frames_model}")
+          "concentration (CFA, grid) {:.2f} / {:.2f}, frames' package {}".format(*sampling_concentration(measured),
+                                                                                  params.frames_model))
     inner = np.zeros(truth.shape[:2], bool)
     inner[8:-8, 8:-8] = True  # the benchmark's border
     print(f"{'':8s} {'whole':>8s}" + "".join(f" {name:>8s}" for name in REGIONS))

@@ -121,23 +121,43 @@ def merge_params(params: RenderParams, device: str | torch.device | None = None,
 # tripod stack kept it all (8 frames, low noise: 24.04 dB against 28.37 for frame 0 alone, 29.01 through the shot's
 # package), frames at whole-pixel offsets much of it (zone plate, siren, text 2-3.5 dB below the shot's package), while
 # the companion's gain on smooth photographs (+0.05..+0.5 dB, whatever the shifts) is small. So a stack whose
-# frames' sampling positions concentrate above this (:func:`sampling_concentration`) renders its frames through the
-# shot's package (docs/QUALITY.md): a tripod jittering by 0.1 px is at 0.94-0.98, 4 frames shifted at random by up to
-# 1.5 px are below 0.9 nine times in ten, 8 frames always.
-FRAMES_PACKAGE_MAX_CONCENTRATION = 0.9
+# frames' sampling positions concentrate (:func:`sampling_concentration`) renders its frames through the shot's package
+# (docs/QUALITY.md): where their CFA phases coincide (the largest mean phasor over the mosaic's periods above
+# FRAMES_PACKAGE_MAX_CFA_CONCENTRATION: frames within about half a pixel of each other) or their sub-pixel positions do
+# (over the pixel grid's periods above FRAMES_PACKAGE_MAX_GRID_CONCENTRATION: a tripod, whole-pixel offsets). The CFA
+# threshold was 0.9 (one measure over all five periods) until session 45 found stacks shifted by up to 0.5 px losing
+# up to 2.1 dB without noise and 0.9 dB at mid noise through the companion; over 278 synthetic stacks (5 photographs
+# and dead leaves, 2-8 frames, shifts up to 0.25-2 px, no / mid / high noise) the loss against the better package
+# each time fell from 51 dB in all to 7.5, the same for CFA thresholds of 0.6-0.7 (docs/QUALITY.md).
+FRAMES_PACKAGE_MAX_CFA_CONCENTRATION = 0.65
+FRAMES_PACKAGE_MAX_GRID_CONCENTRATION = 0.9
+_CFA_PERIODS = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))  # (fy, fx) in cycles per 2 px: the mosaic's rows, columns, diagonal
+_GRID_PERIODS = ((2.0, 0.0), (0.0, 2.0))  # the pixel grid's
 
 
-def sampling_concentration(shifts: Sequence[tuple[float, float]]) -> float:
-    """How much the frames' sampling positions (their global shifts (dy, dx), px; frame 0 first) coincide, 0..1:
-    the largest magnitude of the frames' mean phasor ``exp(2 pi i f . shift)`` over the mosaic's periods, the CFA's
-    (f = (1/2, 0), (0, 1/2), (1/2, 1/2)) and the pixel grid's (f = (1, 0), (0, 1)). 1: every frame samples the scene
-    at the same places (no shift, or whole-pixel offsets: the same grid); near 0: the positions spread evenly."""
+def sampling_concentration(shifts: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """How much the frames' sampling positions (their global shifts (dy, dx), px; frame 0 first) coincide, 0..1,
+    as (CFA, grid): the largest magnitude of the frames' mean phasor ``exp(i pi (fy dy + fx dx))`` over the mosaic's
+    periods (2 px along rows, columns and the diagonal) and over the pixel grid's (1 px along rows and columns).
+    1: every frame samples the scene at the same places (no shift; whole-pixel offsets: the same grid, but CFA
+    phases that may differ); near 0: the positions spread evenly."""
     if not shifts:
         raise ValueError("no shifts")
     ys = np.array([s[0] for s in shifts], dtype=np.float64)
     xs = np.array([s[1] for s in shifts], dtype=np.float64)
-    phases = (np.pi * ys, np.pi * xs, np.pi * (ys + xs), 2 * np.pi * ys, 2 * np.pi * xs)
-    return float(max(abs(np.exp(1j * p).mean()) for p in phases))
+
+    def largest(periods: tuple[tuple[float, float], ...]) -> float:
+        return float(max(abs(np.exp(1j * np.pi * (fy * ys + fx * xs)).mean()) for fy, fx in periods))
+
+    return largest(_CFA_PERIODS), largest(_GRID_PERIODS)
+
+
+def samples_in_one_place(shifts: Sequence[tuple[float, float]]) -> bool:
+    """Whether the frames shifted by ``shifts`` sample the scene at one place for the companion package's purposes
+    (their CFA phases or their sub-pixel positions concentrate): their frames then render through the shot's
+    package."""
+    cfa, grid = sampling_concentration(shifts)
+    return cfa > FRAMES_PACKAGE_MAX_CFA_CONCENTRATION or grid > FRAMES_PACKAGE_MAX_GRID_CONCENTRATION
 
 
 def stack_params(params: RenderParams, frames: int,
@@ -147,12 +167,12 @@ def stack_params(params: RenderParams, frames: int,
     (:func:`~services.pipeline.models.registry.frames_package`, decided here once for every group; a package that
     cannot be read fails here, at ingest, as the shot's own would: ``ModelPackageError``). ``shifts``: the frames'
     global shifts (:func:`frame_shifts`); where their sampling positions concentrate
-    (:data:`FRAMES_PACKAGE_MAX_CONCENTRATION`) the frames render through the shot's package, not the companion.
+    (:func:`samples_in_one_place`) the frames render through the shot's package, not the companion.
     None: not measured (the companion where the setting picks it). The shifts are kept (``RenderParams.shifts``, one
     per frame) as the priors of the frames' tile alignment (:func:`~services.pipeline.ops.align.align_frame`)."""
     if shifts is not None and len(shifts) != frames:
         raise ValueError(f"need one shift per frame, got {len(shifts)} for {frames} frames")
-    static = shifts is not None and sampling_concentration(shifts) > FRAMES_PACKAGE_MAX_CONCENTRATION
+    static = shifts is not None and samples_in_one_place(shifts)
     chosen = frames_package(params.model, companion=not static)
     package_manifest(chosen)
     kept = () if shifts is None else tuple((float(dy), float(dx)) for dy, dx in shifts)
@@ -567,7 +587,8 @@ __all__ = [
     "Accumulator",
     "BLEND_RADIUS",
     "BLEND_TOLERANCE",
-    "FRAMES_PACKAGE_MAX_CONCENTRATION",
+    "FRAMES_PACKAGE_MAX_CFA_CONCENTRATION",
+    "FRAMES_PACKAGE_MAX_GRID_CONCENTRATION",
     "FUSED_CHANNELS",
     "MERGE_NOISE_CAP",
     "MERGE_NOISE_FACTOR",
@@ -590,6 +611,7 @@ __all__ = [
     "render_fused_spaces",
     "render_rgb",
     "render_stack_strip",
+    "samples_in_one_place",
     "sampling_concentration",
     "stack_params",
     "render_stack_strip_spaces",

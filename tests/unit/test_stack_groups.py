@@ -380,21 +380,36 @@ def test_stack_frames_render_with_the_shots_frames_package(stack: list[Frame]) -
 
 def test_static_stacks_render_their_frames_with_the_shots_package(stack: list[Frame]) -> None:
     """The companion's single renders carry false colour on fine detail that only frames sampling the scene at
-    different places average out: a tripod stack (or whole-pixel offsets) uses the shot's package."""
-    from services.pipeline.stack import FRAMES_PACKAGE_MAX_CONCENTRATION, sampling_concentration, stack_params
+    different places average out: a tripod stack, whole-pixel offsets or frames within half a pixel of each other
+    (their CFA phases coincide) use the shot's package."""
+    from services.pipeline.stack import (
+        FRAMES_PACKAGE_MAX_CFA_CONCENTRATION,
+        FRAMES_PACKAGE_MAX_GRID_CONCENTRATION,
+        samples_in_one_place,
+        sampling_concentration,
+        stack_params,
+    )
 
     tripod = [(0.0, 0.0), (0.01, -0.02), (-0.03, 0.0), (0.02, 0.01)]
     grid = [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)]  # four CFA phases, one pixel grid
-    spread = [(0.0, 0.0), (-1.2, 0.4), (0.09, 1.24), (0.86, 0.03)]  # the stack benchmark's 4 frames (seed 3)
-    assert sampling_concentration(tripod) > 0.99 and sampling_concentration(grid) == pytest.approx(1.0)
-    assert sampling_concentration(spread) < FRAMES_PACKAGE_MAX_CONCENTRATION
+    half = [(0.0, 0.0), (-0.4, 0.133), (0.029, 0.414), (0.288, 0.01)]  # the stack benchmark's 4 frames, --max-shift 0.5
+    spread = [(0.0, 0.0), (-1.2, 0.4), (0.09, 1.24), (0.86, 0.03)]  # the same seed's, --max-shift 1.5 (the default)
+    assert min(sampling_concentration(tripod)) > 0.99
+    assert sampling_concentration(grid) == pytest.approx((0.0, 1.0), abs=1e-12)
+    cfa, grid_part = sampling_concentration(half)
+    assert cfa > FRAMES_PACKAGE_MAX_CFA_CONCENTRATION and grid_part < FRAMES_PACKAGE_MAX_GRID_CONCENTRATION
+    cfa, grid_part = sampling_concentration(spread)
+    assert cfa < FRAMES_PACKAGE_MAX_CFA_CONCENTRATION and grid_part < FRAMES_PACKAGE_MAX_GRID_CONCENTRATION
     lattice = [(a / 2, b / 2) for a in range(4) for b in range(4)]  # half-pixel steps over a whole CFA cell
-    assert sampling_concentration(lattice) == pytest.approx(0.0, abs=1e-12)
+    assert sampling_concentration(lattice) == pytest.approx((0.0, 0.0), abs=1e-12)
+    assert [samples_in_one_place(s) for s in (tripod, grid, half, spread, lattice)] == [True, True, True, False, False]
+    with pytest.raises(ValueError):
+        sampling_concentration([])
     params = shot_render_params(stack[0][1], stack[0][0])
     companion = stack_params(params, 4).frames_model
     assert companion != params.model
-    assert stack_params(params, 4, tripod).frames_model == params.model
-    assert stack_params(params, 4, grid).frames_model == params.model
+    for one_place in (tripod, grid, half):
+        assert stack_params(params, 4, one_place).frames_model == params.model
     assert stack_params(params, 4, spread).frames_model == companion
 
 
