@@ -42,7 +42,7 @@ _ZERO_BIAS = 1e-4  # relative cost penalty per squared pixel of displacement: ti
 _PRIOR_MARGIN = 0.75
 
 _LANCZOS_A = 3  # warp(mode="lanczos3"): the kernel's lobes (taps per axis: 2a)
-_WARP_ROWS = 256  # output rows per pass of the Lanczos warp
+_WARP_ROWS = 512  # output rows per pass of the Lanczos warp
 
 _SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above it CFA aliasing grows)
 _SLOPE_ITERATIONS = 3
@@ -204,29 +204,44 @@ def _lanczos_weights(frac: Tensor) -> Tensor:
 
 
 def _warp_lanczos(image: Tensor, flow: Tensor) -> Tensor:
-    """:func:`warp` with a Lanczos-3 kernel (6 x 6 taps, borders replicated): (C, h, w) float32.
+    """:func:`warp` with a Lanczos-3 kernel, borders replicated: (C, h, w) float32.
 
     Bicubic interpolation (``grid_sample``'s, a = -0.75) attenuates detail near the finest scale by an amount that
     depends on each frame's fractional shift, so a stack of frames at random sub-pixel shifts averaged it away (an
-    exactly rendered zone plate, docs/QUALITY.md); Lanczos-3 keeps more of it. Rows are done
-    :data:`_WARP_ROWS` at a time to bound the temporaries."""
+    exactly rendered zone plate, docs/QUALITY.md); Lanczos-3 keeps more of it. Separable: a pass along the rows,
+    then one down the columns, 6 taps each (the 6 x 6 product kernel, exactly, wherever the flow is constant over
+    the taps). The row pass at source row ``r`` interpolates at the column offset of the output pixel that reads
+    row ``r`` (the flow's column part taken ``round(flow_y)`` rows up), so a smooth flow of any size warps as the
+    product kernel would to within its change over a few pixels. :data:`_WARP_ROWS` rows at a time."""
     c, h, w = image.shape
-    src = image.to(torch.float32).reshape(c, h * w)
-    out = torch.empty(c, h, w, dtype=torch.float32, device=image.device)
-    taps = range(1 - _LANCZOS_A, _LANCZOS_A + 1)
+    src = image.to(torch.float32)
+    fy, fx = flow[0].to(torch.float32), flow[1].to(torch.float32)
+    rows_of = torch.arange(h, device=image.device)
+    across = torch.empty(c, h, w, dtype=torch.float32, device=image.device)  # the row pass
     for r0 in range(0, h, _WARP_ROWS):
         r1 = min(h, r0 + _WARP_ROWS)
-        ys = torch.arange(r0, r1, device=image.device, dtype=torch.float32)[:, None] + flow[0, r0:r1]  # (rows, w)
-        xs = torch.arange(w, device=image.device, dtype=torch.float32)[None, :] + flow[1, r0:r1]  # (rows, w)
-        y0, x0 = torch.floor(ys), torch.floor(xs)
-        wy, wx = _lanczos_weights(ys - y0), _lanczos_weights(xs - x0)  # (6, rows, w) each
-        cols = [(x0 + s).clamp(0, w - 1).long() for s in taps]  # 6 x (rows, w)
-        acc = torch.zeros(c, r1 - r0, w, dtype=torch.float32, device=image.device)
-        for i, t in enumerate(taps):
-            rows = (y0 + t).clamp(0, h - 1).long() * w  # (rows, w)
-            line = sum((wx[j] * src[:, rows + col] for j, col in enumerate(cols)), torch.zeros_like(acc))
-            acc += wy[i] * line
-        out[:, r0:r1] = acc
+        reader = (rows_of[r0:r1, None] - torch.round(fy[r0:r1]).long()).clamp(0, h - 1)  # (rows, w)
+        xs = torch.arange(w, device=image.device, dtype=torch.float32)[None, :] + fx.gather(0, reader)
+        across[:, r0:r1] = _lanczos_pass(src[:, r0:r1], xs, dim=2)
+    out = torch.empty_like(across)
+    for r0 in range(0, h, _WARP_ROWS):
+        r1 = min(h, r0 + _WARP_ROWS)
+        ys = rows_of[r0:r1, None].to(torch.float32) + fy[r0:r1]  # (rows, w)
+        out[:, r0:r1] = _lanczos_pass(across, ys, dim=1)
+    return out
+
+
+def _lanczos_pass(src: Tensor, pos: Tensor, dim: int) -> Tensor:
+    """Interpolate (C, H, W) ``src`` along ``dim`` (1: rows, 2: columns) at positions ``pos`` (rows, W), one per
+    output pixel: (C, rows, W), the 6 Lanczos-3 taps around ``floor(pos)``, indices clamped to the edge."""
+    base = torch.floor(pos)
+    weights = _lanczos_weights(pos - base)  # (6, rows, W)
+    base = base.long()
+    size = src.shape[dim]
+    out = torch.zeros(src.shape[0], *pos.shape, dtype=torch.float32, device=src.device)
+    for j, t in enumerate(range(1 - _LANCZOS_A, _LANCZOS_A + 1)):
+        index = (base + t).clamp(0, size - 1)[None].expand(src.shape[0], -1, -1)  # (C, rows, W)
+        out += weights[j] * src.gather(dim, index)
     return out
 
 
