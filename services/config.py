@@ -238,9 +238,10 @@ class Settings(BaseSettings):
         "computes as the strips (float32).")
     stack_warp: Literal["bicubic", "lanczos3"] = Field(
         default="bicubic", description="How a stack frame's render is resampled onto the reference: bicubic or "
-        "lanczos3 (keeps more detail near the finest scale at sub-pixel shifts: photo stacks +0.08..+0.19 dB, a "
-        "zone plate +1.2 dB, docs/QUALITY.md; but about 0.96 s more per 8-frame 50 MP stack on an H100, "
-        "docs/PERFORMANCE.md). Set it alike on every host: a shot's frame groups must warp alike.")
+        "lanczos3 (separable, 6 taps a pass; keeps more detail near the finest scale at sub-pixel shifts: photo "
+        "stacks +0.13..+0.79 dB on anti-aliased frames, dead leaves -0.03..-0.37, docs/QUALITY.md; its GPU cost "
+        "since it was made separable is not measured yet, the product kernel's was 0.96 s more per 8-frame 50 MP "
+        "stack on an H100, docs/PERFORMANCE.md). Set it alike on every host: a shot's frame groups must warp alike.")
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")
