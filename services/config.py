@@ -236,12 +236,12 @@ class Settings(BaseSettings):
         "frames, no strips to stitch; the same on every group, so the fusion stays exact): float16 took 0.064 s a "
         "50 MP frame against 0.071 s in bfloat16, stacks within 0.022 dB of it (docs/PERFORMANCE.md). The CPU "
         "computes as the strips (float32).")
-    stack_warp: Literal["bicubic", "lanczos3"] = Field(
+    stack_warp: Literal["bicubic", "lanczos3", "lanczos4", "lanczos5"] = Field(
         default="bicubic", description="How a stack frame's render is resampled onto the reference: bicubic or "
-        "lanczos3 (separable, 6 taps a pass; keeps more detail near the finest scale at sub-pixel shifts: photo "
-        "stacks +0.13..+0.79 dB on anti-aliased frames, dead leaves -0.03..-0.37, docs/QUALITY.md; its GPU cost "
-        "since it was made separable is not measured yet, the product kernel's was 0.96 s more per 8-frame 50 MP "
-        "stack on an H100, docs/PERFORMANCE.md). Set it alike on every host: a shot's frame groups must warp alike.")
+        "lanczos3 / lanczos4 / lanczos5 (separable, 6 / 8 / 10 taps a pass; the more lobes, the more detail kept near "
+        "the finest scale at sub-pixel shifts: photo stacks +0.13..+0.79 dB on anti-aliased frames with lanczos3, a "
+        "further +0.03..+0.44 with lanczos4, docs/QUALITY.md; GPU cost: docs/PERFORMANCE.md). Set it alike on "
+        "every host: a shot's frame groups must warp alike.")
 
     # Export
     tiff_threads: int = Field(default=0, description="TIFF encode threads; 0 = all cores.")

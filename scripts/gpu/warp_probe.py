@@ -1,6 +1,7 @@
 """GPU probe of a stack frame's warp (run on the GPU host): seconds per 50 MP frame render (3 x 7296 x 6912, the
-IQ2_XS frame) for ``bicubic`` and ``lanczos3`` (the separable kernel) under a smooth sub-pixel flow, and the separable
-kernel's largest difference from the 6 x 6 product kernel (the unit tests' reference) on a crop.
+IQ2_XS frame) for ``bicubic``, ``lanczos3``, ``lanczos4`` and ``lanczos5`` (the separable kernels) under a smooth
+sub-pixel flow, and the separable Lanczos-3 kernel's largest difference from the 6 x 6 product kernel (the unit
+tests' reference) on a crop.
 
     python3 scripts/gpu/warp_probe.py --device cuda:0 [--json OUT.json]
 """
@@ -47,7 +48,7 @@ def main() -> None:
     image = torch.rand(3, h, w, device=args.device, generator=torch.Generator(args.device).manual_seed(0))
     flow = smooth_flow(h, w, args.device)
     result: dict[str, object] = {"device": torch.cuda.get_device_name(args.device), "frame": [3, h, w]}
-    for mode in ("bicubic", "lanczos3"):
+    for mode in ("bicubic", "lanczos3", "lanczos4", "lanczos5"):
         times = seconds(image, flow, mode, args.repeats)
         result[mode] = {"median_s": float(np.median(times)), "runs_s": times}
         print(f"{mode:9s} median {np.median(times):.4f} s  runs {', '.join(f'{t:.4f}' for t in times)}")

@@ -41,7 +41,8 @@ _ZERO_BIAS = 1e-4  # relative cost penalty per squared pixel of displacement: ti
 # whole-pixel offsets locked onto another repeat, docs/QUALITY.md); a moving object's tiles are far below it.
 _PRIOR_MARGIN = 0.75
 
-_LANCZOS_A = 3  # warp(mode="lanczos3"): the kernel's lobes (taps per axis: 2a)
+# warp(mode=...)'s Lanczos kernels and their lobes a (taps per axis and pass: 2a)
+LANCZOS_MODES = {"lanczos3": 3, "lanczos4": 4, "lanczos5": 5}
 _WARP_ROWS = 512  # output rows per pass of the Lanczos warp
 
 _SLOPE_BAND = 0.35  # cycles per binned pixel used by the phase-slope fit (above it CFA aliasing grows)
@@ -177,25 +178,25 @@ def tiles_to_pixels(flow: Tensor, tile: int, shape: tuple[int, int]) -> Tensor:
 def warp(image: Tensor, flow: Tensor, mode: str = "bilinear") -> tuple[Tensor, Tensor]:
     """Sample (C, h, w) ``image`` at ``(y + flow_y, x + flow_x)``; ``flow`` (2, h, w) in its pixels.
 
-    ``mode``: ``grid_sample``'s ("bilinear", "bicubic", "nearest") or "lanczos3" (:func:`_warp_lanczos`).
-    Returns the warped image (C, h, w) and a validity mask (h, w) float: 1 where the sample lies inside.
+    ``mode``: ``grid_sample``'s ("bilinear", "bicubic", "nearest") or one of :data:`LANCZOS_MODES` ("lanczos3",
+    "lanczos4", "lanczos5": :func:`_warp_lanczos`). Returns the warped image (C, h, w) and a validity mask (h, w)
+    float: 1 where the sample lies inside.
     """
     c, h, w = image.shape
     ys = torch.arange(h, device=image.device, dtype=torch.float32)[:, None] + flow[0]  # (h, w)
     xs = torch.arange(w, device=image.device, dtype=torch.float32)[None, :] + flow[1]  # (h, w)
     valid = ((ys >= 0) & (ys <= h - 1) & (xs >= 0) & (xs <= w - 1)).to(torch.float32)  # (h, w)
-    if mode == "lanczos3":
-        return _warp_lanczos(image, flow), valid
+    if mode in LANCZOS_MODES:
+        return _warp_lanczos(image, flow, LANCZOS_MODES[mode]), valid
     grid = torch.stack([(xs + 0.5) / w * 2 - 1, (ys + 0.5) / h * 2 - 1], dim=-1)[None]  # (1, h, w, 2)
     out = F.grid_sample(image[None].to(torch.float32), grid, mode=mode, padding_mode="border",
                         align_corners=False)[0]  # (C, h, w)
     return out, valid
 
 
-def _lanczos_weights(frac: Tensor) -> Tensor:
-    """Lanczos weights (2a, ...) of the taps ``1 - a .. a`` around ``floor(p)`` for fractions ``frac = p - floor(p)``
-    (...), normalised to sum 1 (a = :data:`_LANCZOS_A`)."""
-    a = _LANCZOS_A
+def _lanczos_weights(frac: Tensor, a: int) -> Tensor:
+    """Lanczos-``a`` weights (2a, ...) of the taps ``1 - a .. a`` around ``floor(p)`` for fractions
+    ``frac = p - floor(p)`` (...), normalised to sum 1."""
     taps = torch.arange(1 - a, a + 1, device=frac.device, dtype=frac.dtype).view(-1, *([1] * frac.dim()))
     x = math.pi * (frac[None] - taps)  # (2a, ...) within (-a pi, a pi]
     k = a * torch.sin(x) * torch.sin(x / a) / x.square().clamp(min=1e-12)
@@ -203,16 +204,17 @@ def _lanczos_weights(frac: Tensor) -> Tensor:
     return k / k.sum(dim=0, keepdim=True)
 
 
-def _warp_lanczos(image: Tensor, flow: Tensor) -> Tensor:
-    """:func:`warp` with a Lanczos-3 kernel, borders replicated: (C, h, w) float32.
+def _warp_lanczos(image: Tensor, flow: Tensor, a: int) -> Tensor:
+    """:func:`warp` with a Lanczos-``a`` kernel, borders replicated: (C, h, w) float32.
 
     Bicubic interpolation (``grid_sample``'s, a = -0.75) attenuates detail near the finest scale by an amount that
     depends on each frame's fractional shift, so a stack of frames at random sub-pixel shifts averaged it away (an
-    exactly rendered zone plate, docs/QUALITY.md); Lanczos-3 keeps more of it. Separable: a pass along the rows,
-    then one down the columns, 6 taps each (the 6 x 6 product kernel, exactly, wherever the flow is constant over
-    the taps). The row pass at source row ``r`` interpolates at the column offset of the output pixel that reads
-    row ``r`` (the flow's column part taken ``round(flow_y)`` rows up), so a smooth flow of any size warps as the
-    product kernel would to within its change over a few pixels. :data:`_WARP_ROWS` rows at a time."""
+    exactly rendered zone plate, docs/QUALITY.md); Lanczos keeps more of it, the more lobes the more. Separable: a
+    pass along the rows, then one down the columns, 2a taps each (the 2a x 2a product kernel, exactly, wherever the
+    flow is constant over the taps). The row pass at source row ``r`` interpolates at the column offset of the
+    output pixel that reads row ``r`` (the flow's column part taken ``round(flow_y)`` rows up), so a smooth flow of
+    any size warps as the product kernel would to within its change over a few pixels. :data:`_WARP_ROWS` rows at
+    a time."""
     c, h, w = image.shape
     src = image.to(torch.float32)
     fy, fx = flow[0].to(torch.float32), flow[1].to(torch.float32)
@@ -222,24 +224,24 @@ def _warp_lanczos(image: Tensor, flow: Tensor) -> Tensor:
         r1 = min(h, r0 + _WARP_ROWS)
         reader = (rows_of[r0:r1, None] - torch.round(fy[r0:r1]).long()).clamp(0, h - 1)  # (rows, w)
         xs = torch.arange(w, device=image.device, dtype=torch.float32)[None, :] + fx.gather(0, reader)
-        across[:, r0:r1] = _lanczos_pass(src[:, r0:r1], xs, dim=2)
+        across[:, r0:r1] = _lanczos_pass(src[:, r0:r1], xs, 2, a)
     out = torch.empty_like(across)
     for r0 in range(0, h, _WARP_ROWS):
         r1 = min(h, r0 + _WARP_ROWS)
         ys = rows_of[r0:r1, None].to(torch.float32) + fy[r0:r1]  # (rows, w)
-        out[:, r0:r1] = _lanczos_pass(across, ys, dim=1)
+        out[:, r0:r1] = _lanczos_pass(across, ys, 1, a)
     return out
 
 
-def _lanczos_pass(src: Tensor, pos: Tensor, dim: int) -> Tensor:
+def _lanczos_pass(src: Tensor, pos: Tensor, dim: int, a: int) -> Tensor:
     """Interpolate (C, H, W) ``src`` along ``dim`` (1: rows, 2: columns) at positions ``pos`` (rows, W), one per
-    output pixel: (C, rows, W), the 6 Lanczos-3 taps around ``floor(pos)``, indices clamped to the edge."""
+    output pixel: (C, rows, W), the 2a Lanczos-``a`` taps around ``floor(pos)``, indices clamped to the edge."""
     base = torch.floor(pos)
-    weights = _lanczos_weights(pos - base)  # (6, rows, W)
+    weights = _lanczos_weights(pos - base, a)  # (2a, rows, W)
     base = base.long()
     size = src.shape[dim]
     out = torch.zeros(src.shape[0], *pos.shape, dtype=torch.float32, device=src.device)
-    for j, t in enumerate(range(1 - _LANCZOS_A, _LANCZOS_A + 1)):
+    for j, t in enumerate(range(1 - a, a + 1)):
         index = (base + t).clamp(0, size - 1)[None].expand(src.shape[0], -1, -1)  # (C, rows, W)
         out += weights[j] * src.gather(dim, index)
     return out
