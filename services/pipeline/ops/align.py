@@ -194,16 +194,6 @@ def warp(image: Tensor, flow: Tensor, mode: str = "bilinear") -> tuple[Tensor, T
     return out, valid
 
 
-def _lanczos_weights(frac: Tensor, a: int) -> Tensor:
-    """Lanczos-``a`` weights (2a, ...) of the taps ``1 - a .. a`` around ``floor(p)`` for fractions
-    ``frac = p - floor(p)`` (...), normalised to sum 1."""
-    taps = torch.arange(1 - a, a + 1, device=frac.device, dtype=frac.dtype).view(-1, *([1] * frac.dim()))
-    x = math.pi * (frac[None] - taps)  # (2a, ...) within (-a pi, a pi]
-    k = a * torch.sin(x) * torch.sin(x / a) / x.square().clamp(min=1e-12)
-    k = torch.where(x.abs() < 1e-6, torch.ones_like(k), k)
-    return k / k.sum(dim=0, keepdim=True)
-
-
 def _warp_lanczos(image: Tensor, flow: Tensor, a: int) -> Tensor:
     """:func:`warp` with a Lanczos-``a`` kernel, borders replicated: (C, h, w) float32.
 
@@ -235,16 +225,24 @@ def _warp_lanczos(image: Tensor, flow: Tensor, a: int) -> Tensor:
 
 def _lanczos_pass(src: Tensor, pos: Tensor, dim: int, a: int) -> Tensor:
     """Interpolate (C, H, W) ``src`` along ``dim`` (1: rows, 2: columns) at positions ``pos`` (rows, W), one per
-    output pixel: (C, rows, W), the 2a Lanczos-``a`` taps around ``floor(pos)``, indices clamped to the edge."""
+    output pixel: (C, rows, W), the 2a Lanczos-``a`` taps ``1 - a .. a`` around ``floor(pos)`` (indices clamped to
+    the edge), normalised to sum 1. One tap at a time: ``sin(pi (f - t)) = (-1)^t sin(pi f)`` is computed once."""
     base = torch.floor(pos)
-    weights = _lanczos_weights(pos - base, a)  # (2a, rows, W)
+    frac = pos - base  # (rows, W) in [0, 1)
     base = base.long()
+    sin_f = a * torch.sin(math.pi * frac)  # (rows, W)
     size = src.shape[dim]
     out = torch.zeros(src.shape[0], *pos.shape, dtype=torch.float32, device=src.device)
-    for j, t in enumerate(range(1 - a, a + 1)):
+    total = torch.zeros_like(frac)
+    for t in range(1 - a, a + 1):
+        x = math.pi * (frac - t)  # (rows, W) within (-a pi, a pi]
+        k = (sin_f if t % 2 == 0 else -sin_f) * torch.sin(x / a) / x.square().clamp(min=1e-12)
+        if t == 0:
+            k = torch.where(x.abs() < 1e-6, torch.ones_like(k), k)
+        total += k
         index = (base + t).clamp(0, size - 1)[None].expand(src.shape[0], -1, -1)  # (C, rows, W)
-        out += weights[j] * src.gather(dim, index)
-    return out
+        out += k * src.gather(dim, index)
+    return out / total
 
 
 def _gradients(image: Tensor) -> tuple[Tensor, Tensor]:
