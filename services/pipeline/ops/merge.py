@@ -368,9 +368,10 @@ def _add_aligned(acc: Tensor, ref: _Reference, frame: Tensor, params: MergeParam
         ref.refinement = refinement_terms(ref.pyramid[0])
     flow = align_frame(ref.pyramid, rgb.mean(dim=0), params.align, prior, ref.refinement)  # (ny, nx, 2)
     # Resampling at fractional offsets is a low-pass that differs from frame to frame: bilinear cost up to 2.9 dB
-    # of the 8-frame gain on detailed photographs; Lanczos-3 (STRATA_STACK_WARP) keeps more detail near the finest
-    # scale than bicubic (a zone plate at random sub-pixel shifts; photo stacks, docs/QUALITY.md), opt-in until the
-    # separable kernel's GPU cost is measured (the product kernel took about 0.14 s a 50 MP frame on an H100).
+    # of the 8-frame gain on detailed photographs; Lanczos-3, -4 and -5 (STRATA_STACK_WARP) keep more detail near the
+    # finest scale than bicubic, the more lobes the more (a zone plate at random sub-pixel shifts; photo stacks,
+    # docs/QUALITY.md), opt-in until the separable kernels' GPU cost is measured (the old Lanczos-3 product kernel
+    # took about 0.14 s a 50 MP frame on an H100).
     pixels = tiles_to_pixels(flow, params.align.tile_size, (h, w))  # (2, H, W)
     moved, valid = warp(rgb, pixels, mode=params.rgb_warp)
     weight = motion_weights(ref.rgb, moved, valid.expand(3, h, w), params, level=ref.level,
