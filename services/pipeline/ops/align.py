@@ -237,7 +237,7 @@ def _lanczos_pass(src: Tensor, pos: Tensor, dim: int, a: int) -> Tensor:
     for t in range(1 - a, a + 1):
         x = math.pi * (frac - t)  # (rows, W) within (-a pi, a pi]
         k = (sin_f if t % 2 == 0 else -sin_f) * torch.sin(x / a) / x.square().clamp(min=1e-12)
-        if t == 0:
+        if t in (0, 1):  # the taps next to the position: x may vanish (f = 0, or f within float error of 1)
             k = torch.where(x.abs() < 1e-6, torch.ones_like(k), k)
         total += k
         index = (base + t).clamp(0, size - 1)[None].expand(src.shape[0], -1, -1)  # (C, rows, W)
