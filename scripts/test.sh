@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 . .venv/bin/activate
+# Triton's interpreter runs the GPU's fused kernels on the CPU in the tests (skipped where it cannot be installed;
+# CUDA builds of PyTorch bring Triton themselves).
+python -c "import triton" 2>/dev/null || pip install -q "triton==3.6.0" || echo "warning: no Triton; its kernels' tests skip"
 if ! python - <<'PY'
 import os, redis
 redis.Redis.from_url(os.environ.get("STRATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")).ping()

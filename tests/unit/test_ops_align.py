@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from services.pipeline.ops import lanczos_gpu
 from services.pipeline.ops.align import (
     AlignParams,
     align_frame,
@@ -184,6 +190,41 @@ def test_separable_lanczos_warp_matches_the_product_kernel(mode: str, a: int) ->
                           xx * (np.cos(angle) - 1) - yy * np.sin(angle) - 1.7])
     error = (warp(image, smooth, mode)[0] - _lanczos_product(image, smooth, a))[:, 8:-8, 8:-8].abs()
     assert float(error.max()) < 0.02 and float(error.mean()) < 0.002
+
+
+_FUSED_CHECK = """
+import torch
+from services.pipeline.ops import align, lanczos_gpu
+gen = torch.Generator().manual_seed(2)
+worst = 0.0
+for c, h, w in ((3, 14, 300), (1, 9, 17), (4, 12, 520)):
+    image = torch.rand(c, h, w, generator=gen)
+    yy, xx = torch.meshgrid(torch.arange(h) - h / 2.0, torch.arange(w) - w / 2.0, indexing="ij")
+    flows = [torch.stack([0.01 * xx + 0.02 * yy + 0.6, -0.013 * yy - 1.37 + 0.5 * torch.sin(xx / 9)]),
+             torch.stack([torch.full((h, w), 1.5), torch.full((h, w), -2.5)]) + 0.5 * (xx.abs() < 3),  # halves
+             torch.stack([torch.full((h, w), 4.0), torch.full((h, w), -60.0)])]  # whole pixels, far off the edge
+    for a in (3, 5):
+        for flow in flows:
+            got = lanczos_gpu.warp_lanczos(image, flow[0], flow[1], a)
+            worst = max(worst, float((got - align._warp_lanczos(image, flow, a, fused=False)).abs().max()))
+        assert torch.equal(got, align._warp_lanczos(image, flows[2], a, fused=False))  # whole pixels: copies
+print(worst)
+"""
+
+
+def test_fused_lanczos_kernels_match_the_torch_passes() -> None:
+    """The GPU's fused Triton passes (:mod:`lanczos_gpu`), run by Triton's interpreter on the CPU, compute what the
+    torch passes compute: to float rounding under smooth, half-pixel and far flows, exactly at whole pixels."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is defined: a process of its own
+    done = subprocess.run([sys.executable, "-c", _FUSED_CHECK], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) < 2e-6
+
+
+def test_the_cpu_runs_the_torch_passes() -> None:
+    assert not lanczos_gpu.available(torch.zeros(3, 4, 4))
 
 
 def test_bad_input() -> None:

@@ -427,13 +427,13 @@ def test_a_frames_package_that_cannot_be_read_fails_at_ingest(stack: list[Frame]
 
 def test_the_lanczos_warp_setting_reaches_every_group_and_groups_still_fuse_exactly(
         stack: list[Frame], monkeypatch: pytest.MonkeyPatch) -> None:
-    """STRATA_STACK_WARP (bicubic by default until the separable Lanczos kernels' GPU cost is measured) is read
-    into each group's merge parameters; with lanczos5 (10 taps a pass) any grouping still fuses to the same bits."""
+    """STRATA_STACK_WARP (lanczos5 by default, 10 taps a pass) is read into each group's merge parameters; with
+    lanczos5 any grouping still fuses to the same bits, and bicubic renders otherwise."""
     from services.config import get_settings
     from services.pipeline.stack import merge_params
 
     params = shot_render_params(stack[0][1], stack[0][0])
-    assert merge_params(params).rgb_warp == "bicubic"
+    assert merge_params(params).rgb_warp == "lanczos5"
     monkeypatch.setenv("STRATA_STACK_WARP", "lanczos5")
     get_settings.cache_clear()
     try:

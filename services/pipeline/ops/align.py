@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from services.pipeline.ops import lanczos_gpu
 from services.pipeline.ops._checks import check_mosaic, small
 from services.pipeline.ops.cfa import cfa_channels, split_sites
 from services.pipeline.ops.demosaic import demosaic_malvar
@@ -194,7 +195,7 @@ def warp(image: Tensor, flow: Tensor, mode: str = "bilinear") -> tuple[Tensor, T
     return out, valid
 
 
-def _warp_lanczos(image: Tensor, flow: Tensor, a: int) -> Tensor:
+def _warp_lanczos(image: Tensor, flow: Tensor, a: int, fused: bool = True) -> Tensor:
     """:func:`warp` with a Lanczos-``a`` kernel, borders replicated: (C, h, w) float32.
 
     Bicubic interpolation (``grid_sample``'s, a = -0.75) attenuates detail near the finest scale by an amount that
@@ -203,8 +204,11 @@ def _warp_lanczos(image: Tensor, flow: Tensor, a: int) -> Tensor:
     pass along the rows, then one down the columns, 2a taps each (the 2a x 2a product kernel, exactly, wherever the
     flow is constant over the taps). The row pass at source row ``r`` interpolates at the column offset of the
     output pixel that reads row ``r`` (the flow's column part taken ``round(flow_y)`` rows up), so a smooth flow of
-    any size warps as the product kernel would to within its change over a few pixels. :data:`_WARP_ROWS` rows at
-    a time."""
+    any size warps as the product kernel would to within its change over a few pixels. On a CUDA device (``fused``,
+    Triton importable) both passes run as fused kernels (:mod:`.lanczos_gpu`, the same arithmetic); otherwise as
+    torch operations, :data:`_WARP_ROWS` rows at a time."""
+    if fused and lanczos_gpu.available(image):
+        return lanczos_gpu.warp_lanczos(image, flow[0], flow[1], a)
     c, h, w = image.shape
     src = image.to(torch.float32)
     fy, fx = flow[0].to(torch.float32), flow[1].to(torch.float32)

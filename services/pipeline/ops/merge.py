@@ -117,7 +117,7 @@ def frame_noise_share(stack_size: int) -> float:
 
 
 MODEL_ERROR = 0.1
-_RGB_WARP = "bicubic"  # how a frame's demosaiced RGB is resampled onto the reference (STRATA_STACK_WARP)
+_RGB_WARP = "lanczos5"  # how a frame's demosaiced RGB is resampled onto the reference (STRATA_STACK_WARP)
 
 
 @dataclass(frozen=True)
@@ -370,8 +370,7 @@ def _add_aligned(acc: Tensor, ref: _Reference, frame: Tensor, params: MergeParam
     # Resampling at fractional offsets is a low-pass that differs from frame to frame: bilinear cost up to 2.9 dB
     # of the 8-frame gain on detailed photographs; Lanczos-3, -4 and -5 (STRATA_STACK_WARP) keep more detail near the
     # finest scale than bicubic, the more lobes the more (a zone plate at random sub-pixel shifts; photo stacks,
-    # docs/QUALITY.md), opt-in until the separable kernels' GPU cost is measured (the old Lanczos-3 product kernel
-    # took about 0.14 s a 50 MP frame on an H100).
+    # docs/QUALITY.md); Lanczos-5 is the default (on a GPU a fused kernel, as quick as bicubic's grid_sample).
     pixels = tiles_to_pixels(flow, params.align.tile_size, (h, w))  # (2, H, W)
     moved, valid = warp(rgb, pixels, mode=params.rgb_warp)
     weight = motion_weights(ref.rgb, moved, valid.expand(3, h, w), params, level=ref.level,
