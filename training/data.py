@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from services.pipeline.ops import SRGB_TO_XYZ_D65, cfa_masks, srgb_decode
+from services.pipeline.ops import SRGB_TO_XYZ_D65, cfa_masks, srgb_decode, srgb_encode
 from services.pipeline.ops.merge import frame_noise_share
 from training.patterns import SHORTEST_PERIOD, hard_pattern
 
@@ -471,6 +471,7 @@ def training_batch(source: TrainingSource, b: int, size: int, margin: int, gen: 
 # Stacks (the frames' package): each frame sees the scene moved by a whole pixel or not in each direction, so the
 # frames sample every colour at other sites, as a stack's sub-pixel shifts do
 STACK_OFFSETS = ((0, 0), (0, 1), (1, 0), (1, 1))
+SUBPIXEL_TRIM = 6  # pixels a side a sub-pixel stack's square loses: the Lanczos-5 warp's taps (5) and a guard pixel
 
 
 @dataclass
@@ -479,13 +480,17 @@ class StackBatch:
     S + 2m, S + 2m) and the noise each frame is told (``raw.shot``/``raw.read``: the stack's merge told,
     :func:`stack_told`); ``offsets[i]``: where frame i's canvas starts in the stack's scene, (dy, dx) in {0, 1}.
     A frame's output (S x S, :func:`training.train.predict`) covers scene rows and columns ``offset + m`` on; all
-    frames share the scene's ``[m + 1, m + S)`` square, whose clean target is ``target`` (stacks, 3, S - 1, S - 1)."""
+    frames share the scene's ``[m + 1, m + S)`` square, whose clean target is ``target`` (stacks, 3, S - 1, S - 1).
+    With ``fractions`` (sub-pixel stacks) frame i's canvas starts at ``offsets[i] + fractions[i]``: :func:`aligned`
+    resamples each frame's output onto frame 0's grid with the service's stack warp (Lanczos-5) and keeps the
+    square less :data:`SUBPIXEL_TRIM` pixels a side (the warp's clamped edges); ``target`` likewise."""
 
     raw: RawBatch
     target: Tensor
     offsets: list[tuple[int, int]]
     stacks: int
     frames: int
+    fractions: list[tuple[float, float]] | None = None
 
 
 def stack_told(frames: int) -> float:
@@ -498,20 +503,71 @@ def aligned(out: Tensor, batch: StackBatch) -> Tensor:
     all frames share."""
     s = out.shape[-1]
     views = out.view(batch.stacks, batch.frames, *out.shape[1:])
-    return torch.stack([views[:, i, :, 1 - dy : s - dy, 1 - dx : s - dx] for i, (dy, dx) in enumerate(batch.offsets)],
-                       dim=1)
+    if batch.fractions is None:
+        return torch.stack([views[:, i, :, 1 - dy : s - dy, 1 - dx : s - dx]
+                            for i, (dy, dx) in enumerate(batch.offsets)], dim=1)
+    t = SUBPIXEL_TRIM
+    moved = lanczos_shift(views, [f[0] for f in batch.fractions], dim=-2)
+    moved = lanczos_shift(moved, [f[1] for f in batch.fractions], dim=-1)
+    return torch.stack([moved[:, i, :, 1 - dy + t : s - dy - t, 1 - dx + t : s - dx - t]
+                        for i, (dy, dx) in enumerate(batch.offsets)], dim=1)
+
+
+def lanczos_shift(frames: Tensor, fractions: list[float], dim: int, a: int = 5) -> Tensor:
+    """(stacks, frames, C, H, W) with frame i sampled at ``-fractions[i]`` along ``dim`` (-2 rows, -1 columns), each
+    in [0, 1): what the stack merge's Lanczos-``a`` warp (:func:`services.pipeline.ops.align.warp`) computes under
+    that constant flow (the same 2a taps and normalised weights, edges clamped), as 2a weighted slices of the whole
+    batch: differentiable and cheap."""
+    n = frames.shape[dim]
+    taps = torch.arange(1 - a, a + 1, dtype=torch.float64)  # around base y - 1, at fraction 1 - f
+    x = math.pi * ((1.0 - torch.tensor(fractions, dtype=torch.float64))[:, None] - taps[None, :])  # (frames, 2a)
+    k = torch.where(x.abs() < 1e-9, torch.ones_like(x), a * torch.sin(x) * torch.sin(x / a) / x.square().clamp(1e-24))
+    weights = (k / k.sum(dim=1, keepdim=True)).to(frames.dtype).to(frames.device)  # (frames, 2a)
+    pad = (a, a, 0, 0) if dim == -1 else (0, 0, a, a)  # F.pad's order: last dimension first
+    flat = F.pad(frames.flatten(0, 1), pad, mode="replicate")  # (stacks * frames, C, H', W')
+    padded = flat.view(*frames.shape[:2], *flat.shape[1:])
+    out = torch.zeros_like(frames)
+    for j, tap in enumerate(range(1 - a, a + 1)):
+        start = a - 1 + tap  # input index y - 1 + tap, shifted by the padding
+        out += weights[:, j].view(1, -1, 1, 1, 1) * padded.narrow(dim, start, n)
+    return out
+
+
+def fourier_shift(x: Tensor, fy: float, fx: float, pad: int = 16) -> Tensor:
+    """(N, C, H, W) sampled at ``(y + fy, x + fx)`` by a phase ramp: the band-limited shift (a sub-pixel frame of a
+    scene, not the service's warp), borders reflected so the image's edges do not ring into it."""
+    h, w = x.shape[-2:]
+    pad = min(pad, h - 1, w - 1)
+    padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
+    ky = torch.fft.fftfreq(padded.shape[-2], device=x.device).view(-1, 1)
+    kx = torch.fft.rfftfreq(padded.shape[-1], device=x.device).view(1, -1)
+    ramp = torch.exp(2j * math.pi * (ky * fy + kx * fx))
+    moved = torch.fft.irfft2(torch.fft.rfft2(padded) * ramp, s=padded.shape[-2:])
+    return moved[..., pad : pad + h, pad : pad + w]
 
 
 def stack_of(srgb: Tensor, frames: int, margin: int, gen: torch.Generator, *, shot: Tensor, read: Tensor,
-             exposure: Tensor, gains: Tensor, mix: Tensor, report_jitter: bool) -> StackBatch:
+             exposure: Tensor, gains: Tensor, mix: Tensor, report_jitter: bool, subpixel: bool = False) -> StackBatch:
     """(stacks, 3, L + 1, L + 1) sRGB scenes (L = S + 2 margin) -> :class:`StackBatch`: every frame of a stack with
     the stack's exposure, white balance, camera and noise level, its own noise draw and offset (frame 0 at (0, 0),
-    the others through :data:`STACK_OFFSETS` in a random order), told :func:`stack_told` of the noise."""
+    the others through :data:`STACK_OFFSETS` in a random order), told :func:`stack_told` of the noise. With
+    ``subpixel`` every frame but the first also moves by a random fraction of a pixel on each axis
+    (:func:`fourier_shift` of the linear scene)."""
     stacks, length = srgb.shape[0], srgb.shape[-1] - 1
     order = torch.randperm(len(STACK_OFFSETS) - 1, generator=gen, device=gen.device).tolist()
     rest = [STACK_OFFSETS[1 + k] for k in order]
     offsets = [STACK_OFFSETS[0], *(rest * frames)][:frames]
-    scenes = torch.stack([srgb[..., dy : dy + length, dx : dx + length] for dy, dx in offsets], dim=1)
+    fractions = None
+    if subpixel:
+        draws = torch.rand(frames - 1, 2, generator=gen, device=gen.device).tolist()
+        fractions = [(0.0, 0.0), *((float(a), float(b)) for a, b in draws)]
+        linear = srgb_decode(srgb.clamp(0.0, 1.0))
+        moved = [srgb if not (fy or fx) else srgb_encode(fourier_shift(linear, fy, fx).clamp(0.0, 1.0))
+                 for fy, fx in fractions]
+        scenes = torch.stack([m[..., dy : dy + length, dx : dx + length] for m, (dy, dx) in zip(moved, offsets,
+                                                                                                strict=True)], dim=1)
+    else:
+        scenes = torch.stack([srgb[..., dy : dy + length, dx : dx + length] for dy, dx in offsets], dim=1)
     per = {k: v.repeat_interleave(frames, dim=0) for k, v in
            {"shot": shot, "read": read, "exposure": exposure, "gains": gains, "mix": mix}.items()}
     raw = unprocess(scenes.flatten(0, 1), cfa="RGGB", margin=margin, gen=gen, report_jitter=False, **per)
@@ -521,13 +577,13 @@ def stack_of(srgb: Tensor, frames: int, margin: int, gen: torch.Generator, *, sh
         shot_c, read_c = _jitter_report(shot_c, read_c, gen)
     raw.shot = shot_c.repeat_interleave(frames, dim=0) * told
     raw.read = read_c.repeat_interleave(frames, dim=0) * told
-    batch = StackBatch(raw=raw, target=raw.target, offsets=offsets, stacks=stacks, frames=frames)
+    batch = StackBatch(raw=raw, target=raw.target, offsets=offsets, stacks=stacks, frames=frames, fractions=fractions)
     batch.target = aligned(raw.target, batch)[:, 0]
     return batch
 
 
 def training_stack_batch(source: TrainingSource, frames_per_step: int, size: int, margin: int,
-                         gen: torch.Generator, frames: int) -> StackBatch:
+                         gen: torch.Generator, frames: int, subpixel: bool = False) -> StackBatch:
     """About ``frames_per_step`` frames in stacks of ``frames``, from the source's content, with the noise and
     colour variety of :func:`training_batch` (each stack one draw)."""
     dev = source.device
@@ -540,11 +596,12 @@ def training_stack_batch(source: TrainingSource, frames_per_step: int, size: int
     gains = torch.stack([red, torch.ones(b, device=dev), blue], dim=1)
     mix = torch.rand(b, len(XYZ_TO_CAMS), generator=gen, device=dev) + 1e-3
     return stack_of(srgb, frames, margin, gen, shot=shot, read=read, exposure=exposure, gains=gains, mix=mix,
-                    report_jitter=True)
+                    report_jitter=True, subpixel=subpixel)
 
 
 def held_out_stacks(photos: str | Path, device: torch.device, margin: int, size: int = 128,
-                    frames: tuple[int, ...] = (4, 8), per_photo: int = 2) -> dict[str, StackBatch]:
+                    frames: tuple[int, ...] = (4, 8), per_photo: int = 2, subpixel: bool = False
+                    ) -> dict[str, StackBatch]:
     """Fixed evaluation stacks at mid noise (:data:`NOISE_LEVELS`) from the held-out photographs: one
     :class:`StackBatch` per stack size, named ``"<frames> frames"``."""
     rng = np.random.default_rng(24680)
@@ -564,7 +621,7 @@ def held_out_stacks(photos: str | Path, device: torch.device, margin: int, size:
         gen = torch.Generator(device=device).manual_seed(4242 + count)
         out[f"{count} frames"] = stack_of(srgb, count, margin, gen, shot=torch.full((n,), shot, device=device),
                                           read=torch.full((n,), read, device=device), exposure=exposure,
-                                          gains=gains, mix=mix, report_jitter=False)
+                                          gains=gains, mix=mix, report_jitter=False, subpixel=subpixel)
     return out
 
 

@@ -24,7 +24,9 @@ a source it never trained on. ``--stop-after MINUTES`` with ``--checkpoint`` sav
 of 2, 4 or 8 frames of one scene (each frame its own noise, moved by a whole pixel or not, told the share of its
 noise the merge tells it) and scores the average of a stack's renders against the truth. Scored on held-out
 stacks (4 and 8 frames, mid noise) against the ``--init`` package; usually run from the shipped one:
-``--package frames --init strata_jdd_v2_frames.strata --version 2.2.0 --steps 12000 --lr 2e-4``.
+``--package frames --init strata_jdd_v2_frames.strata --version 2.2.0 --steps 12000 --lr 2e-4``. With
+``--subpixel`` the frames also move by fractions of a pixel and each render is warped back by the merge's Lanczos-5
+before the average (tried in session 48, not shipped: docs/training/README.md).
 """
 
 from __future__ import annotations
@@ -188,6 +190,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="start from this package's weights (fine-tuning; its config must match the run's)")
     p.add_argument("--version", default=None,
                    help=f"the written package's version (v2: default {V2_VERSION}; frames: {FRAMES_VERSION})")
+    p.add_argument("--subpixel", action="store_true",
+                   help="frames: stacks whose frames also move by random fractions of a pixel, each render warped "
+                   "back by the service's Lanczos-5 before the average (training and held-out stacks)")
     p.add_argument("--smoke", action="store_true", help="CPU, 20 steps, tiny crops; writes a *-smoke package")
     p.add_argument("--ship-anyway", action="store_true",
                    help="write the camera default packages even if the model loses to classical somewhere")
@@ -271,7 +276,7 @@ def _step_loss(net: JDDNet, source: data.TrainingSource, args: argparse.Namespac
     averaged (:func:`stack_render`) against the truth."""
     if args.package == "frames":
         count = STACK_SIZES[int(torch.randint(len(STACK_SIZES), (1,), generator=gen, device=gen.device))]
-        stacks = data.training_stack_batch(source, args.batch, args.crop, margin, gen, count)
+        stacks = data.training_stack_batch(source, args.batch, args.crop, margin, gen, count, subpixel=args.subpixel)
         view = stacks.raw.cam_to_rgb[:: stacks.frames]
         return F.l1_loss(srgb_view(stack_render(net, stacks, margin, cuda), view), srgb_view(stacks.target, view))
     batch = data.training_batch(source, args.batch, args.crop, margin, gen)
@@ -479,7 +484,7 @@ def _stack_metrics(net: JDDNet, config: dict[str, Any], args: argparse.Namespace
     """The frames' package scored on held-out stacks (mid noise, 4 and 8 frames) beside the ``--init`` package."""
     margin = 2 * net.radius
     sets = data.held_out_stacks(args.photos, device, margin, size=32 if args.smoke else 128,
-                                per_photo=1 if args.smoke else 2)
+                                per_photo=1 if args.smoke else 2, subpixel=args.subpixel)
     nets = {"model": net}
     if args.init:
         nets["init"] = JDDNet(config["width"], config["dilations"]).to(device)

@@ -154,6 +154,38 @@ def test_stack_frames_share_one_square_of_the_scene() -> None:
     assert told == 0.25 and torch.allclose(stacks.raw.shot[:4], torch.tensor([2.0, 1.0, 1.5]) * 1e-3 * told)
 
 
+def test_sub_pixel_stacks_warp_back_with_the_service_warp() -> None:
+    """``--subpixel`` stacks: frames moved by fractions of a pixel too (a band-limited shift of the scene), each
+    render brought back by what the stack merge's Lanczos-5 warp computes, on a square trimmed by its taps."""
+    from services.pipeline.ops.align import _warp_lanczos
+
+    frames = torch.rand(2, 3, 3, 20, 24, generator=torch.Generator().manual_seed(0))
+    rows, cols = [0.0, 0.3, 0.77], [0.0, 0.5, 0.123]
+    moved = data.lanczos_shift(data.lanczos_shift(frames, rows, -2), cols, -1)
+    for i, (fy, fx) in enumerate(zip(rows, cols, strict=True)):
+        flow = torch.tensor([-fy, -fx]).view(2, 1, 1).expand(2, 20, 24)
+        warped = _warp_lanczos(frames[:, i].reshape(-1, 20, 24), flow, 5, fused=False).view(2, 3, 20, 24)
+        torch.testing.assert_close(moved[:, i], warped, atol=3e-6, rtol=0)
+    yy, xx = torch.meshgrid(torch.arange(64.0), torch.arange(64.0), indexing="ij")
+    wave = lambda y, x: 0.5 + 0.2 * torch.sin(2 * torch.pi * (0.07 * y + 0.11 * x))  # noqa: E731
+    shifted = data.fourier_shift(wave(yy, xx)[None, None], 0.3, -0.45)[0, 0]
+    assert float((shifted - wave(yy + 0.3, xx - 0.45))[16:-16, 16:-16].abs().max()) < 0.005
+
+    gen = torch.Generator().manual_seed(3)
+    scenes = data.dead_leaves(900_123, 41)[None].float().repeat(2, 1, 1, 1) / 255.0
+    scenes = torch.nn.functional.avg_pool2d(scenes, 3, stride=1, padding=1, count_include_pad=False)  # softer
+    ones = torch.ones(2)
+    stacks = data.stack_of(scenes, 4, 4, gen, shot=ones * 1e-3, read=ones * 1e-5, exposure=ones,
+                           gains=torch.tensor([[2.0, 1.0, 1.5]] * 2), mix=torch.ones(2, len(data.XYZ_TO_CAMS)),
+                           report_jitter=False, subpixel=True)
+    t = data.SUBPIXEL_TRIM
+    assert stacks.target.shape == (2, 3, 31 - 2 * t, 31 - 2 * t)
+    assert stacks.fractions is not None and stacks.fractions[0] == (0.0, 0.0)
+    assert all(0.0 <= f < 1.0 for pair in stacks.fractions[1:] for f in pair) and len(set(stacks.fractions)) == 4
+    targets = data.aligned(stacks.raw.target, stacks)  # every frame's clean target, brought back to frame 0's grid
+    assert float((targets - targets[:, :1]).abs().mean()) < 0.005
+
+
 def test_the_frames_package_trains_on_stacks_and_is_scored_on_them(tmp_path: Path, photos: Path) -> None:
     first = tmp_path / "init"
     main(["--package", "frames", "--smoke", "--steps", "2", "--photos", str(photos), "--out", str(first)])
