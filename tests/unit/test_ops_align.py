@@ -227,6 +227,30 @@ def test_the_cpu_runs_the_torch_passes() -> None:
     assert not lanczos_gpu.available(torch.zeros(3, 4, 4))
 
 
+def test_kernels_that_cannot_build_fall_back_to_the_torch_passes(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU host whose Triton cannot build its launcher (no C compiler in the image) still warps: the torch passes,
+    a warning said once, the kernels not tried again in the process."""
+    calls = []
+
+    def broken(*args: object) -> torch.Tensor:
+        calls.append(1)
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+
+    monkeypatch.setattr(lanczos_gpu, "_broken", None)
+    monkeypatch.setattr(lanczos_gpu, "available", lambda image: lanczos_gpu._broken is None)
+    monkeypatch.setattr(lanczos_gpu, "warp_lanczos", broken)
+    image = torch.rand(3, 12, 16, generator=torch.Generator().manual_seed(4))
+    flow = torch.zeros(2, 12, 16) + torch.tensor([0.3, -1.2]).view(2, 1, 1)
+    with caplog.at_level("WARNING"):
+        first = warp(image, flow, "lanczos5")[0]
+        second = warp(image, flow, "lanczos5")[0]
+    monkeypatch.undo()
+    torch.testing.assert_close(first, warp(image, flow, "lanczos5")[0], atol=0, rtol=0)
+    assert torch.equal(first, second) and len(calls) == 1
+    assert [r.message for r in caplog.records if "fused Lanczos" in r.message][0].count("C compiler") == 1
+
+
 def test_bad_input() -> None:
     with pytest.raises(ValueError, match=r"even H and W.*got \(15, 16\)"):
         mosaic_grey(torch.rand(15, 16), "RGGB")

@@ -208,7 +208,12 @@ def _warp_lanczos(image: Tensor, flow: Tensor, a: int, fused: bool = True) -> Te
     Triton importable) both passes run as fused kernels (:mod:`.lanczos_gpu`, the same arithmetic); otherwise as
     torch operations, :data:`_WARP_ROWS` rows at a time."""
     if fused and lanczos_gpu.available(image):
-        return lanczos_gpu.warp_lanczos(image, flow[0], flow[1], a)
+        try:
+            return lanczos_gpu.warp_lanczos(image, flow[0], flow[1], a)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as exc:  # built or launched wrong here (no C compiler, an unsupported GPU): torch passes
+            lanczos_gpu.disable(exc)
     c, h, w = image.shape
     src = image.to(torch.float32)
     fy, fx = flow[0].to(torch.float32), flow[1].to(torch.float32)

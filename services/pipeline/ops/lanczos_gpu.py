@@ -16,6 +16,7 @@ Tests run the kernels through Triton's interpreter on the CPU (``TRITON_INTERPRE
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 
 import torch
@@ -28,11 +29,24 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 _BLOCK = 256  # output pixels of one row per program
+log = logging.getLogger(__name__)
+_broken: str | None = None  # why the kernels failed in this process (then the torch passes run)
 
 
 def available(image: Tensor) -> bool:
-    """Whether :func:`warp_lanczos` can run on ``image``'s device: a CUDA tensor and Triton importable."""
-    return triton is not None and image.is_cuda
+    """Whether :func:`warp_lanczos` can run on ``image``'s device: a CUDA tensor, Triton importable and its kernels
+    not found broken in this process (:func:`disable`)."""
+    return triton is not None and image.is_cuda and _broken is None
+
+
+def disable(exc: BaseException) -> None:
+    """The kernels failed to build or launch (Triton compiles a small C launcher at first use, so a host without a C
+    compiler cannot run them): say so once; :func:`available` is false from now on in this process."""
+    global _broken
+    if _broken is None:
+        _broken = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("the fused Lanczos warp kernels cannot run here (%s); the stack warp runs as torch operations "
+                    "(same results to float rounding, about 12x slower on the GPU; docs/OPERATIONS.md)", _broken)
 
 
 if triton is not None:
