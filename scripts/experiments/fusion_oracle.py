@@ -10,6 +10,12 @@ pessimistic one for a non-linear network; the point is the order of magnitude.
 
     python scripts/experiments/fusion_oracle.py --json docs/quality/fusion-oracle-cpu-scale0.1-mid.json
     python scripts/experiments/fusion_oracle.py --raw-merge --json docs/quality/fusion-oracle-cpu-scale0.1-mid-raw.json
+
+``--fit-content`` (repeatable, session 48) asks the question a shipped filter faces: one probe per stack size,
+fitted on the stacks of those contents (training photographs) and scored on every ``--content`` stack it never saw,
+over the whole image. The stacks are merged as ``strata bench stack`` merges them (the frames' measured shifts).
+
+    python scripts/experiments/fusion_oracle.py --scale 0.0215 --fit-content photo:001 ... --content photo:033 ...
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from services.pipeline.stack import (
     RAW_MERGE_NOISE_SHARE,
     RGB_DENOISE_RADIUS,
     _remosaic_enhance,
+    frame_shifts,
     render_rgb,
     stack_noise_factors,
     stack_params,
@@ -93,6 +100,57 @@ def _probe(inputs: list[np.ndarray], truth: np.ndarray) -> np.ndarray:
     return np.clip(pred * 65535.0 + 0.5, 0, 65535).astype(np.uint16).reshape(bottom.stop - bottom.start, -1, 3)
 
 
+def _stack(content: str, frames: int, args: argparse.Namespace, seed: int, scale: float
+           ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """One stack merged as ``strata bench stack`` merges it (the frames' measured shifts): its renders and truth."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shot = synthesize_stack(Path(tmp) / "s", frames=frames, scale=scale, seed=seed, noise=args.noise,
+                                content=content, photos_dir=args.photos)
+        decoded = [_decoded(p, Path(tmp) / f"raw_{i:02d}.npy") for i, p in enumerate(shot.files)]
+        truth = tifffile.imread(shot.ground_truth)
+        own = shot_render_params(decoded[0][1], decoded[0][0])
+        params = replace(stack_params(own, frames, frame_shifts(decoded[0], decoded)), raw_merge=args.raw_merge)
+        fused = _merge(decoded[0], decoded, params, 1, "cpu", None, {})
+        return _renders(fused, params, "cpu"), truth
+
+
+PROBES = {"today": ["today"], "A + B": ["A", "B"], "today + A + B": ["today", "A", "B"]}
+
+
+def _cross(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Probes fitted on the ``--fit-content`` stacks (seed 11), scored on the ``--content`` stacks (seed 3)."""
+    coefs: dict[tuple[int, str], np.ndarray] = {}
+    for frames in args.frames or [4, 8]:
+        sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for content, scale in ((c, f) for c in args.fit_content for f in args.fit_scale or [args.scale]):
+            r, truth = _stack(content, frames, args, seed=11, scale=scale)
+            h, w = truth.shape[:2]
+            y = truth[BORDER: h - BORDER, BORDER: w - BORDER].reshape(-1, 3).astype(np.float64) / 65535.0
+            for name, keys in PROBES.items():
+                x = _features([r[k] for k in keys], slice(BORDER, h - BORDER)).astype(np.float64)
+                gram, xty = sums.get(name, (0.0, 0.0))
+                sums[name] = (gram + x.T @ x, xty + x.T @ y)
+            print(f"fitted on {content} at scale {scale}, {frames} frames", flush=True)
+        for name, (gram, xty) in sums.items():
+            coefs[(frames, name)] = np.linalg.solve(gram + 1e-6 * np.eye(gram.shape[0]), xty).astype(np.float32)
+    rows = []
+    for content in args.content or ["photo:033", "photo:036", "skimage:astronaut"]:
+        for frames in args.frames or [4, 8]:
+            r, truth = _stack(content, frames, args, seed=3, scale=args.scale)
+            h, w = truth.shape[:2]
+            inner = truth[BORDER: h - BORDER, BORDER: w - BORDER]
+            score = {k: psnr(v[BORDER: h - BORDER, BORDER: w - BORDER], inner) for k, v in r.items()}
+            for name, keys in PROBES.items():
+                pred = _features([r[k] for k in keys], slice(BORDER, h - BORDER)) @ coefs[(frames, name)]
+                codes = np.clip(pred * 65535.0 + 0.5, 0, 65535).astype(np.uint16).reshape(inner.shape)
+                score[f"probe: {name}"] = psnr(codes, inner)
+            row = {"content": content, "frames": frames, "noise": args.noise, **{k: round(v, 3) for k, v in
+                                                                                  score.items()}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--content", action="append", help="photo:NNN or skimage:NAME (default: 033, 036, astronaut)")
@@ -102,8 +160,18 @@ def main() -> None:
     ap.add_argument("--photos", type=Path, default=Path("../shared/data/photos"))
     ap.add_argument("--raw-merge", action="store_true", help="merge the raw samples too (11 channels): today's "
                     "result then includes their blend, and D joins the probes")
+    ap.add_argument("--fit-content", action="append", default=[],
+                    help="fit the probes on these contents' stacks instead, and score the --content stacks whole")
+    ap.add_argument("--fit-scale", type=float, action="append", help="the fitted stacks' scales (default --scale)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.fit_content:
+        rows = _cross(args)
+        if args.json:
+            summary = {"scale": args.scale, "fit_scale": args.fit_scale or [args.scale], "raw_merge": args.raw_merge,
+                       "fit": args.fit_content, "rows": rows}
+            args.json.write_text(json.dumps(summary, indent=1) + "\n")
+        return
     rows = []
     for content in args.content or ["photo:033", "photo:036", "skimage:astronaut"]:
         for frames in args.frames or [4, 8]:
