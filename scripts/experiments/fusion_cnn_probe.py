@@ -91,28 +91,9 @@ def _unfold(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([inner.T, torch.ones(inner.shape[1], 1, dtype=torch.float64)], dim=1)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--photos", type=Path, default=Path("../shared/data/photos"))
-    ap.add_argument("--fit", type=int, default=16, help="training photographs 001..N")
-    ap.add_argument("--scales", type=float, nargs="+", default=[0.0215, 0.043, 0.1])
-    ap.add_argument("--test", nargs="+", default=["photo:033", "photo:036", "photo:038", "photo:040",
-                                                   "skimage:astronaut"])
-    ap.add_argument("--noise", type=float, default=0.002)
-    ap.add_argument("--minutes", type=float, default=8.0)
-    ap.add_argument("--crop", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--cache", type=Path, default=Path("/tmp/fusion-probe-cache"))
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
-    args.cache.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    train = [_tensor(_sample(f"photo:{i:03d}", n, s, 11, args)) for i in range(1, args.fit + 1)
-             for n in (4, 8) for s in args.scales]
-    print(f"{len(train)} training stacks", flush=True)
-    linear = {name: _linear_fit(train, channels) for name, channels in (("linear: today", 3), ("linear: all", 9))}
-    net = Probe()
+def _train(net: Probe, train: list[tuple[torch.Tensor, torch.Tensor]], args: argparse.Namespace,
+           rng: np.random.Generator) -> int:
+    """Random crops of the training stacks, L1 against the truth, for --minutes: the steps taken."""
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     t0, step = time.time(), 0
     while time.time() - t0 < args.minutes * 60:
@@ -134,23 +115,54 @@ def main() -> None:
         step += 1
         if step % 200 == 0:
             print(f"step {step} loss {loss.item():.5f} ({time.time() - t0:.0f} s)", flush=True)
-    rows = []
-    with torch.inference_mode():
-        for scale in args.scales:
-            for content in args.test:
-                for frames in (4, 8):
-                    x, y = _tensor(_sample(content, frames, scale, 3, args))
-                    truth = _codes(y)
-                    today = psnr(_codes(x[:3]), truth)
-                    row: dict[str, object] = {"scale": scale, "content": content, "frames": frames,
-                                              "today": round(today, 3)}
-                    row["network"] = round(psnr(_codes(net(x[None])[0]), truth) - today, 3)
-                    for name, coef in linear.items():
-                        pred = (_unfold(x[: (coef.shape[1] - 1) // 25]) @ coef.T).float()
-                        image = pred.T.reshape(3, x.shape[1] - 2 * BORDER, x.shape[2] - 2 * BORDER)
-                        row[name] = round(psnr(_codes(F.pad(image, (BORDER,) * 4)), truth) - today, 3)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+    return step
+
+
+@torch.inference_mode()
+def _score(net: Probe, linear: dict[str, torch.Tensor], args: argparse.Namespace) -> list[dict[str, object]]:
+    """Every held-out stack at every scale: today's PSNR and each probe's change."""
+    rows: list[dict[str, object]] = []
+    for scale in args.scales:
+        for content in args.test:
+            for frames in (4, 8):
+                x, y = _tensor(_sample(content, frames, scale, 3, args))
+                truth = _codes(y)
+                today = psnr(_codes(x[:3]), truth)
+                row: dict[str, object] = {"scale": scale, "content": content, "frames": frames,
+                                          "today": round(today, 3)}
+                row["network"] = round(psnr(_codes(net(x[None])[0]), truth) - today, 3)
+                for name, coef in linear.items():
+                    pred = (_unfold(x[: (coef.shape[1] - 1) // 25]) @ coef.T).float()
+                    image = pred.T.reshape(3, x.shape[1] - 2 * BORDER, x.shape[2] - 2 * BORDER)
+                    row[name] = round(psnr(_codes(F.pad(image, (BORDER,) * 4)), truth) - today, 3)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--photos", type=Path, default=Path("../shared/data/photos"))
+    ap.add_argument("--fit", type=int, default=16, help="training photographs 001..N")
+    ap.add_argument("--scales", type=float, nargs="+", default=[0.0215, 0.043, 0.1])
+    ap.add_argument("--test", nargs="+", default=["photo:033", "photo:036", "photo:038", "photo:040",
+                                                   "skimage:astronaut"])
+    ap.add_argument("--noise", type=float, default=0.002)
+    ap.add_argument("--minutes", type=float, default=8.0)
+    ap.add_argument("--crop", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/fusion-probe-cache"))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    train = [_tensor(_sample(f"photo:{i:03d}", n, s, 11, args)) for i in range(1, args.fit + 1)
+             for n in (4, 8) for s in args.scales]
+    print(f"{len(train)} training stacks", flush=True)
+    linear = {name: _linear_fit(train, channels) for name, channels in (("linear: today", 3), ("linear: all", 9))}
+    net = Probe()
+    step = _train(net, train, args, np.random.default_rng(0))
+    rows = _score(net, linear, args)
     if args.json:
         args.json.write_text(json.dumps({"steps": step, "minutes": args.minutes, "fit_photos": args.fit,
                                          "scales": args.scales, "noise": args.noise, "rows": rows}, indent=1) + "\n")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +47,7 @@ def make_engine(url: str, async_commits: bool = False, busy_timeout_s: float = 3
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            set_wal(cur, busy_timeout_s)
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
             cur.execute(f"PRAGMA synchronous={'NORMAL' if async_commits else 'FULL'}")
@@ -54,6 +56,22 @@ def make_engine(url: str, async_commits: bool = False, busy_timeout_s: float = 3
         return engine
     options = {"options": "-c synchronous_commit=off"} if async_commits and url.startswith("postgresql") else {}
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args=options)
+
+
+def set_wal(cur: Any, timeout_s: float, pause_s: float = 0.05) -> None:
+    """``PRAGMA journal_mode=WAL``, tried again for up to ``timeout_s`` while SQLite says the database is locked.
+    Processes opening one fresh database at once race to switch it to WAL, and SQLite can refuse the switch at once
+    instead of waiting out its busy timeout (seen in CI: one of four processes migrating a fresh database at the same
+    moment died with "database is locked" on this pragma)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(pause_s)
 
 
 def get_engine() -> Engine:
