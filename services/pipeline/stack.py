@@ -494,9 +494,15 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
     """Render a fused stack (1, 5|6|11, H, W) float32 on its device to one (H, W, 3) uint16 image per output space
     (primary first, :func:`~services.pipeline.render.encode_spaces`): camera RGB in [0, 1], the
     merge weight of each pixel in frames and the merged Bayer mosaic (sub-pixel stacks), or R, G, B weights
-    (pixel shift).
+    (pixel shift). :func:`render_fused_linear`, then colour and the output transfer."""
+    x = render_fused_linear(fused, params, noise_factors)
+    return encode_spaces(x, params, rows)  # matrix, transfer and codes per output space
 
-    White balance -> denoise -> sharpen -> colour -> the output transfer. ``noise_factors`` scale the shot's
+
+def render_fused_linear(fused: torch.Tensor, params: RenderParams,
+                        noise_factors: tuple[float, float, float] = (1.0, 1.0, 1.0)) -> torch.Tensor:
+    """A fused stack (1, 5|6|11, H, W) rendered to white-balanced camera RGB (1, 3, H, W), before colour: white
+    balance -> denoise -> sharpen (:func:`render_fused_spaces`). ``noise_factors`` scale the shot's
     per-sample noise model per channel (see :func:`stack_noise_factors`). Sub-pixel stacks
     (5 channels): the Lee filter at that noise over each pixel's merge weight (fewer frames where motion was
     rejected, so more smoothing there), blended with the package's render of the merged Bayer mosaic where the
@@ -522,7 +528,7 @@ def render_fused_spaces(fused: torch.Tensor, params: RenderParams,
         x = _blend_bayer(sharpen(x, params.sharpen_amount, SHARPEN_SIGMA), fused[:, 4:5].float(), params)
         if fused.shape[1] == 11:
             x = _blend_raw(x, fused[:, 5:8].float(), fused[:, 8:11].float(), weight, params)
-    return encode_spaces(x, params, rows)  # matrix, transfer and codes per output space
+    return x
 
 
 def render_rgb(fused: np.ndarray, params: RenderParams, device: torch.device | str = "cpu",
@@ -608,6 +614,7 @@ __all__ = [
     "merge_params",
     "pixel_shift_offsets",
     "render_fused",
+    "render_fused_linear",
     "render_fused_spaces",
     "render_rgb",
     "render_stack_strip",
