@@ -5,8 +5,9 @@ smaller than LibRaw reads (it refuses them as "Unsupported file format")."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import imagecodecs
 import numpy as np
 import tifffile
 
@@ -120,6 +121,29 @@ def bayer_dng(h: int = 48, w: int = 72, pattern: str = "RGGB", compression: str 
         (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
         (TAG_CFA_PATTERN, "B", 4, tuple("RGB".index(c) for c in pattern), True),
         (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]), compression)
+
+
+def lossless_jpeg_dng(h: int = 48, w: int = 72, tile: int = 64, seed: int = 3) -> bytes:
+    """:func:`bayer_dng`'s mosaic (same ``seed``, RGGB) as lossless JPEG (Compression 7) in ``tile`` x ``tile``
+    tiles, as DNG converters write raw data (imagecodecs' encoder, 16-bit samples; edge tiles padded)."""
+    data = _mosaic(h, w, seed)
+
+    def tiles() -> Iterator[bytes]:
+        for y in range(0, h, tile):
+            for x in range(0, w, tile):
+                padded = np.zeros((tile, tile), dtype=np.uint16)
+                part = data[y: y + tile, x: x + tile]
+                padded[: part.shape[0], : part.shape[1]] = part
+                yield imagecodecs.ljpeg_encode(padded, bitspersample=16)
+
+    buf = io.BytesIO()
+    with tifffile.TiffWriter(buf) as tif:
+        tif.write(tiles(), shape=(h, w), dtype=np.uint16, photometric=PHOTOMETRIC_CFA, planarconfig="contig",
+                  compression=7, tile=(tile, tile), subfiletype=0, software=False, metadata=None,
+                  extratags=_tags([(TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
+                                   (TAG_CFA_PATTERN, "B", 4, (0, 1, 1, 2), True),
+                                   (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]))
+    return buf.getvalue()
 
 
 def narrow_dng() -> bytes:

@@ -313,6 +313,16 @@ def _check_jpeg_data(raw: tifffile.TiffPage, f: BinaryIO) -> None:
                              f"{offset} is not JPEG (starts with {start.hex() or 'nothing'}, not ffd8)")
 
 
+def _check_jpeg_tiles(raw: tifffile.TiffPage) -> None:
+    """Refuse lossless-JPEG raw data in tiles wider than the image (found here, session 49): LibRaw 0.22 wraps each
+    JPEG row at the image's width, so the rest of a tile's row lands on the next image row, and the file decodes
+    to misplaced samples and zeros without an error. Tiles no wider than the image decode exactly (tests)."""
+    if int(raw.compression) == 7 and raw.is_tiled and int(raw.tilewidth) > int(raw.imagewidth):
+        raise UnsupportedSensor(f"lossless JPEG raw data in tiles wider than the image ({int(raw.tilewidth)} > "
+                                f"{int(raw.imagewidth)} px) is not supported: the decoder (LibRaw) misreads it; "
+                                f"write it with tiles no wider than the image, in strips, or uncompressed")
+
+
 def _main_ifd(raw_ifds: list[tifffile.TiffPage]) -> tifffile.TiffPage:
     """The raw IFD the decoder renders: the first full-resolution one (NewSubFileType 0) in file order, as LibRaw
     and :func:`~services.raw.dng.read_dng_tags` take it; the largest where none is marked so."""
@@ -370,6 +380,7 @@ def _probe_tiff(f: BinaryIO, size: int, head: bytes) -> RawProbe:
             _check_dng_metadata(main, ifds[0])
             _check_uncompressed_size(main)
             _check_jpeg_data(main, f)
+            _check_jpeg_tiles(main)
     elif is_cr2 and len(ifds) > 3:
         width, height = int(ifds[3].imagewidth), int(ifds[3].imagelength)
     cfa = _bayer_pattern(_main_ifd(raw_ifds)) if layout == "bayer" else ""

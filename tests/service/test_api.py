@@ -17,7 +17,7 @@ from services.db.session import session_scope
 from services.jobs.storage_identity import MARKER_KEY
 from services.raw.probe import RENDERED
 from services.stations import create_station_token
-from tests.raw_layouts import REFUSED, bayer_dng, linear_dng
+from tests.raw_layouts import REFUSED, bayer_dng, linear_dng, lossless_jpeg_dng
 
 
 @pytest.fixture
@@ -306,6 +306,14 @@ def test_raw_data_compressed_as_libraw_does_not_read_is_refused_at_upload(client
     r = client.post("/v1/jobs", headers=auth, files=[("frames", ("z.dng", bayer_dng(compression="zlib")))])
     assert r.status_code == 422 and r.json()["type"] == "unsupported_sensor", r.text
     assert r.json()["detail"].startswith("z.dng: DNG raw data compressed with adobe deflate (8) is not supported")
+    assert _storage_files() == [] and _job_count(client, auth) == 0
+
+
+def test_lossless_jpeg_tiles_wider_than_the_image_are_refused_at_upload(client: TestClient,
+                                                                       auth: dict[str, str]) -> None:
+    r = client.post("/v1/jobs", headers=auth, files=[("frames", ("t.dng", lossless_jpeg_dng(48, 72, 256)))])
+    assert r.status_code == 422 and r.json()["type"] == "unsupported_sensor", r.text
+    assert r.json()["detail"].startswith("t.dng: lossless JPEG raw data in tiles wider than the image")
     assert _storage_files() == [] and _job_count(client, auth) == 0
 
 

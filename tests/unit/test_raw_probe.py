@@ -15,7 +15,7 @@ from services.errors import BadRawFile, UnsupportedSensor
 from services.raw.colour import CameraProfile
 from services.raw.dng import PHOTOMETRIC_CFA, write_dng
 from services.raw.probe import RENDERED, probe_raw
-from tests.raw_layouts import REFUSED, bayer_dng, linear_dng
+from tests.raw_layouts import REFUSED, bayer_dng, linear_dng, lossless_jpeg_dng
 
 
 @pytest.fixture
@@ -164,6 +164,16 @@ def test_refuses_raw_data_compressed_as_libraw_does_not_read(compression: str, s
         probe_raw(io.BytesIO(bayer_dng(compression=compression)))
     assert f"DNG raw data compressed with {says} is not supported" in info.value.reason
     assert "the decoder (LibRaw) does not read it" in info.value.reason and info.value.status_code == 422
+
+
+def test_refuses_lossless_jpeg_tiles_wider_than_the_image() -> None:
+    """Found in session 49: LibRaw wraps such a tile's JPEG rows at the image's width and decodes misplaced samples
+    and zeros without an error (tiles no wider than the image decode exactly: test_raw_decode.py)."""
+    with pytest.raises(UnsupportedSensor) as info:
+        probe_raw(io.BytesIO(lossless_jpeg_dng(48, 72, 256)))
+    assert info.value.reason.startswith("lossless JPEG raw data in tiles wider than the image (256 > 72 px) is not "
+                                        "supported") and info.value.status_code == 422
+    assert probe_raw(io.BytesIO(lossless_jpeg_dng(48, 72, 64))).layout == "bayer"
 
 
 def test_linear_and_bayer_dngs_say_their_layout(dng: Path) -> None:
