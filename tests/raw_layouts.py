@@ -14,6 +14,7 @@ import tifffile
 from services.raw.colour import CameraProfile
 from services.raw.dng import (
     PHOTOMETRIC_CFA,
+    PHOTOMETRIC_LINEAR_RAW,
     TAG_CFA_LAYOUT,
     TAG_CFA_PATTERN,
     TAG_CFA_PLANE_COLOR,
@@ -22,6 +23,7 @@ from services.raw.dng import (
     dng_tags,
     write_linear_dng,
 )
+from tests.ljpeg import ljpeg_encode
 
 PROFILE = CameraProfile(((0.9, -0.3, -0.1), (-0.4, 1.3, 0.1), (-0.1, 0.2, 0.7)))
 _CFA_CODES = (TAG_CFA_REPEAT_PATTERN_DIM, TAG_CFA_PATTERN, TAG_CFA_PLANE_COLOR, TAG_CFA_LAYOUT)
@@ -100,12 +102,16 @@ def float_linear_dng() -> bytes:
     return _tiff(np.random.default_rng(5).random((48, 72, 3), dtype=np.float32), 34892, _tags([]))
 
 
+def _linear_image(h: int, w: int) -> np.ndarray:
+    return np.random.default_rng(4).integers(256, 16000, (h, w, 3), dtype=np.uint16)
+
+
 def linear_dng(h: int = 48, w: int = 72) -> bytes:
     """A small 3-sample LinearRaw DNG (random content), through the project's writer."""
     import tempfile
     from pathlib import Path
 
-    image = np.random.default_rng(4).integers(256, 16000, (h, w, 3), dtype=np.uint16)
+    image = _linear_image(h, w)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "linear.dng"
         write_linear_dng(path, image, black_level=256, white_level=16383, profile=PROFILE,
@@ -123,27 +129,40 @@ def bayer_dng(h: int = 48, w: int = 72, pattern: str = "RGGB", compression: str 
         (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]), compression)
 
 
-def lossless_jpeg_dng(h: int = 48, w: int = 72, tile: int = 64, seed: int = 3) -> bytes:
-    """:func:`bayer_dng`'s mosaic (same ``seed``, RGGB) as lossless JPEG (Compression 7) in ``tile`` x ``tile``
-    tiles, as DNG converters write raw data (imagecodecs' encoder, 16-bit samples; edge tiles padded)."""
-    data = _mosaic(h, w, seed)
+def _tiled_ljpeg(data: np.ndarray, photometric: int, tags: list[TagTuple], tile: int,
+                 encode: Callable[[np.ndarray], bytes]) -> bytes:
+    """``data`` (H, W) or (H, W, 3) as lossless JPEG (Compression 7) in ``tile`` x ``tile`` tiles, edge tiles
+    padded, as DNG converters write raw data."""
+    h, w = data.shape[:2]
 
     def tiles() -> Iterator[bytes]:
         for y in range(0, h, tile):
             for x in range(0, w, tile):
-                padded = np.zeros((tile, tile), dtype=np.uint16)
+                padded = np.zeros((tile, tile, *data.shape[2:]), dtype=np.uint16)
                 part = data[y: y + tile, x: x + tile]
                 padded[: part.shape[0], : part.shape[1]] = part
-                yield imagecodecs.ljpeg_encode(padded, bitspersample=16)
+                yield encode(padded)
 
     buf = io.BytesIO()
     with tifffile.TiffWriter(buf) as tif:
-        tif.write(tiles(), shape=(h, w), dtype=np.uint16, photometric=PHOTOMETRIC_CFA, planarconfig="contig",
-                  compression=7, tile=(tile, tile), subfiletype=0, software=False, metadata=None,
-                  extratags=_tags([(TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True),
-                                   (TAG_CFA_PATTERN, "B", 4, (0, 1, 1, 2), True),
-                                   (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]))
+        tif.write(tiles(), shape=data.shape, dtype=np.uint16, photometric=photometric, planarconfig="contig",
+                  compression=7, tile=(tile, tile), subfiletype=0, software=False, metadata=None, extratags=tags)
     return buf.getvalue()
+
+
+def lossless_jpeg_dng(h: int = 48, w: int = 72, tile: int = 64, seed: int = 3) -> bytes:
+    """:func:`bayer_dng`'s mosaic (same ``seed``, RGGB) as lossless-JPEG tiles (imagecodecs' encoder, 16 bits)."""
+    return _tiled_ljpeg(_mosaic(h, w, seed), PHOTOMETRIC_CFA, _tags([
+        (TAG_CFA_REPEAT_PATTERN_DIM, "H", 2, (2, 2), True), (TAG_CFA_PATTERN, "B", 4, (0, 1, 1, 2), True),
+        (TAG_CFA_PLANE_COLOR, "B", 3, (0, 1, 2), True)]), tile, lambda t: imagecodecs.ljpeg_encode(t, bitspersample=16))
+
+
+def lossless_jpeg_linear_dng(h: int = 48, w: int = 72, tile: int = 64) -> bytes:
+    """:func:`linear_dng`'s image as lossless-JPEG tiles of three interleaved components (:mod:`tests.ljpeg`), as
+    DNG converters write linear DNGs."""
+    tags = dng_tags(cfa="", black_level=256, white_level=16383, profile=PROFILE, as_shot_neutral=(0.5, 1.0, 0.7),
+                    make="Acme", model="Converter", noise_profile=None)
+    return _tiled_ljpeg(_linear_image(h, w), PHOTOMETRIC_LINEAR_RAW, tags, tile, ljpeg_encode)
 
 
 def narrow_dng() -> bytes:

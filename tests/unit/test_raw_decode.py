@@ -26,7 +26,7 @@ from services.raw.dng import (
     write_dng,
 )
 from services.raw.meta import NoiseProfile, RawMeta
-from tests.raw_layouts import bayer_dng, lossless_jpeg_dng
+from tests.raw_layouts import bayer_dng, linear_dng, lossless_jpeg_dng, lossless_jpeg_linear_dng
 
 
 def decode_raw(path: Path, out: Path, **kwargs: object) -> RawMeta:
@@ -224,13 +224,14 @@ def test_capture_info_is_read_at_decode_and_survives_old_rows(tmp_path: Path) ->
                                       "datetime_original": "2026:03:04 05:06:07", "lens": "LS 120mm"}
 
 
-@pytest.mark.parametrize("tile", [32, 64])
-def test_lossless_jpeg_tiles_decode_to_the_uncompressed_samples(tmp_path: Path, tile: int) -> None:
-    # DNG converters write raw data as lossless JPEG tiles; edge tiles are padded. (Tiles wider than the image are
-    # misread by LibRaw and refused at upload: tests/raw_layouts.py REFUSED.)
+@pytest.mark.parametrize(("layout", "tile"), [("bayer", 32), ("bayer", 64), ("linear", 32), ("linear", 64)])
+def test_lossless_jpeg_tiles_decode_to_the_uncompressed_samples(tmp_path: Path, layout: str, tile: int) -> None:
+    # DNG converters write raw data as lossless JPEG tiles (a linear DNG's with three interleaved components); edge
+    # tiles are padded. (Tiles wider than the image are misread by LibRaw and refused at upload:
+    # test_raw_probe.py.)
     plain, packed = tmp_path / "plain.dng", tmp_path / "ljpeg.dng"
-    plain.write_bytes(bayer_dng(48, 72))
-    packed.write_bytes(lossless_jpeg_dng(48, 72, tile))
+    plain.write_bytes(bayer_dng(48, 72) if layout == "bayer" else linear_dng(48, 72))
+    packed.write_bytes(lossless_jpeg_dng(48, 72, tile) if layout == "bayer" else lossless_jpeg_linear_dng(48, 72, tile))
     decode_raw(plain, tmp_path / "plain.npy")
     decode_raw(packed, tmp_path / "ljpeg.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "ljpeg.npy"), np.load(tmp_path / "plain.npy"))

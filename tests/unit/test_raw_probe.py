@@ -15,7 +15,7 @@ from services.errors import BadRawFile, UnsupportedSensor
 from services.raw.colour import CameraProfile
 from services.raw.dng import PHOTOMETRIC_CFA, write_dng
 from services.raw.probe import RENDERED, probe_raw
-from tests.raw_layouts import REFUSED, bayer_dng, linear_dng, lossless_jpeg_dng
+from tests.raw_layouts import REFUSED, bayer_dng, linear_dng, lossless_jpeg_dng, lossless_jpeg_linear_dng
 
 
 @pytest.fixture
@@ -174,6 +174,9 @@ def test_refuses_lossless_jpeg_tiles_wider_than_the_image() -> None:
     assert info.value.reason.startswith("lossless JPEG raw data in tiles wider than the image (256 > 72 px) is not "
                                         "supported") and info.value.status_code == 422
     assert probe_raw(io.BytesIO(lossless_jpeg_dng(48, 72, 64))).layout == "bayer"
+    with pytest.raises(UnsupportedSensor, match="tiles wider than the image"):
+        probe_raw(io.BytesIO(lossless_jpeg_linear_dng(48, 72, 256)))  # LibRaw misreads linear ones alike
+    assert probe_raw(io.BytesIO(lossless_jpeg_linear_dng(48, 72, 32))).layout == "linear"
 
 
 def test_linear_and_bayer_dngs_say_their_layout(dng: Path) -> None:
