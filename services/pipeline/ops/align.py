@@ -551,9 +551,9 @@ def _window_at(shape: tuple[int, ...], offset: tuple[float, float], like: Tensor
 def _follow_window(frames: Tensor, reference_conj: Tensor, start: Sequence[tuple[float, float]]
                    ) -> list[tuple[float, float]]:
     """Refine each frame's shift ``start`` (full-resolution px) on the full-resolution luminance (:func:`_luma`,
-    ``frames`` (n, h, w)): each frame's Hann window moved by its estimate, so that it covers the content the
-    reference's covers, then the phase-slope fit (:func:`_phase_slope`), :data:`_WINDOW_ITERATIONS` times, the
-    frames in one batched transform; rounded to :data:`_SHIFT_DECIMALS`."""
+    ``frames`` (n, h, w)): each frame's window (Tukey, :data:`_WINDOW_TAPER`) moved by its estimate, so that it
+    covers the content the reference's covers, then the phase-slope fit (:func:`_phase_slope`),
+    :data:`_WINDOW_ITERATIONS` times, the frames in one batched transform; rounded to :data:`_SHIFT_DECIMALS`."""
     h, w = frames.shape[1:]
     shifts = list(start)
     for _ in range(_WINDOW_ITERATIONS):
