@@ -400,8 +400,10 @@ BLEND_RADIUS = 2
 BLEND_TOLERANCE = 3.0
 # Pixel shift: the fused image is re-mosaicked at the four CFA phases, each mosaic enhanced by the package and
 # the four estimates averaged. Each holds a quarter of the samples and their errors partly cancel in the
-# average, so each is told this share of the fused noise (chosen on the stack benchmark, docs/QUALITY.md).
-PIXEL_SHIFT_NOISE_SHARE = 0.75
+# average, so each is told this share of the fused noise (0.5 beat 0.75 on each of 40 held-out stacks at three
+# noise levels, two scales and two CFA phases by +0.02..+0.63 dB; 0.4 lost on one, 0.3 and 0.2 on smooth photographs
+# at high noise: docs/QUALITY.md, scripts/experiments/pixel_shift_probe.py).
+PIXEL_SHIFT_NOISE_SHARE = 0.5
 # ...then the measured samples win back what that estimate smoothed away: a pixel-shift site holds a real sample of
 # every colour, so where the estimate differs from the measured image by more than the samples' noise explains
 # (the local mean square difference over a window of radius BLEND_RADIUS against this many times the noise
