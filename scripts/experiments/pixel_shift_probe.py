@@ -10,6 +10,8 @@ in-process as the service does, then with other renders of the same frames:
 - ``subpixel``: the frames merged as a sub-pixel stack at their whole-pixel shifts (the frames' own renders
   averaged, the Bayer blend), the package the shifts pick;
 - ``mean``: the mean of ``shipped`` and ``subpixel`` (their errors differ);
+- ``phases turned ...+restore``: the phases each in an orientation of their own (:data:`TURNS`; 0, 2, 1, 3 is what
+  ships since session 50, :data:`stack.PHASE_TURNS`), or every phase in two orientations;
 - ``...+restore``: a second estimate (the sub-pixel render; the frames' companion package on the phases; a Lee
   filter; the phases told 0.25 then a Lee filter), alone or averaged with the shipped phases' estimate, then moved
   towards the measured samples by the shipped restore (``both+restore``: the sub-pixel render averaged in).
@@ -36,8 +38,10 @@ import torch
 from lab.quality.stack_bench import BORDER, _decoded, _merge, psnr
 from lab.synth.stack_synth import synthesize_stack
 from services.pipeline import stack
+from services.pipeline.models import load_enhancer
 from services.pipeline.models.registry import frames_package
-from services.pipeline.ops import denoise_lee, sharpen
+from services.pipeline.ops import cfa_masks, denoise_lee, sharpen
+from services.pipeline.ops.cfa import orient, oriented_cfa, unorient
 from services.pipeline.render import SHARPEN_SIGMA, RenderParams, encode_spaces, noise_per_channel
 from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import frame_shifts, pixel_shift_offsets, render_rgb, stack_noise_factors, stack_params
@@ -73,6 +77,24 @@ def one_content(content: str, noise: float, scale: float, seed: int, shares: lis
     return row
 
 
+TURNS = {"phases turned 0,2,1,3": (0, 2, 1, 3), "phases turned 0,4,5,6": (0, 4, 5, 6),
+         "phases x2 orientations": (0, 0, 0, 0, 2, 2, 2, 2)}
+
+
+def _oriented_phases(x: torch.Tensor, params: RenderParams, shot: torch.Tensor, read: torch.Tensor,
+                     turns: tuple[int, ...]) -> torch.Tensor:
+    """:func:`stack._remosaic_enhance` with each phase's mosaic turned to an orientation of its own (``turns``: one
+    per phase, cycling over the phases; 8: each phase twice)."""
+    enhancer = load_enhancer(params.camera, x.device, package=params.model)
+    h, w = x.shape[-2:]
+    out = torch.zeros_like(x)
+    for i, k in enumerate(turns):
+        cfa = stack._PHASES[i % 4]
+        mosaic = (x * cfa_masks(cfa, h, w, x.device)).sum(dim=1, keepdim=True)
+        out += unorient(enhancer.enhance(orient(mosaic, k).contiguous(), oriented_cfa(cfa, k, h, w), shot, read), k)
+    return out / len(turns)
+
+
 @torch.inference_mode()
 def _restored(fused: np.ndarray, sub: np.ndarray, params: RenderParams) -> dict[str, np.ndarray]:
     """The sub-pixel render (alone, and averaged with the shipped phases' estimate) moved towards the measured
@@ -95,7 +117,10 @@ def _restored(fused: np.ndarray, sub: np.ndarray, params: RenderParams) -> dict[
     est_low = sharpen(denoise_lee(est_low, shot * factors * 0.15, read * factors * 0.15), params.sharpen_amount,
                       SHARPEN_SIGMA)
     est_lee = sharpen(denoise_lee(measured, shot * factors, read * factors), params.sharpen_amount, SHARPEN_SIGMA)
-    out = {}
+    turned = {name: sharpen(_oriented_phases(measured, params, shot * factors * share, read * factors * share, ks),
+                            params.sharpen_amount, SHARPEN_SIGMA) for name, ks in TURNS.items()}
+    out = {f"{name}+restore": encode_spaces(stack._restore_measured(est, measured, weight, params), params)[0]
+           for name, est in turned.items()}
     for name, est in (("subpixel+restore", est_sub), ("both+restore", (est_sub + est_ps) / 2),
                       ("companion+restore", est_comp), ("two packages+restore", (est_comp + est_ps) / 2),
                       ("low+lee+restore", est_low), ("with lee+restore", (est_ps + est_lee) / 2),

@@ -219,6 +219,23 @@ def test_stack_strips_fuse_their_rows_exactly(stack: list[Frame], pixel_shift: b
         render_stack_strip(groups, 3, 9, params, pixel_shift=pixel_shift)
 
 
+def test_pixel_shift_strips_of_odd_sized_frames_stitch_with_the_phases_turned(stack: list[Frame]) -> None:
+    # Each re-mosaicked phase is rendered in its own orientation; a flip of an odd-sized strip moves the CFA cells,
+    # so the package must still see the same cells in a strip as in the whole frame.
+    from services.pipeline import stack as stack_module
+
+    assert len(set(stack_module.PHASE_TURNS)) == 4
+    frames = [(np.ascontiguousarray(raw[:145, :137]), meta) for raw, meta in stack]
+    params = shot_render_params(frames[0][1], frames[0][0])
+    offsets = [(0, 0), (0, 1), (1, 1), (1, 0)]
+    groups = [merge_frame_group(frames[0], [frames[i] for i in g], stack_size=4, positions=g, params=params,
+                                pixel_shift=[offsets[i] for i in g]) for g in plan_frame_groups(4, 2)]
+    whole = render_rgb(fuse_groups(groups), params, noise_factors=stack_noise_factors(True))
+    cuts = [0, 40, 86, 145]
+    strips = [render_stack_strip(groups, a, b, params, pixel_shift=True) for a, b in zip(cuts, cuts[1:], strict=False)]
+    np.testing.assert_array_equal(np.concatenate(strips), whole)
+
+
 def test_shifts_are_measured_on_a_central_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from services.pipeline import stack as stack_module
 
