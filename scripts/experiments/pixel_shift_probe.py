@@ -47,8 +47,8 @@ from services.pipeline.shot import shot_render_params
 from services.pipeline.stack import frame_shifts, pixel_shift_offsets, render_rgb, stack_noise_factors, stack_params
 
 
-def one_content(content: str, noise: float, scale: float, seed: int, shares: list[float],
-                photos: Path, cfa: str = "RGGB") -> dict[str, float | str]:
+def one_content(content: str, noise: float, scale: float, seed: int, shares: list[float], photos: Path,
+                cfa: str = "RGGB", tolerances: tuple[float, ...] = (), extras: bool = True) -> dict[str, float | str]:
     """Every render of one content's pixel-shift stack, PSNR in dB against its ground truth."""
     work = Path(tempfile.mkdtemp(prefix="pixel-shift-probe-"))
     shot = synthesize_stack(work, frames=4, scale=scale, seed=seed, noise=noise, pixel_shift=True, content=content,
@@ -68,6 +68,11 @@ def one_content(content: str, noise: float, scale: float, seed: int, shares: lis
     for share in shares:
         with mock.patch.object(stack, "PIXEL_SHIFT_NOISE_SHARE", share):
             renders[f"share={share}"] = render_rgb(fused, params, "cpu", stack_noise_factors(True))
+    for tolerance in tolerances:
+        with mock.patch.object(stack, "PIXEL_SHIFT_RESTORE_TOLERANCE", tolerance):
+            renders[f"tolerance={tolerance}"] = render_rgb(fused, params, "cpu", stack_noise_factors(True))
+    if not extras:
+        return row | {name: psnr(image, truth, inner) for name, image in renders.items()}
     sub = _merge(frames[0], frames, params, 1, "cpu", None, {})
     renders["subpixel"] = render_rgb(sub, params, "cpu", stack_noise_factors(False))
     renders["mean"] = ((renders["shipped"].astype(np.float64) + renders["subpixel"]) / 2).round().astype(np.uint16)
@@ -137,13 +142,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--cfa", default="RGGB")
     ap.add_argument("--shares", default="")
+    ap.add_argument("--tolerances", default="", help="restore tolerances to try (PIXEL_SHIFT_RESTORE_TOLERANCE)")
+    ap.add_argument("--no-extras", action="store_true", help="only the shipped render and the sweeps")
     ap.add_argument("--photos", type=Path, default=Path("../shared/data/photos"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     shares = [float(s) for s in args.shares.split(",") if s]
     rows = []
     for content in args.content or ["dead_leaves"]:
-        row = one_content(content, args.noise, args.scale, args.seed, shares, args.photos, args.cfa)
+        row = one_content(content, args.noise, args.scale, args.seed, shares, args.photos, args.cfa,
+                          tuple(float(t) for t in args.tolerances.split(",") if t), not args.no_extras)
         rows.append(row)
         print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{v:18s}" for k, v in row.items()), flush=True)
     if args.json:

@@ -410,10 +410,11 @@ PIXEL_SHIFT_NOISE_SHARE = 0.5
 # every colour, so where the estimate differs from the measured image by more than the samples' noise explains
 # (the local mean square difference over a window of radius BLEND_RADIUS against this many times the noise
 # variance of the measured value), the render moves towards the measurement by the Wiener share
-# 1 - tolerance x noise / difference; without noise it is the measurement itself. A tolerance of 1 let noise back
-# in (mid noise -0.5..-2.1 dB on the stack benchmark); 3 and 8 gave the same mid-noise figures as no restore
-# (docs/QUALITY.md).
-PIXEL_SHIFT_RESTORE_TOLERANCE = 3.0
+# 1 - tolerance x noise / difference; without noise it is the measurement itself. With the phases told half the noise
+# and turned (above), 2 beat 3 on 50 held-out stacks (three noise levels, two scales, two CFA phases) by -0.00..+0.97
+# dB, most on fine detail; 1.5 and 1 gained more there but let noise back in on smooth content at high noise (-0.12
+# and -2.9 at 2x scale; docs/QUALITY.md).
+PIXEL_SHIFT_RESTORE_TOLERANCE = 2.0
 _PHASES = ("RGGB", "GRBG", "GBRG", "BGGR")
 # ...each phase in an orientation of its own (the self-ensemble's first four, models.base.ENSEMBLE_ORDER: identity,
 # 90 degrees, 180, 270), so the errors of the phases that share their green samples differ: on ten held-out stacks
