@@ -156,8 +156,8 @@ def _decoded(path: Path, npy: Path) -> tuple[np.ndarray, RawMeta]:
 def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: float, device: str,
              content: str = "dead_leaves", photos_dir: Path | None = None, cfa: str = "RGGB",
              max_shift: float = 1.5, raw_merge: bool = False, libraw: LibRawRunner | None = None,
-             crops_dir: Path | None = None) -> CaseResult:
-    """Synthesize, decode, render single and stacked, and measure one case (``raw_merge``: RenderParams'). With
+             crops_dir: Path | None = None, detail_band: bool = True) -> CaseResult:
+    """Synthesize, decode, render and measure one case (``raw_merge``, ``detail_band``: RenderParams'). With
     ``libraw``: LibRaw AHD on the reference frame too, and with ``crops_dir`` a crop strip (:func:`_beside_libraw`)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -174,7 +174,8 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     t0 = time.perf_counter()
     shifts = frame_shifts(frames[0], frames)  # as the coordinator measures them: the frames' package, pixel shift
     timings["shifts"] = time.perf_counter() - t0
-    params = replace(stack_params(own, len(frames), shifts), raw_merge=raw_merge and not case.pixel_shift)
+    params = replace(stack_params(own, len(frames), shifts), raw_merge=raw_merge and not case.pixel_shift,
+                     detail_band=detail_band and not case.pixel_shift)
 
     t0 = time.perf_counter()
     single = render_mosaic(frames[0][0], own, device)  # a clean frame turned twice, as the best tier does
@@ -269,7 +270,7 @@ def run_benchmark(cases: Sequence[StackCase] = DEFAULT_CASES, *, scale: float = 
                   noise: float = 0.002, device: str = "cpu", work_dir: Path | None = None,
                   contents: Sequence[str] = ("dead_leaves",), photos_dir: Path | None = None, cfa: str = "RGGB",
                   max_shift: float = 1.5, raw_merge: bool = False, libraw: bool = False,
-                  crops_dir: Path | None = None) -> list[CaseResult]:
+                  crops_dir: Path | None = None, detail_band: bool = True) -> list[CaseResult]:
     """Run every case on every content in a scratch directory (``cfa``: the frames' CFA pattern; ``max_shift``:
     the largest random shift of a frame, px; ``libraw``: LibRaw AHD on each reference frame beside the renders;
     ``crops_dir``: a crop strip per case, with LibRaw)."""
@@ -278,7 +279,7 @@ def run_benchmark(cases: Sequence[StackCase] = DEFAULT_CASES, *, scale: float = 
         runner = stack.enter_context(LibRawRunner()) if libraw or crops_dir is not None else None
         return [run_case(c, work, scale=scale, seed=seed, noise=noise, device=device, content=content,
                          photos_dir=photos_dir, cfa=cfa, max_shift=max_shift, raw_merge=raw_merge, libraw=runner,
-                         crops_dir=crops_dir)
+                         crops_dir=crops_dir, detail_band=detail_band)
                 for content in contents for c in cases]
 
 
@@ -322,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-shift", type=float, default=1.5, help="largest random frame shift (px)")
     parser.add_argument("--raw-merge", action="store_true",
                         help="also merge the frames' raw samples per colour (STRATA_STACK_RAW_MERGE)")
+    parser.add_argument("--no-detail-band", action="store_true",
+                        help="average the frames' whole renders (STRATA_STACK_DETAIL_BAND=false)")
     parser.add_argument("--case", action="append", default=None, choices=[c.name for c in DEFAULT_CASES],
                         help="run only this case (repeatable; default: all)")
     parser.add_argument("--libraw", action="store_true", help="also score LibRaw AHD on each reference frame")
@@ -339,11 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cases = [c for c in DEFAULT_CASES if args.case is None or c.name in args.case]
     results = run_benchmark(cases, scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
                             contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift,
-                            raw_merge=args.raw_merge, libraw=args.libraw, crops_dir=args.crops)
+                            raw_merge=args.raw_merge, libraw=args.libraw, crops_dir=args.crops,
+                            detail_band=not args.no_detail_band)
     print(format_table(results))
     if args.json:
         payload: dict[str, Any] = {"scale": args.scale, "seed": args.seed, "noise": args.noise, "cfa": args.cfa,
                                    "max_shift": args.max_shift, "raw_merge": args.raw_merge,
+                                   "detail_band": not args.no_detail_band,
                                    "device": args.device, "contents": contents, "cases": [r.__dict__ for r in results]}
         args.json.write_text(json.dumps(payload, indent=2))
     return 0

@@ -105,13 +105,14 @@ class ShardPayload:
 PLANNED_KEYS = ("frames", "render", "plan", "n_workers", "ratios", "size", "gpu_memory_mb", "plan_version", "timings",
                 "tile_spaces", "tile_level", "bin_specs", "proof_specs", "lean_spaces", "file_specs")
 # The layout of a plan, its shard payloads and the intermediates they write (frame-group accumulators int32
-# (5|6|11, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators); version 2 had
+# (5|6|9|11|15, H, W)). Rows without ``plan_version`` were planned by version 1 (4-channel accumulators); version 2 had
 # no raw-sample merge (``RenderParams.raw_merge``, 11-channel accumulators); version 3 summed the Bayer channel of
-# samples clipped at black (version 4 sums them unclipped: high-noise stacks' shadows were lifted and tinted). A
+# samples clipped at black (version 4 sums them unclipped: high-noise stacks' shadows were lifted and tinted);
+# version 4 had no detail band (``RenderParams.detail_band``: (9|15, H, W) accumulators since version 5). A
 # worker meeting a plan of another version raises IntermediateLost: the job starts over from its uploads with the
 # new code instead of failing, and no job fuses groups of two versions (upgrades without a drain,
 # docs/OPERATIONS.md).
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 
 
 @dataclass(frozen=True)

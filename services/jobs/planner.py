@@ -88,7 +88,8 @@ def plan_frame_groups(n_frames: int, n_groups: int, ratios: Sequence[float] | No
 DEFAULT_STRIP_ROWS = 1288
 # Peak device bytes per output pixel while a strip renders (a single frame's strip; a stack strip fuses 5-channel
 # accumulators and runs the package twice); measured on an H200, docs/PERFORMANCE.md ("Strips sized from memory").
-STRIP_BYTES_PER_PIXEL = {"frame": 300, "stack": 350}  # measured 259-278 and 292-313 (h200-strip-memory.json)
+# Stacks: measured 292-313 with 5-channel accumulators; the detail band's 4 more channels add 32 bytes of int64 sums.
+STRIP_BYTES_PER_PIXEL = {"frame": 300, "stack": 380}  # measured 259-278 and 292-313 (h200-strip-memory.json)
 # At most this many pixels in a strip, whatever the memory: the model's activations (64 channels at half
 # resolution, 16 values a pixel) stay under 2**31 elements, the 32-bit index limit of some cuDNN kernels. An 80 MP
 # frame is one strip; a 150 MP one two. A guard: frames past it were not run on a GPU here.
@@ -135,13 +136,15 @@ def plan_phase_shards(plan: JobPlan, phase: int, *, groups_done: int, strip_rows
 def plan_shot(job_id: str, shot: PreparedShot, recipes: Sequence[Recipe], params: dict[str, Any], settings: Settings,
               *, stack: bool, n_workers: int, gpu_memory_mb: int, batch_lane: bool = False,
               original: str = "", worker_files: bool = False) -> JobPlan:
-    """The job's plan once its frames are decoded: phases, the render (with the raw-sample merge where the
-    settings ask for it), the GPU output work (tiles for the lanes ``STRATA_GPU_DEFLATE`` names, proof bins) its
-    recipes need, and the split ratios. ``worker_files``: the GPU worker of a strip holding the whole image may
-    write the full-size TIFF itself (``original``: the shot's file name it records)."""
+    """The job's plan once its frames are decoded: phases, the render (with the stack's detail band and the
+    raw-sample merge where the settings ask for them), the GPU output work (tiles for the lanes
+    ``STRATA_GPU_DEFLATE`` names, proof bins) its recipes need, and the split ratios. ``worker_files``: the GPU
+    worker of a strip holding the whole image may write the full-size TIFF itself (``original``: the shot's file
+    name it records)."""
     ratios = parse_split_ratio(settings.split_ratio)
-    render = replace(shot.render, raw_merge=True) if stack and settings.stack_raw_merge and not shot.pixel_shift \
-        else shot.render
+    sub_pixel = stack and not shot.pixel_shift
+    render = replace(shot.render, raw_merge=sub_pixel and settings.stack_raw_merge,
+                     detail_band=sub_pixel and settings.stack_detail_band)
     height, width = shot.frames[0].height, shot.frames[0].width
     tiles = tile_plan(recipes, settings.gpu_deflate == "on" or (settings.gpu_deflate == "batch" and batch_lane))
     bins = bin_plan(recipes, height, width, settings.gpu_encode)

@@ -98,6 +98,9 @@ class RenderParams:
     # Sub-pixel stacks: also merge the frames' raw samples per colour onto the output grid (multi-frame
     # demosaicking, services.pipeline.stack); set once per job by the coordinator (STRATA_STACK_RAW_MERGE)
     raw_merge: bool = False
+    # Sub-pixel stacks: each frame's render split into a base, averaged over every frame, and a detail band averaged
+    # with each frame's warp reliability (services.pipeline.ops.merge.split_detail); STRATA_STACK_DETAIL_BAND
+    detail_band: bool = True
     # The model's self-ensemble (Enhancer.enhance): 1, or 2 / 4 / 8 orientations averaged (the `max` tier) for
     # single frames; stacks' frames are averaged across orientations already and render with 1
     orientations: int = 1
@@ -147,7 +150,7 @@ class RenderParams:
         """Inverse of :meth:`to_dict`; the optional keys may be missing (older rows)."""
         optional: dict[str, Any] = {k: type(getattr(cls, k))(d[k])
                                     for k in ("sharpen_amount", "transfer", "camera", "model", "frames", "layout",
-                                              "raw_merge", "orientations", "frames_model")
+                                              "raw_merge", "detail_band", "orientations", "frames_model")
                                     if k in d}
         return cls(
             cfa=str(d["cfa"]),

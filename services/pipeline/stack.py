@@ -1,10 +1,13 @@
 """Multi-frame stacks: merge a group of frames onto the shared reference, fuse the groups exactly, render.
 
 A group's result is an int32 fixed-point accumulator (units of 2**-20, see :mod:`services.pipeline.ops.merge`):
-- sub-pixel stacks: (5, H, W) = [weighted sums R, G, B, weight, weighted sum of the warped Bayer mosaic];
+- sub-pixel stacks: (9, H, W) = [weighted sums R, G, B of each render's base, weight, weighted sum of the warped
+  Bayer mosaic, the detail band's sums R, G, B and their weight] (``RenderParams.detail_band``, the default;
+  :func:`services.pipeline.ops.merge.split_detail`), or (5, H, W) without the detail band (the R, G, B sums of the
+  whole renders);
 - pixel-shift stacks: (6, H, W) = [weighted sums R, G, B, weights R, G, B];
-- sub-pixel stacks with the raw-sample merge (``RenderParams.raw_merge``, off by default): (11, H, W) = the 5
-  above, then the frames' raw samples kernel-regressed per colour onto the output grid (sums R, G, B, kernel
+- sub-pixel stacks with the raw-sample merge (``RenderParams.raw_merge``, off by default): (15 | 11, H, W) = the 9
+  or 5 above, then the frames' raw samples kernel-regressed per colour onto the output grid (sums R, G, B, kernel
   weights R, G, B; :func:`services.pipeline.ops.merge.raw_kernel_sums`), blended in at render time where they
   agree (:data:`RAW_MERGE_SHARE`).
 Every frame's contribution depends only on that frame, the reference (frame 0) and the shot's shared
@@ -47,12 +50,15 @@ from services.pipeline.ops.cfa import orient, oriented_cfa, unorient
 from services.pipeline.ops.filters import box_mean
 from services.pipeline.ops.levels import normalize_levels
 from services.pipeline.ops.merge import (
+    DETAIL_CHANNELS,
     FIXED_POINT_BITS,
     MERGE_NOISE_CAP,
     MERGE_NOISE_FACTOR,
+    RAW_MERGE_CHANNELS,
     MergeParams,
     accumulate_frames,
     frame_noise_share,
+    merged_rgb,
     pixel_shift_accumulate,
     prepare_reference,
 )
@@ -237,8 +243,11 @@ def pixel_shift_offsets(shifts: Sequence[tuple[float, float]]) -> list[tuple[int
 
 
 def accumulator_channels(params: RenderParams, *, pixel_shift: bool) -> int:
-    """Channels of a frame group's accumulator: 6 in pixel shift, 11 with the raw-sample merge, else 5."""
-    return 6 if pixel_shift else 11 if params.raw_merge else 5
+    """Channels of a frame group's accumulator: 6 in pixel shift; else 5, plus 4 with the detail band, plus 6 with
+    the raw-sample merge."""
+    if pixel_shift:
+        return 6
+    return 5 + DETAIL_CHANNELS * params.detail_band + RAW_MERGE_CHANNELS * params.raw_merge
 
 
 def merge_frame_group(
@@ -254,8 +263,8 @@ def merge_frame_group(
     out_ready: Callable[[], object] | None = None,
     keep: Callable[[torch.Tensor], None] | None = None,
 ) -> np.ndarray:
-    """Align ``frames`` to the shared reference and accumulate them: int32 (5, H, W), (11, H, W) with the raw-sample
-    merge (``params.raw_merge``), or (6, H, W) in pixel shift.
+    """Align ``frames`` to the shared reference and accumulate them: int32 (C, H, W), C from
+    :func:`accumulator_channels` (9 by default: the detail band; 6 in pixel shift).
 
     ``stack_size`` is the number of frames in the whole stack (all groups): every group demosaics with the same
     noise level, so groups stay interchangeable (:func:`merge_params`). ``positions``: each frame's index in the
@@ -316,7 +325,7 @@ def merge_group_tensor(
         if pixel_shift is None:
             priors = [shared.shifts[p] for p in positions] if len(shared.shifts) == stack_size else None
             acc = accumulate_frames(ref, mosaics, mp, positions, raw_merge=shared.raw_merge,
-                                    shifts=priors)  # (5|11, H, W)
+                                    shifts=priors, detail=shared.detail_band)  # (5|9|11|15, H, W)
         else:
             acc = pixel_shift_accumulate(ref, mosaics, list(pixel_shift), mp)  # (6, H, W)
         return acc.to(torch.int32)
@@ -330,12 +339,12 @@ Accumulator = np.ndarray | torch.Tensor  # a stored group (array or memory map) 
 
 
 def check_groups(groups: Sequence[Accumulator]) -> None:
-    """Group accumulators must be int32 fixed point of one (5|6|11, H, W) shape."""
+    """Group accumulators must be int32 fixed point of one (5|6|9|11|15, H, W) shape."""
     if not groups:
         raise ValueError("no frame groups to fuse")
     shapes = {tuple(g.shape) for g in groups}
     if len(shapes) != 1 or groups[0].ndim != 3 or groups[0].shape[0] not in ACCUMULATOR_CHANNELS:
-        raise ValueError(f"group accumulators must share one (5|6|11, H, W) shape, got {sorted(shapes)}")
+        raise ValueError(f"group accumulators must share one (5|6|9|11|15, H, W) shape, got {sorted(shapes)}")
     dtypes = {str(g.dtype).removeprefix("torch.") for g in groups}
     if dtypes != {"int32"}:
         raise ValueError(f"group accumulators must be int32 fixed point, got {sorted(dtypes)}")
@@ -345,7 +354,8 @@ def fuse_rows(groups: Sequence[Accumulator], top: int, bottom: int, device: str 
               ) -> torch.Tensor:
     """Fuse rows [top, bottom) of the group accumulators (arrays, memory maps or tensors kept on ``device``).
 
-    Returns the fused stack (1, 5|6|11, rows, W) float32: camera RGB = sums / weights, then the total merge
+    Returns the fused stack (1, 5|6|11, rows, W) float32: camera RGB = sums / weights (with the detail band, plus
+    the detail's sums / their weight: :func:`services.pipeline.ops.merge.merged_rgb`), then the total merge
     weight(s) in frames (1 channel, or R, G, B in pixel shift), which set the fused noise level, and (sub-pixel)
     the merged Bayer mosaic = its sum / the weight; with the raw-sample merge (11 channels) then the raw-merged
     camera RGB = its kernel sums / kernel weights and those weights R, G, B (in samples). The sums are
@@ -357,14 +367,16 @@ def fuse_rows(groups: Sequence[Accumulator], top: int, bottom: int, device: str 
     total = torch.zeros((groups[0].shape[0], bottom - top, groups[0].shape[2]), dtype=torch.int64, device=dev)
     for g in groups:
         total += g[:, top:bottom].to(dev) if isinstance(g, torch.Tensor) else upload(g[:, top:bottom], dev)
-    weights = total[3:6] if total.shape[0] == 6 else total[3:4]  # (3|1, rows, W)
+    channels = total.shape[0]
+    weights = total[3:6] if channels == 6 else total[3:4]  # (3|1, rows, W)
     divisor = weights.clamp(min=1).to(torch.float64)
-    parts = [total[:3].to(torch.float64) / divisor, weights.to(torch.float64) / 2.0**FIXED_POINT_BITS]
-    if total.shape[0] in (5, 11):
+    parts = [merged_rgb(total), weights.to(torch.float64) / 2.0**FIXED_POINT_BITS]
+    if channels != 6:
         parts.append(total[4:5].to(torch.float64) / divisor)  # (1, rows, W) merged Bayer mosaic
-    if total.shape[0] == 11:
-        raw = total[8:11]  # (3, rows, W) kernel weights
-        parts += [total[5:8].to(torch.float64) / raw.clamp(min=1).to(torch.float64),
+    if channels in (11, 15):
+        first = channels - RAW_MERGE_CHANNELS  # 5, or 9 after the detail band
+        raw = total[first + 3 : first + 6]  # (3, rows, W) kernel weights
+        parts += [total[first : first + 3].to(torch.float64) / raw.clamp(min=1).to(torch.float64),
                   raw.to(torch.float64) / 2.0**FIXED_POINT_BITS]
     return torch.cat(parts).to(torch.float32)[None]
 
@@ -379,8 +391,9 @@ RGB_DENOISE_RADIUS = 2
 # Fused stack: camera RGB + 1 merge weight + the merged Bayer mosaic (sub-pixel) or + 3 weights (pixel shift);
 # with the raw-sample merge (sub-pixel, RenderParams.raw_merge) + the raw-merged camera RGB + its 3 kernel weights.
 FUSED_CHANNELS = (5, 6, 11)
-# Group accumulators have the same channels (int32 fixed point); an older layout (4 channels) is unknown.
-ACCUMULATOR_CHANNELS = FUSED_CHANNELS
+# Group accumulators (int32 fixed point): those, or with the detail band 4 more channels after the Bayer sum (9, 15);
+# an older layout (4 channels) is unknown.
+ACCUMULATOR_CHANNELS = (5, 6, 9, 11, 15)
 # Raw-sample merge (multi-frame demosaicking, RenderParams.raw_merge, off by default): the frames' raw samples are
 # kernel-regressed per colour onto the output grid (ops.merge.raw_kernel_sums), so sub-pixel shifts sample every
 # colour at more places than one mosaic. That image, D, is noisy (few samples per pixel), so it is rendered like a

@@ -14,9 +14,12 @@ from services.pipeline.ops.merge import (
     MergeParams,
     demosaic_camera,
     integer_shift,
+    merged_rgb,
     motion_weights,
     pixel_shift_accumulate,
     prepare_reference,
+    split_detail,
+    warp_reliability,
 )
 from tests.unit.test_ops_synthetic import mosaic_of, textured_rgb
 
@@ -50,9 +53,8 @@ def test_shift_mosaic_fractional_weight_edges() -> None:
 
 
 def _merged(acc: torch.Tensor) -> torch.Tensor:
-    """(5 | 6, H, W) fixed-point accumulator -> (3, H, W) merged camera RGB."""
-    weights = acc[3:6] if acc.shape[0] == 6 else acc[3:4]
-    return acc[:3].double() / weights.double().clamp(min=1)
+    """(5 | 6 | 9, H, W) fixed-point accumulator -> (3, H, W) merged camera RGB."""
+    return merged_rgb(acc)
 
 
 def test_identical_frames_average_exactly() -> None:
@@ -264,3 +266,41 @@ def test_motion_weights_pool_one_shared_mask_once(local_range: bool) -> None:
     planes = motion_weights(ref, cand, valid.expand(3, h, w).clone(), params, local_range=local_range)
     assert torch.equal(shared, planes)
     assert 0.0 < float(shared.mean()) < 1.0
+
+
+def test_warp_reliability_is_one_on_whole_pixels_and_zero_at_half_a_pixel() -> None:
+    pixels = torch.tensor([[0.0, 2.0, -1.0, 0.5, 0.25, 0.25], [0.0, -3.0, 0.5, 0.0, 0.0, 0.25]])[:, None, :]
+    expected = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.5, 0.25])[None]  # (1 - 2|fy|)(1 - 2|fx|)
+    torch.testing.assert_close(warp_reliability(pixels), expected)
+
+
+def test_detail_band_of_the_reference_alone_is_its_render() -> None:
+    reference = _noisy(mosaic_of(textured_rgb(64, 96, seed=6), "RGGB"), seed=3)
+    acc = accumulate_frames(reference, [reference], PARAMS, detail=True)  # (9, H, W)
+    assert acc.shape == (9, 64, 96) and bool((acc[3] == ONE).all()) and bool((acc[8] == ONE).all())
+    torch.testing.assert_close(merged_rgb(acc).float(), demosaic_camera(reference, PARAMS), atol=2 / ONE, rtol=0)
+    torch.testing.assert_close(acc[3:5], accumulate_frames(reference, [reference], PARAMS)[3:5], atol=0, rtol=0)
+
+
+def test_detail_band_keeps_the_reference_grid_where_frames_sit_half_a_pixel_off() -> None:
+    """Frames half a pixel off in both axes cannot be resampled near the finest scale (no interpolator recovers
+    detail near Nyquist there): averaged whole, they blurred the stack. With the detail band they add their base
+    (everything coarse, where their noise averages out) and, noise-free on rich detail, a seventh of their detail
+    at most: the merged detail is nearly the reference's. (Whether that beats the plain average depends on how well
+    each frame is demosaiced: with the shot's package it did on photo stacks, docs/QUALITY.md; with Malvar's errors
+    on fine detail, not.)"""
+    shifts = [(0.0, 0.0), (0.5, 0.5), (-0.5, 0.5), (0.5, -0.5), (-0.5, -0.5)]
+    frames = [mosaic_of(textured_rgb(96, 96, seed=16, shift=s, cutoff=0.4), "RGGB").float() for s in shifts]
+    clean = MergeParams(cfa="RGGB", gains=(1.0, 1.0, 1.0), shot=0.0, read=0.0)
+    inner = (slice(None), slice(12, -12), slice(12, -12))
+    acc = accumulate_frames(frames[0], frames, clean, detail=True)
+    # the reference's 1, and at most 1 / (1 + DETAIL_STRENGTH / DETAIL_MODEL_ERROR) = 1/7 for each frame
+    assert float((acc[8] / ONE)[inner[1:]].mean()) < 1 + 4 / 7 + 0.01
+    assert float((acc[3] / ONE)[inner[1:]].mean()) > 4.0  # (nearly) every frame counts in the base
+    own = split_detail(demosaic_camera(frames[0], clean))[1]  # (3, H, W) the reference's detail band
+    merged = acc[5:8].double() / acc[8:9].double()
+    off = float((merged - own)[inner].square().mean() / own[inner].square().mean())
+    assert off < 0.05, off
+    plain = accumulate_frames(frames[0], frames, clean)
+    averaged = _merged(plain) - split_detail(_merged(plain).float())[0]  # what the plain average keeps of it
+    assert float((averaged - own)[inner].square().mean() / own[inner].square().mean()) > 4 * off

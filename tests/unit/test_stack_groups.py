@@ -87,8 +87,8 @@ def test_groups_share_the_reference_parameters(stack: list[Frame]) -> None:
 
 def test_reference_counts_once_with_weight_one(stack: list[Frame]) -> None:
     alone = merge_frame_group(stack[0], stack[:1], stack_size=4, positions=[0])
-    assert alone.dtype == np.int32 and alone.shape == (5, 146, 138)
-    assert (alone[3] == 2**20).all()
+    assert alone.dtype == np.int32 and alone.shape == (9, 146, 138)  # with the detail band (the default)
+    assert (alone[3] == 2**20).all() and (alone[8] == 2**20).all()  # the reference's grid: reliability 1
     assert (merge_frame_group(stack[0], stack[1:2], stack_size=4, positions=[1])[3] <= 2**20).all()
 
 
