@@ -21,9 +21,9 @@ weighted sums of R, G, B, the weight, and the weighted sum of each frame's Bayer
 (its CFA planes resampled, so every site keeps its colour; the renderer's second path); pixel shift (6, H, W) =
 the weighted sums of R, G, B, then one weight per channel. With the detail band (``detail``, the default for
 sub-pixel stacks) the R, G, B sums hold each warped render's base (a Gaussian low-pass) and 4 channels follow the
-Bayer sum: the detail (render - base) summed with the weight times the frame's warp reliability, and that product's
-sum (:func:`warp_reliability`; the merged RGB is base sum / weight + detail sum / its weight,
-:func:`merged_rgb`): (9, H, W). With the raw-sample merge (``raw_merge``, multi-frame demosaicking) sub-pixel
+Bayer sum: the detail (render - base) summed with the weight times the frame's detail share, and that product's
+sum (:func:`detail_share`; the merged RGB is base sum / weight + detail sum / its weight, :func:`merged_rgb`):
+(9, H, W). With the raw-sample merge (``raw_merge``, multi-frame demosaicking) sub-pixel
 stacks add 6 channels after those, the frames' raw samples kernel-regressed per colour onto the reference grid
 (:func:`raw_kernel_sums`, weighted like the frame's RGB). Every
 frame's contribution depends only on the frame, the reference and the shared parameters and is rounded to
@@ -324,7 +324,7 @@ def detail_noise_ratio(ref: _Reference, params: MergeParams) -> Tensor:
     """(H, W) in [0, 1 / DETAIL_MODEL_ERROR): the reference's local detail energy E (the mean square of its detail
     band over a 7 x 7 window, the colours averaged) over what any frame's detail errs by there: the modelled noise
     variance of one frame (16-bit quantisation at least) plus DETAIL_MODEL_ERROR E (each render's own error)."""
-    detail = split_detail(ref.rgb)[1]  # (3, H, W)
+    detail = split_detail(ref.rgb.float())[1]  # (3, H, W); squares in float32 (float16 would underflow)
     energy = _window_mean(detail.square().mean(dim=0)[None, None], _DETAIL_RADIUS)[0, 0]  # (H, W)
     variance = (params.shot * ref.level[0].mean(dim=0).clamp(min=0.0) + params.read).clamp(min=_VARIANCE_FLOOR)
     return energy / (variance + DETAIL_MODEL_ERROR * energy)
@@ -392,7 +392,7 @@ def accumulate_frames(reference: Tensor | _Reference, frames: Sequence[Tensor], 
     """Align, warp and robustly accumulate ``frames`` onto the reference: (5, H, W) int64 fixed point
     [sum R, G, B, weight, sum of the warped Bayer mosaic] (the mosaic's CFA planes are warped by half the flow,
     bicubic, and weighted like the frame's RGB). With ``detail`` (9, H, W): the R, G, B sums hold each render's
-    base, then the detail band's sums R, G, B and their weight (:func:`split_detail`, :func:`warp_reliability`;
+    base, then the detail band's sums R, G, B and their weight (:func:`split_detail`, :func:`detail_share`;
     :func:`merged_rgb` puts them together). With ``raw_merge`` 6 more channels: :func:`raw_kernel_sums` of each
     frame's raw samples, times the frame's motion weight.
 
