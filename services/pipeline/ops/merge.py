@@ -273,7 +273,7 @@ RAW_MERGE_CHANNELS = 6  # per-colour kernel-weighted sums R, G, B, then the kern
 
 # The detail band: a render resampled at a sub-pixel offset keeps its coarse content but not its finest. Near half
 # a pixel no interpolator recovers detail near the Nyquist frequency (a perfect frame of a photograph at the sampling
-# limit, warped by Lanczos-5: 33 dB off the truth near half a pixel, 39-54 dB near whole pixels, docs/QUALITY.md),
+# limit, warped by Lanczos-5: 33 dB off the truth near half a pixel, 43-54 dB near whole pixels, docs/QUALITY.md),
 # and averaging such frames blurred the stack: 8 frames whose fractions lay near half a pixel rendered 2 dB below 8
 # near whole pixels, and noise-free below the single frame. So each warped render is split into a base (Gaussian,
 # DETAIL_SIGMA px) averaged with the frame's merge weight, where every frame counts, and a detail band averaged with
