@@ -109,6 +109,7 @@ class StackCase:
     frames: int
     moving_object: bool = False
     pixel_shift: bool = False
+    walking: bool = False  # the object moves in every frame (synthesize_stack's ``walking``)
 
 
 @dataclass
@@ -163,8 +164,8 @@ def run_case(case: StackCase, work: Path, *, scale: float, seed: int, noise: flo
     t0 = time.perf_counter()
     folder = work / f"{content.replace(':', '_').replace('/', '_')}-{case.name.replace(' ', '_').replace(',', '')}"
     shot = synthesize_stack(folder, frames=case.frames, scale=scale, seed=seed, noise=noise,
-                            moving_object=case.moving_object, pixel_shift=case.pixel_shift, content=content,
-                            photos_dir=photos_dir, cfa=cfa, max_shift=max_shift)
+                            moving_object=case.moving_object, walking=case.walking, pixel_shift=case.pixel_shift,
+                            content=content, photos_dir=photos_dir, cfa=cfa, max_shift=max_shift)
     timings["synthesize"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     frames = [_decoded(path, folder / f"raw_{i:02d}.npy") for i, path in enumerate(shot.files)]
@@ -264,6 +265,15 @@ DEFAULT_CASES = (
     StackCase("4 frames, moving object", 4, moving_object=True),
     StackCase("pixel shift", 4, pixel_shift=True),
 )
+# Run when asked for by name (--case): an object moving in every frame (session 52, docs/QUALITY.md).
+EXTRA_CASES = (
+    StackCase("4 frames, walking object", 4, moving_object=True, walking=True),
+)
+
+
+def selected_cases(names: Sequence[str] | None) -> list[StackCase]:
+    """The cases named (``--case``; extra ones too), or the default run's."""
+    return list(DEFAULT_CASES) if names is None else [c for c in DEFAULT_CASES + EXTRA_CASES if c.name in names]
 
 
 def run_benchmark(cases: Sequence[StackCase] = DEFAULT_CASES, *, scale: float = 0.1, seed: int = 3,
@@ -325,8 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also merge the frames' raw samples per colour (STRATA_STACK_RAW_MERGE)")
     parser.add_argument("--no-detail-band", action="store_true",
                         help="average the frames' whole renders (STRATA_STACK_DETAIL_BAND=false)")
-    parser.add_argument("--case", action="append", default=None, choices=[c.name for c in DEFAULT_CASES],
-                        help="run only this case (repeatable; default: all)")
+    parser.add_argument("--case", action="append", default=None,
+                        choices=[c.name for c in DEFAULT_CASES + EXTRA_CASES],
+                        help="run only this case (repeatable; default: all but the walking object)")
     parser.add_argument("--libraw", action="store_true", help="also score LibRaw AHD on each reference frame")
     parser.add_argument("--crops", type=Path, default=None,
                         help="write a crop strip per case here (truth, LibRaw AHD, single, stack, long exposure)")
@@ -339,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = content_problem(spec, args.photos, seeded=False)
         if problem:
             parser.error(f"--content {spec}: {problem}")
-    cases = [c for c in DEFAULT_CASES if args.case is None or c.name in args.case]
+    cases = selected_cases(args.case)
     results = run_benchmark(cases, scale=args.scale, seed=args.seed, noise=args.noise, device=args.device,
                             contents=contents, photos_dir=args.photos, cfa=args.cfa, max_shift=args.max_shift,
                             raw_merge=args.raw_merge, libraw=args.libraw, crops_dir=args.crops,

@@ -8,6 +8,9 @@ Options:
 - ``moving_object``: a flat-coloured disc sits in the scene (so it moves with the camera in every frame),
   except in one non-reference frame where it is displaced: ``motion_mask`` marks the reference-geometry
   pixels where that frame differs from the scene (the disc's place in the reference and its displaced place).
+- ``walking``: with ``moving_object``, the disc moves in every frame instead (a walker: frame k holds it displaced
+  by ``k / (frames - 1)`` of the offset, so the reference's place is seen by the reference alone and each other place
+  by few frames); ``motion_mask`` marks every place it takes.
 - ``pixel_shift``: four frames on the one-pixel pattern (0, 0), (0, 1), (1, 1), (1, 0).
 """
 
@@ -80,22 +83,34 @@ class _MovingObject:
     offset: np.ndarray  # displacement in the moved frame
     radius: float
     moved_frame: int
-    mask: np.ndarray  # (H, W) bool: both positions (with a margin); all False without the object
+    mask: np.ndarray  # (H, W) bool: every position (with a margin); all False without the object
 
 
-def _moving_object(rng: np.random.Generator, height: int, width: int, frames: int, present: bool) -> _MovingObject:
+    walking: bool = False  # displaced in every frame, k / (frames - 1) of the offset (see the module doc)
+
+    def displacement(self, frame: int, frames: int) -> np.ndarray:
+        """Where the object sits in ``frame`` relative to ``centre``."""
+        if self.walking:
+            return self.offset * (frame / (frames - 1))
+        return self.offset if frame == self.moved_frame else np.zeros(2)
+
+
+def _moving_object(rng: np.random.Generator, height: int, width: int, frames: int, present: bool,
+                   walking: bool = False) -> _MovingObject:
     """The object's place (drawn whether or not it is shown, so the other random streams do not change)."""
     mask = np.zeros((height, width), dtype=bool)
     radius = max(0.06 * min(height, width), 3.0)
     centre = rng.uniform(0.3, 0.7, 2) * (height, width)
     angle = rng.uniform(0, 2 * math.pi)
     offset = 2.5 * radius * np.array([math.sin(angle), math.cos(angle)])
+    thing = _MovingObject(centre, offset, radius, frames - 1, mask, walking)
     if present:
-        for cy, cx in (centre, centre + offset):
+        places = range(frames) if walking else (0, frames - 1)
+        for cy, cx in (centre + thing.displacement(k, frames) for k in places):
             yy = (np.arange(height) - cy)[:, None] ** 2
             xx = (np.arange(width) - cx)[None, :] ** 2
             mask |= np.sqrt(yy + xx) <= radius + _OBJECT_MASK_MARGIN
-    return _MovingObject(centre, offset, radius, frames - 1, mask)
+    return thing
 
 
 def synthesize_stack(
@@ -108,6 +123,7 @@ def synthesize_stack(
     cfa: str = "RGGB",
     max_shift: float = 1.5,
     moving_object: bool = False,
+    walking: bool = False,
     pixel_shift: bool = False,
     camera: str = "IQ2_XS",
     content: str = "dead_leaves",
@@ -134,7 +150,7 @@ def synthesize_stack(
         shifts = [(0.0, 0.0)] + [
             (float(dy), float(dx)) for dy, dx in shift_rng.uniform(-max_shift, max_shift, (frames - 1, 2))
         ]
-    thing = _moving_object(object_rng, height, width, frames, moving_object)
+    thing = _moving_object(object_rng, height, width, frames, moving_object, walking)
     noise_profile = NoiseProfile(shot=noise, read=READ_NOISE_FACTOR * noise**2)
     files: list[Path] = []
     ground_truth = out_dir / "ground_truth.tif"
@@ -142,7 +158,7 @@ def synthesize_stack(
     linear_frames = _content_frames(content, height, width, shifts, scene_rng, photos_dir)
     for k, ((dy, dx), linear) in enumerate(zip(shifts, linear_frames, strict=True)):
         if moving_object:
-            cy, cx = thing.centre + (thing.offset if k == thing.moved_frame else 0.0)
+            cy, cx = thing.centre + thing.displacement(k, frames)
             alpha = _disc(height, width, cy + dy, cx + dx, thing.radius)[..., None]  # [H, W, 1]
             linear = linear + alpha * (_OBJECT_COLOUR - linear)
         if k == 0:

@@ -43,6 +43,16 @@ def test_tiny_case_runs_end_to_end(tmp_path: Path) -> None:
     assert "tiny" in format_table([result]) and result.seconds["merge_1g"] > 0
 
 
+def test_the_walking_object_case_is_asked_for_by_name(tmp_path: Path) -> None:
+    from lab.quality.stack_bench import DEFAULT_CASES, EXTRA_CASES
+
+    (walker,) = EXTRA_CASES
+    assert walker not in DEFAULT_CASES and walker.walking and walker.moving_object
+    result = run_case(walker, tmp_path, scale=0.02, seed=1, noise=0.002, device="cpu")
+    assert result.psnr_motion_stack is not None and result.long_exposure_gain_db is None
+    assert result.groups_max_lsb == 0
+
+
 def test_beside_libraw_with_a_crop_strip(tmp_path: Path) -> None:
     """--libraw / --crops: LibRaw AHD scored on the reference frame's DNG (well below the stack on a noisy tiny
     scene), one PNG strip per case (truth, LibRaw, single, stack, long exposure)."""

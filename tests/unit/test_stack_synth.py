@@ -38,6 +38,22 @@ def test_moving_object_changes_the_frames_only_inside_the_mask(tmp_path: Path) -
     assert (changed[2] & ~changed[1]).sum() > 0.5 * changed[1].sum()  # the last frame has it elsewhere
 
 
+def test_a_walking_object_moves_in_every_frame_and_the_mask_holds_each_place(tmp_path: Path) -> None:
+    still = synthesize_stack(tmp_path / "a", frames=4, scale=0.02, seed=2, noise=0.0)
+    moved = synthesize_stack(tmp_path / "b", frames=4, scale=0.02, seed=2, noise=0.0, moving_object=True)
+    walker = synthesize_stack(tmp_path / "c", frames=4, scale=0.02, seed=2, noise=0.0, moving_object=True,
+                              walking=True)
+    assert walker.shifts == still.shifts and (walker.motion_mask >= moved.motion_mask).all()
+    assert walker.motion_mask.sum() > moved.motion_mask.sum()  # the places between as well
+    disc = [_raw(a) != _raw(b) for a, b in zip(still.files, walker.files, strict=True)]  # where each frame has it
+    assert all(d.any() and not (d & ~walker.motion_mask).any() for d in disc)
+    assert (disc[0] == (_raw(still.files[0]) != _raw(moved.files[0]))).all()  # the reference as before
+    for k in (1, 2, 3):  # each frame has it somewhere the one before had not
+        assert (disc[k] & ~disc[k - 1]).sum() > 0.2 * disc[k].sum()
+    last = _raw(moved.files[3]) != _raw(still.files[3])
+    assert (disc[3] == last).all()  # the last frame's place is the one-frame move's
+
+
 def test_pixel_shift_pattern(tmp_path: Path) -> None:
     shot = synthesize_stack(tmp_path, frames=4, scale=0.02, seed=3, noise=0.0, pixel_shift=True)
     assert shot.shifts == list(PIXEL_SHIFT_PATTERN)
