@@ -413,6 +413,16 @@ RAW_MERGE_MIN_WEIGHT = 1.0
 # resolution CFA planes cannot be resampled without it). The blend's gain and its tolerance sweep: docs/QUALITY.md.
 BLEND_RADIUS = 2
 BLEND_TOLERANCE = 3.0
+# Where the motion test left the reference alone (an object that moves in every frame: its place in the reference is
+# seen by no other frame), A is the reference's own pass, told the stack's share of its noise (the frames' average
+# was to take out the rest), and B the package at 1/frames of the noise: that region rendered below the single
+# frame on 8 of 10 held-out contents at mid noise, by up to 1.5 dB. Below ALONE_WEIGHT frames of merge weight
+# the render moves towards the package's render of the fused Bayer mosaic (there the reference's samples) told one
+# frame's noise, in ALONE_ORIENTATIONS orientations (the region then scored -0.8..+1.0 dB against the single frame,
+# was -1.5..+0.9; a threshold of 2 and one orientation did less: docs/QUALITY.md, "An object that moves in every
+# frame"). Static stacks never come near it, so they render as before, with no extra pass.
+ALONE_WEIGHT = 1.5
+ALONE_ORIENTATIONS = 2
 # Pixel shift: the fused image is re-mosaicked at the four CFA phases, each mosaic enhanced by the package and
 # the four estimates averaged. Each holds a quarter of the samples and their errors partly cancel in the
 # average, so each is told this share of the fused noise (0.5 beat 0.75 on each of 40 held-out stacks at three
@@ -492,6 +502,23 @@ def _blend_raw(x: torch.Tensor, raw: torch.Tensor, raw_weight: torch.Tensor, wei
     return x + confidence * _agreement_share(x, d, noise, RAW_MERGE_SHARE) * (d - x)
 
 
+def _alone_as_single(x: torch.Tensor, bayer: torch.Tensor, weight: torch.Tensor, params: RenderParams) -> torch.Tensor:
+    """Where the merge ``weight`` (1, 1, H, W, in frames) falls below :data:`ALONE_WEIGHT`, move the rendered stack
+    ``x`` (1, 3, H, W, white-balanced) towards the package's render of the fused Bayer mosaic (there the reference's
+    own samples) told one frame's noise, in :data:`ALONE_ORIENTATIONS` orientations: all the way at weight 1, not
+    at all from :data:`ALONE_WEIGHT` up. A strip with no such pixel is returned as it is (no model pass), and a
+    pixel's share is its own weight's, so strips still stitch."""
+    share = ((ALONE_WEIGHT - weight) / (ALONE_WEIGHT - 1.0)).clamp(0.0, 1.0)  # (1, 1, H, W)
+    if not bool((share > 0).any()):
+        return x
+    dev = x.device
+    shot, read = (small(v, dev, torch.float32) for v in noise_per_channel(params))
+    enhancer = load_enhancer(params.camera, dev, package=params.model)
+    single = enhancer.enhance(white_balance(bayer.clamp(min=0.0), params.gains, params.cfa), params.cfa, shot, read,
+                              ALONE_ORIENTATIONS)
+    return x + share * (sharpen(single, params.sharpen_amount, SHARPEN_SIGMA) - x)
+
+
 def _blend_bayer(a: torch.Tensor, bayer: torch.Tensor, params: RenderParams) -> torch.Tensor:
     """Blend the sharpened RGB path ``a`` (1, 3, H, W) with the package's render of the fused Bayer mosaic
     (1, 1, H, W, normalised camera values) where the two agree (see :data:`BLEND_TOLERANCE`).
@@ -535,7 +562,8 @@ def render_fused_linear(fused: torch.Tensor, params: RenderParams,
     (5 channels): the Lee filter at that noise over each pixel's merge weight (fewer frames where motion was
     rejected, so more smoothing there), blended with the package's render of the merged Bayer mosaic where the
     two agree (:data:`BLEND_TOLERANCE`); with the raw-sample merge (11 channels) that result is blended with the
-    package's render of the raw-merged image where they agree (:func:`_blend_raw`). Pixel shift (6 channels): the
+    package's render of the raw-merged image where they agree (:func:`_blend_raw`); where the motion test left the
+    reference alone, towards a single frame's render (:func:`_alone_as_single`). Pixel shift (6 channels): the
     package on the four re-mosaicked phases (:data:`PIXEL_SHIFT_NOISE_SHARE`), then moved towards the measured
     samples where they differ by more than their noise (:func:`_restore_measured`).
     """
@@ -556,6 +584,7 @@ def render_fused_linear(fused: torch.Tensor, params: RenderParams,
         x = _blend_bayer(sharpen(x, params.sharpen_amount, SHARPEN_SIGMA), fused[:, 4:5].float(), params)
         if fused.shape[1] == 11:
             x = _blend_raw(x, fused[:, 5:8].float(), fused[:, 8:11].float(), weight, params)
+        x = _alone_as_single(x, fused[:, 4:5].float(), weight, params)
     return x
 
 
@@ -618,6 +647,8 @@ def stack_noise_factors(pixel_shift: bool) -> tuple[float, float, float]:
 
 
 __all__ = [
+    "ALONE_ORIENTATIONS",
+    "ALONE_WEIGHT",
     "Accumulator",
     "BLEND_RADIUS",
     "BLEND_TOLERANCE",

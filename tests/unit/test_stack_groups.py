@@ -219,6 +219,38 @@ def test_stack_strips_fuse_their_rows_exactly(stack: list[Frame], pixel_shift: b
         render_stack_strip(groups, 3, 9, params, pixel_shift=pixel_shift)
 
 
+@pytest.fixture(scope="module")
+def walker(tmp_path_factory: pytest.TempPathFactory) -> list[Frame]:
+    """A 4-frame stack whose object moves in every frame: its place in the reference is seen by no other frame."""
+    root = Path(tmp_path_factory.mktemp("walker"))
+    shot = synthesize_stack(root, frames=4, scale=0.02, seed=5, moving_object=True, walking=True)
+    frames = []
+    for i, path in enumerate(shot.files):
+        meta = decode_raw(path, root / f"raw_{i}.npy")
+        frames.append((np.load(root / f"raw_{i}.npy"), meta))
+    return frames
+
+
+def test_where_only_the_reference_is_left_the_stack_renders_it_as_a_single_frame(
+        walker: list[Frame], monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.pipeline import stack as stack_module
+
+    params = shot_render_params(walker[0][1], walker[0][0])
+    groups = [merge_frame_group(walker[0], [walker[i] for i in g], stack_size=4, positions=g, params=params)
+              for g in plan_frame_groups(4, 2)]
+    fused = fuse_groups(groups)
+    alone = fused[3] < stack_module.ALONE_WEIGHT  # (H, W): the reference (nearly) alone
+    assert alone.any() and fused[3].min() == 1.0
+    whole = render_rgb(fused, params, noise_factors=stack_noise_factors(False))
+    cuts = [0, 40, 86, 146]  # a strip without such pixels skips the pass; stitched, the strips are still the whole
+    strips = [render_stack_strip(groups, a, b, params, pixel_shift=False) for a, b in zip(cuts, cuts[1:], strict=False)]
+    np.testing.assert_array_equal(np.concatenate(strips), whole)
+    monkeypatch.setattr(stack_module, "_alone_as_single", lambda x, *_: x)
+    before = render_rgb(fused, params, noise_factors=stack_noise_factors(False))
+    changed = (whole != before).any(axis=-1)
+    assert changed.any() and not (changed & ~alone).any()  # only where the reference is alone
+
+
 def test_pixel_shift_strips_of_odd_sized_frames_stitch_with_the_phases_turned(stack: list[Frame]) -> None:
     # Each re-mosaicked phase is rendered in its own orientation; a flip of an odd-sized strip moves the CFA cells,
     # so the package must still see the same cells in a strip as in the whole frame.
