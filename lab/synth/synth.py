@@ -128,6 +128,21 @@ def _blur_valid(image: np.ndarray, sigma: float, radius: int) -> np.ndarray:
     return out
 
 
+def paint_disc(canvas: np.ndarray, y_c: float, x_c: float, r: float, colour: np.ndarray) -> None:
+    """Paint an anti-aliased disc of radius ``r`` centred at canvas pixel (``y_c``, ``x_c``) over ``canvas``
+    [ch, cw, 3] float32, in place (the dead-leaves scene's leaves)."""
+    ch, cw = canvas.shape[:2]
+    y0, y1 = max(int(y_c - r - 1), 0), min(int(y_c + r + 2), ch)
+    x0, x1 = max(int(x_c - r - 1), 0), min(int(x_c + r + 2), cw)
+    if y0 >= y1 or x0 >= x1:
+        return
+    yy = (np.arange(y0, y1, dtype=np.float32) - np.float32(y_c))[:, None] ** 2
+    xx = (np.arange(x0, x1, dtype=np.float32) - np.float32(x_c))[None, :] ** 2
+    alpha = np.clip(np.float32(r + 0.5) - np.sqrt(yy + xx), 0.0, 1.0)[..., None]  # [h, w, 1] coverage
+    patch = canvas[y0:y1, x0:x1]
+    patch += alpha * (colour - patch)
+
+
 def _render(scene: _Scene, dy: float, dx: float) -> np.ndarray:
     """Linear sRGB frame [H, W, 3] float32 in [0, 0.9] of the scene moved by (dy, dx) pixels."""
     m = _BLUR_RADIUS
@@ -141,16 +156,7 @@ def _render(scene: _Scene, dy: float, dx: float) -> np.ndarray:
     leaves = np.broadcast_to(background, (ch, cw, 3)).astype(np.float32)  # [ch, cw, 3]
     colours = scene.colours.astype(np.float32)
     for (cy, cx), r, colour in zip(scene.centres, scene.radii, colours, strict=True):
-        y_c, x_c = cy + dy + m, cx + dx + m  # disc centre in canvas pixels
-        y0, y1 = max(int(y_c - r - 1), 0), min(int(y_c + r + 2), ch)
-        x0, x1 = max(int(x_c - r - 1), 0), min(int(x_c + r + 2), cw)
-        if y0 >= y1 or x0 >= x1:
-            continue
-        yy = (np.arange(y0, y1, dtype=np.float32) - np.float32(y_c))[:, None] ** 2
-        xx = (np.arange(x0, x1, dtype=np.float32) - np.float32(x_c))[None, :] ** 2
-        alpha = np.clip(np.float32(r + 0.5) - np.sqrt(yy + xx), 0.0, 1.0)[..., None]  # [h, w, 1] coverage
-        patch = leaves[y0:y1, x0:x1]
-        patch += alpha * (colour - patch)
+        paint_disc(leaves, cy + dy + m, cx + dx + m, r, colour)  # disc centre in canvas pixels
     image = np.float32(0.75) * leaves + np.float32(0.15) * np.clip(gradient, 0.0, 1.0)
     return np.clip(_blur_valid(image, BLUR_SIGMA, m), 0.0, 0.9)
 

@@ -40,16 +40,7 @@ def _leaves(scene: synth._Scene, canvas: tuple[int, int], place: np.ndarray, tur
     leaves = np.broadcast_to(g[:, 0] + 0.5 * g[:, 1] + 0.5 * g[:, 2], (ch, cw, 3)).astype(np.float32).copy()
     for (cy, cx), r, colour in zip(scene.centres, scene.radii, scene.colours.astype(np.float32), strict=True):
         vy, vx = cy - pcy, cx - pcx
-        y_c, x_c = c * vy - s * vx + pcy + place[0], s * vy + c * vx + pcx + place[1]
-        y0, y1 = max(int(y_c - r - 1), 0), min(int(y_c + r + 2), ch)
-        x0, x1 = max(int(x_c - r - 1), 0), min(int(x_c + r + 2), cw)
-        if y0 >= y1 or x0 >= x1:
-            continue
-        yy = (np.arange(y0, y1, dtype=np.float32) - np.float32(y_c))[:, None] ** 2
-        xx = (np.arange(x0, x1, dtype=np.float32) - np.float32(x_c))[None, :] ** 2
-        alpha = np.clip(np.float32(r + 0.5) - np.sqrt(yy + xx), 0.0, 1.0)[..., None]  # [h, w, 1] coverage
-        patch = leaves[y0:y1, x0:x1]
-        patch += alpha * (colour - patch)
+        synth.paint_disc(leaves, c * vy - s * vx + pcy + place[0], s * vy + c * vx + pcx + place[1], r, colour)
     return leaves
 
 
