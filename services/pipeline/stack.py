@@ -420,7 +420,8 @@ BLEND_TOLERANCE = 3.0
 # the render moves towards the package's render of the fused Bayer mosaic (there the reference's samples) told one
 # frame's noise, in ALONE_ORIENTATIONS orientations (the region then scored -0.8..+1.0 dB against the single frame,
 # was -1.5..+0.9; a threshold of 2 and one orientation did less: docs/QUALITY.md, "An object that moves in every
-# frame"). Static stacks never come near it, so they render as before, with no extra pass.
+# frame"). Static stacks with noise do not come near it (they render as before, with no extra pass); without noise,
+# where every other frame is rejected at fine detail, it takes a few pixels (photos 035, 038, 039: +0.04..+0.08 dB).
 ALONE_WEIGHT = 1.5
 ALONE_ORIENTATIONS = 2
 # Pixel shift: the fused image is re-mosaicked at the four CFA phases, each mosaic enhanced by the package and
